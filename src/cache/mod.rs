@@ -1,0 +1,293 @@
+//! The KV cache kvbench owns: per layer, per KV head, keys after RoPE, values, and each entry's
+//! original position.
+//!
+//! Storage is one `[kv_heads, capacity, head_dim]` buffer per layer for keys and one for values, never
+//! replicated per query head, so GQA models keep their memory advantage. Every head of a layer holds
+//! the same number of entries (policies select per head, but keep equal counts), and each head keeps
+//! its own list of original positions because heads may keep different tokens. Appends write in place;
+//! evictions gather the kept rows to the front. Byte sizes are exact: entries × heads × dim × 2 × element size.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+/// One layer's keys, values and position metadata.
+#[derive(Debug, Clone)]
+pub struct LayerCache {
+    k: Tensor,
+    v: Tensor,
+    len: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    /// `positions[h][j]`: the logical position (tokens seen before it) of entry `j` of head `h`.
+    positions: Vec<Vec<u32>>,
+    /// Largest entry count this layer ever held, including the transient size inside a compressing step.
+    peak_len: usize,
+}
+
+impl LayerCache {
+    pub fn new(kv_heads: usize, head_dim: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let capacity = 64;
+        Ok(Self {
+            k: Tensor::zeros((kv_heads, capacity, head_dim), dtype, device)?,
+            v: Tensor::zeros((kv_heads, capacity, head_dim), dtype, device)?,
+            len: 0,
+            kv_heads,
+            head_dim,
+            positions: vec![Vec::new(); kv_heads],
+            peak_len: 0,
+        })
+    }
+
+    /// Number of entries each KV head holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+
+    pub fn peak_len(&self) -> usize {
+        self.peak_len
+    }
+
+    fn capacity(&self) -> usize {
+        self.k.dim(1).unwrap_or(0)
+    }
+
+    /// Keys held, `[kv_heads, len, head_dim]` (a view into the buffer).
+    pub fn keys(&self) -> Result<Tensor> {
+        self.k.narrow(1, 0, self.len)
+    }
+
+    /// Values held, `[kv_heads, len, head_dim]` (a view into the buffer).
+    pub fn values(&self) -> Result<Tensor> {
+        self.v.narrow(1, 0, self.len)
+    }
+
+    /// Original positions of head `h`'s entries, in storage order.
+    pub fn positions(&self, h: usize) -> &[u32] {
+        &self.positions[h]
+    }
+
+    /// Exact bytes of keys and values held (not the allocated capacity).
+    pub fn bytes(&self) -> usize {
+        self.len * self.kv_heads * self.head_dim * 2 * self.k.dtype().size_in_bytes()
+    }
+
+    /// Appends `t` new entries: `k`, `v` are `[kv_heads, t, head_dim]`; `first_pos` is the logical
+    /// position of the first one.
+    pub fn append(&mut self, k: &Tensor, v: &Tensor, first_pos: usize) -> Result<()> {
+        let t = k.dim(1)?;
+        if self.len + t > self.capacity() {
+            self.grow(self.len + t)?;
+        }
+        self.k
+            .slice_set(&k.to_dtype(self.k.dtype())?.contiguous()?, 1, self.len)?;
+        self.v
+            .slice_set(&v.to_dtype(self.v.dtype())?.contiguous()?, 1, self.len)?;
+        for p in &mut self.positions {
+            p.extend((first_pos..first_pos + t).map(|x| x as u32));
+        }
+        self.len += t;
+        self.peak_len = self.peak_len.max(self.len);
+        Ok(())
+    }
+
+    fn grow(&mut self, needed: usize) -> Result<()> {
+        let new_cap = needed.next_power_of_two().max(64);
+        let (dtype, device) = (self.k.dtype(), self.k.device().clone());
+        let k = Tensor::zeros((self.kv_heads, new_cap, self.head_dim), dtype, &device)?;
+        let v = Tensor::zeros((self.kv_heads, new_cap, self.head_dim), dtype, &device)?;
+        if self.len > 0 {
+            k.slice_set(&self.keys()?.contiguous()?, 1, 0)?;
+            v.slice_set(&self.values()?.contiguous()?, 1, 0)?;
+        }
+        self.k = k;
+        self.v = v;
+        Ok(())
+    }
+
+    /// Keeps, for every head `h`, the entries `kept[h]` (indices into the current storage, in the order
+    /// given: that order becomes the new storage order). Every head must keep the same number of entries.
+    pub fn gather(&mut self, kept: &[Vec<usize>]) -> Result<()> {
+        if kept.len() != self.kv_heads {
+            candle_core::bail!(
+                "gather: {} index lists for {} KV heads",
+                kept.len(),
+                self.kv_heads
+            );
+        }
+        let m = kept[0].len();
+        let cap = self.capacity();
+        let mut flat = Vec::with_capacity(m * self.kv_heads);
+        for (h, idx) in kept.iter().enumerate() {
+            if idx.len() != m {
+                candle_core::bail!(
+                    "gather: head {h} keeps {} entries, head 0 keeps {m}",
+                    idx.len()
+                );
+            }
+            for &j in idx {
+                if j >= self.len {
+                    candle_core::bail!("gather: index {j} out of range for {} entries", self.len);
+                }
+                flat.push((h * cap + j) as u32);
+            }
+        }
+        let index = Tensor::from_vec(flat, m * self.kv_heads, self.k.device())?;
+        let k = self
+            .k
+            .reshape((self.kv_heads * cap, self.head_dim))?
+            .index_select(&index, 0)?;
+        let v = self
+            .v
+            .reshape((self.kv_heads * cap, self.head_dim))?
+            .index_select(&index, 0)?;
+        self.k
+            .slice_set(&k.reshape((self.kv_heads, m, self.head_dim))?, 1, 0)?;
+        self.v
+            .slice_set(&v.reshape((self.kv_heads, m, self.head_dim))?, 1, 0)?;
+        for (h, idx) in kept.iter().enumerate() {
+            let old = &self.positions[h];
+            self.positions[h] = idx.iter().map(|&j| old[j]).collect();
+        }
+        self.len = m;
+        Ok(())
+    }
+}
+
+/// A whole sequence's cache: one [`LayerCache`] per layer, plus the running statistics every report needs.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<LayerCache>,
+    /// Sum over finished steps of the entries held at the end of the step, per layer (for time averages).
+    entry_steps: Vec<u64>,
+    steps: u64,
+}
+
+impl KvCache {
+    pub fn new(
+        num_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let layers = (0..num_layers)
+            .map(|_| LayerCache::new(kv_heads, head_dim, dtype, device))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            entry_steps: vec![0; num_layers],
+            steps: 0,
+        })
+    }
+
+    pub fn layer(&self, l: usize) -> &LayerCache {
+        &self.layers[l]
+    }
+
+    pub fn layer_mut(&mut self, l: usize) -> &mut LayerCache {
+        &mut self.layers[l]
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Exact bytes of keys and values held now, all layers.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(LayerCache::bytes).sum()
+    }
+
+    /// Records the end of a forward step for time-averaged statistics.
+    pub fn end_step(&mut self) {
+        for (acc, layer) in self.entry_steps.iter_mut().zip(&self.layers) {
+            *acc += layer.len() as u64;
+        }
+        self.steps += 1;
+    }
+
+    /// Retained-entry statistics so far.
+    pub fn stats(&self) -> CacheStats {
+        let steps = self.steps.max(1) as f64;
+        CacheStats {
+            peak_entries: self.layers.iter().map(LayerCache::peak_len).collect(),
+            mean_entries: self.entry_steps.iter().map(|&s| s as f64 / steps).collect(),
+            final_entries: self.layers.iter().map(LayerCache::len).collect(),
+        }
+    }
+}
+
+/// Per-layer retained-entry figures of one sequence (per KV head; every head of a layer holds the same count).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct CacheStats {
+    pub peak_entries: Vec<usize>,
+    pub mean_entries: Vec<f64>,
+    pub final_entries: Vec<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(n: usize) -> LayerCache {
+        let dev = Device::Cpu;
+        let mut c = LayerCache::new(2, 4, DType::F32, &dev).unwrap();
+        // entry j of head h holds the value 100*h + j in every dimension
+        let k: Vec<f32> = (0..2)
+            .flat_map(|h| (0..n).flat_map(move |j| [(100 * h + j) as f32; 4]))
+            .collect();
+        let k = Tensor::from_vec(k, (2, n, 4), &dev).unwrap();
+        c.append(&k, &(&k * 2.0).unwrap(), 10).unwrap();
+        c
+    }
+
+    #[test]
+    fn append_grows_and_keeps_positions() {
+        let c = filled(100);
+        assert_eq!(c.len(), 100);
+        assert_eq!(c.positions(1)[0], 10);
+        assert_eq!(c.positions(1)[99], 109);
+        let k = c.keys().unwrap().to_vec3::<f32>().unwrap();
+        assert_eq!(k[1][99][0], 199.0);
+        // 100 entries × 2 heads × 4 dims × (k + v) × 4 bytes
+        assert_eq!(c.bytes(), 100 * 2 * 4 * 2 * 4);
+    }
+
+    #[test]
+    fn gather_keeps_order_and_metadata_per_head() {
+        let mut c = filled(10);
+        c.gather(&[vec![9, 0, 4], vec![1, 2, 3]]).unwrap();
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.positions(0), &[19, 10, 14]);
+        assert_eq!(c.positions(1), &[11, 12, 13]);
+        let k = c.keys().unwrap().to_vec3::<f32>().unwrap();
+        assert_eq!(
+            k[0].iter().map(|r| r[0]).collect::<Vec<_>>(),
+            vec![9.0, 0.0, 4.0]
+        );
+        assert_eq!(
+            k[1].iter().map(|r| r[0]).collect::<Vec<_>>(),
+            vec![101.0, 102.0, 103.0]
+        );
+        let v = c.values().unwrap().to_vec3::<f32>().unwrap();
+        assert_eq!(v[0][0][0], 18.0);
+        assert_eq!(c.peak_len(), 10);
+        // a later append continues after the kept entries with its own logical position
+        let k = Tensor::ones((2, 1, 4), DType::F32, &Device::Cpu).unwrap();
+        c.append(&k, &k, 20).unwrap();
+        assert_eq!(c.positions(0), &[19, 10, 14, 20]);
+    }
+
+    #[test]
+    fn gather_rejects_bad_indices() {
+        let mut c = filled(4);
+        assert!(c.gather(&[vec![0, 9], vec![0, 1]]).is_err());
+        assert!(c.gather(&[vec![0], vec![0, 1]]).is_err());
+    }
+}

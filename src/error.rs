@@ -1,0 +1,76 @@
+//! Library error types. Every variant names what the user must change: the file, flag, key or line.
+//!
+//! The binary maps these to exit codes: input and usage problems are exit code 2.
+
+use std::path::PathBuf;
+
+/// Errors raised by kvbench's library code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A model file or directory could not be used.
+    #[error("model {path}: {reason}")]
+    Model { path: PathBuf, reason: String },
+
+    /// A model name could not be resolved to files.
+    #[error("cannot resolve model '{name}': {reason}")]
+    Resolve { name: String, reason: String },
+
+    /// A downloaded or cached file does not match its expected sha256.
+    #[error("{path}: sha256 mismatch (expected {expected}, found {found}); the file was not used")]
+    Checksum {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
+
+    /// The tokenizer could not be built or used.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// Bad user input (a flag value, a TOML key, a data line).
+    #[error("{0}")]
+    Input(String),
+
+    /// A compression policy broke its contract (for example held more entries than its budget).
+    #[error("policy '{policy}': {reason}")]
+    Policy { policy: String, reason: String },
+
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+impl Error {
+    /// True when the error is the user's to fix (bad input, missing file): exit code 2.
+    pub fn is_input_error(&self) -> bool {
+        matches!(
+            self,
+            Error::Model { .. }
+                | Error::Resolve { .. }
+                | Error::Checksum { .. }
+                | Error::Input(_)
+                | Error::Io { .. }
+        )
+    }
+
+    pub fn model(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::Model {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,185 @@
+//! Generation: prefill each sequence, then decode all of them together, one token per sequence per
+//! step, until each meets an end-of-sequence token or its token limit.
+//!
+//! Batching is across sequences with their own caches and lengths: the projections and MLP of all
+//! active sequences run as one matrix product, attention runs per sequence. For greedy decoding a
+//! batch gives the same tokens as running each sequence alone (a test checks it on f32 weights).
+
+pub mod sampler;
+
+use crate::error::Result;
+use crate::model::{SeqInput, SeqState, Transformer};
+use crate::policy::Policy;
+pub use sampler::{Sampler, SamplingParams};
+use std::time::{Duration, Instant};
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token was produced (it is not part of the output).
+    Eos,
+    /// The max-new-tokens limit was reached.
+    Length,
+}
+
+/// One sequence to generate.
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_new_tokens: usize,
+    pub policy: Box<dyn Policy>,
+}
+
+/// What one sequence produced, with its timings and cache figures.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    /// Wall time of this sequence's prefill.
+    pub prefill_time: Duration,
+    /// Wall time from the end of prefill to this sequence's last token (shared with the batch).
+    pub decode_time: Duration,
+    /// Time spent inside the policy's hooks.
+    pub policy_time: Duration,
+    pub cache: crate::cache::CacheStats,
+    /// KV bytes held at the end and at the peak.
+    pub kv_bytes_final: usize,
+    pub kv_bytes_peak: usize,
+}
+
+/// Per-step callback: `(sequence index, token)`.
+pub type OnToken<'a> = dyn FnMut(usize, u32) + 'a;
+
+/// Generates all requests, decoding those still active together. `eos` lists end tokens.
+pub fn generate_batch(
+    model: &Transformer,
+    requests: Vec<Request>,
+    eos: &[u32],
+    on_token: &mut OnToken<'_>,
+) -> Result<Vec<Generation>> {
+    struct Active {
+        state: SeqState,
+        sampler: Sampler,
+        out: Vec<u32>,
+        max_new: usize,
+        finish: Option<FinishReason>,
+        next: u32,
+        prefill_time: Duration,
+        decode_start: Instant,
+        decode_time: Duration,
+        peak_bytes: usize,
+    }
+    let mut seqs = Vec::with_capacity(requests.len());
+    for (i, req) in requests.into_iter().enumerate() {
+        let mut state = model.new_state(req.policy)?;
+        let mut sampler = Sampler::new(req.sampling);
+        let start = Instant::now();
+        let logits = model.forward(&mut [SeqInput {
+            tokens: &req.prompt,
+            state: &mut state,
+        }])?;
+        let prefill_time = start.elapsed();
+        let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
+        let next = sampler.sample(&logits);
+        let peak_bytes = state.cache.bytes();
+        let mut a = Active {
+            state,
+            sampler,
+            out: Vec::new(),
+            max_new: req.max_new_tokens,
+            finish: None,
+            next,
+            prefill_time,
+            decode_start: Instant::now(),
+            decode_time: Duration::ZERO,
+            peak_bytes,
+        };
+        if accept(&mut a.out, &mut a.finish, next, a.max_new, eos) {
+            on_token(i, next);
+        }
+        seqs.push(a);
+    }
+    /// Records a sampled token; returns whether it became part of the output.
+    fn accept(
+        out: &mut Vec<u32>,
+        finish: &mut Option<FinishReason>,
+        tok: u32,
+        max_new: usize,
+        eos: &[u32],
+    ) -> bool {
+        if max_new == 0 {
+            *finish = Some(FinishReason::Length);
+            return false;
+        }
+        if eos.contains(&tok) {
+            *finish = Some(FinishReason::Eos);
+            return false;
+        }
+        out.push(tok);
+        if out.len() >= max_new {
+            *finish = Some(FinishReason::Length);
+        }
+        true
+    }
+    let decode_start = Instant::now();
+    for s in seqs.iter_mut() {
+        s.decode_start = decode_start;
+    }
+    loop {
+        let active: Vec<usize> = (0..seqs.len())
+            .filter(|&i| seqs[i].finish.is_none())
+            .collect();
+        if active.is_empty() {
+            break;
+        }
+        let toks: Vec<[u32; 1]> = active.iter().map(|&i| [seqs[i].next]).collect();
+        let logits = {
+            let mut inputs: Vec<SeqInput<'_>> = Vec::with_capacity(active.len());
+            let mut rest: &mut [Active] = &mut seqs;
+            let mut base = 0;
+            for (k, &i) in active.iter().enumerate() {
+                let (_, tail) = rest.split_at_mut(i - base);
+                let (one, tail) = tail.split_at_mut(1);
+                inputs.push(SeqInput {
+                    tokens: &toks[k],
+                    state: &mut one[0].state,
+                });
+                rest = tail;
+                base = i + 1;
+            }
+            model.forward(&mut inputs)?
+        };
+        let logits = logits.to_vec2::<f32>()?;
+        for (k, &i) in active.iter().enumerate() {
+            let s = &mut seqs[i];
+            s.peak_bytes = s.peak_bytes.max(s.state.cache.bytes());
+            let tok = s.sampler.sample(&logits[k]);
+            s.next = tok;
+            if accept(&mut s.out, &mut s.finish, tok, s.max_new, eos) {
+                on_token(i, tok);
+            }
+            if s.finish.is_some() {
+                s.decode_time = s.decode_start.elapsed();
+            }
+        }
+    }
+    Ok(seqs
+        .into_iter()
+        .map(|s| {
+            let stats = s.state.cache.stats();
+            Generation {
+                prompt_tokens: s.state.prompt_len,
+                tokens: s.out,
+                finish: s.finish.unwrap_or(FinishReason::Length),
+                prefill_time: s.prefill_time,
+                decode_time: s.decode_time,
+                policy_time: s.state.policy_time,
+                kv_bytes_final: s.state.cache.bytes(),
+                kv_bytes_peak: s.peak_bytes,
+                cache: stats,
+            }
+        })
+        .collect())
+}

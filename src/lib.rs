@@ -1,0 +1,29 @@
+//! kvbench: measure what KV-cache compression does to reasoning language models.
+//!
+//! Layers, from the bottom: [`model`] (weights, tokenizer, the forward pass over a cache kvbench
+//! owns), [`cache`] (the per-layer, per-KV-head cache), [`policy`] (the compression contract),
+//! [`generate`] (prefill, batched decoding, sampling), [`eval`] (problem sets and grading),
+//! [`metrics`] (memory and time measurements), and the command line in `cli`.
+
+pub mod cache;
+pub mod error;
+pub mod eval;
+pub mod generate;
+pub mod metrics;
+pub mod model;
+pub mod policy;
+
+pub use error::{Error, Result};
+
+/// Sets candle's thread count once at start-up unless the user did: without `RAYON_NUM_THREADS`
+/// candle re-reads /proc/cpuinfo on every matrix product (about a fifth of decode time).
+pub fn init_threads(threads: Option<usize>) {
+    if let Some(n) = threads {
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    } else if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+}

@@ -1,0 +1,54 @@
+//! Measurements that come from the operating system and simple statistics over timings.
+
+/// Peak resident set size of this process in bytes (`VmHWM` from /proc/self/status), when available.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Median of a sample (mean of the two middle values for even sizes); `None` when empty.
+pub fn median(xs: &[f64]) -> Option<f64> {
+    percentile(xs, 50.0)
+}
+
+/// Linear-interpolated percentile `p` in [0, 100].
+pub fn percentile(xs: &[f64], p: f64) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = p.clamp(0.0, 100.0) / 100.0 * (v.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    Some(v[lo] + (v[hi] - v[lo]) * (rank - lo as f64))
+}
+
+/// A short description of this machine for result records: CPU model and logical cores.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    format!("{cpu}, {cores} logical cores")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percentiles() {
+        assert_eq!(super::median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(super::median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(super::percentile(&[0.0, 10.0], 90.0), Some(9.0));
+        assert_eq!(super::median(&[]), None);
+    }
+}

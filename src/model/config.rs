@@ -1,0 +1,212 @@
+//! The shape of a decoder model, read from GGUF metadata or a Hugging Face `config.json`.
+//!
+//! One struct serves every architecture kvbench runs (Llama, Qwen2, Qwen3); the differences are flags
+//! (q/k/v biases, QK-norm, RoPE pairing, tied embeddings), so the forward pass reads them instead of
+//! branching on a model name.
+
+use serde::Deserialize;
+
+/// Which family the weights belong to. Decides tensor names and defaults, nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    pub fn parse(name: &str) -> Option<Arch> {
+        match name.to_ascii_lowercase().as_str() {
+            "llama" | "llamaforcausallm" | "mistral" | "mistralforcausallm" => Some(Arch::Llama),
+            "qwen2" | "qwen2forcausallm" => Some(Arch::Qwen2),
+            "qwen3" | "qwen3forcausallm" => Some(Arch::Qwen3),
+            _ => None,
+        }
+    }
+}
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f32,
+    /// Llama 3 style frequency scaling, when the model uses it.
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// true: pairs (2i, 2i+1) are rotated together (GGUF Llama, whose q/k rows llama.cpp permuted);
+    /// false: pairs (i, i + d/2) (Hugging Face layout, all Qwen models).
+    pub rope_interleaved: bool,
+    /// q, k and v projections carry a bias (Qwen2).
+    pub qkv_bias: bool,
+    /// per-head RMSNorm on queries and keys before RoPE (Qwen3).
+    pub qk_norm: bool,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, serde::Serialize)]
+pub struct Llama3RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position_embeddings: usize,
+}
+
+impl ModelConfig {
+    /// Query heads per KV head (the GQA group size `g`).
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+
+    /// Bytes of keys and values one cached token costs across all layers, for an element size.
+    pub fn kv_bytes_per_token(&self, elem_bytes: usize) -> usize {
+        self.num_layers * 2 * self.num_kv_heads * self.head_dim * elem_bytes
+    }
+
+    /// Checks the invariants the forward pass relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        {
+            return Err(format!(
+                "head counts {} / {} are not a valid GQA layout",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+            return Err(format!(
+                "head dimension {} must be even and positive",
+                self.head_dim
+            ));
+        }
+        if self.num_layers == 0 || self.hidden_size == 0 || self.vocab_size == 0 {
+            return Err("layer count, hidden size and vocabulary size must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Inverse frequencies of the rotary embedding, with Llama 3 scaling applied when configured.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let d = self.head_dim;
+        let base: Vec<f32> = (0..d)
+            .step_by(2)
+            .map(|i| 1.0 / self.rope_theta.powf(i as f32 / d as f32))
+            .collect();
+        let Some(s) = self.rope_scaling else {
+            return base;
+        };
+        let low_wavelen = s.original_max_position_embeddings as f32 / s.low_freq_factor;
+        let high_wavelen = s.original_max_position_embeddings as f32 / s.high_freq_factor;
+        base.into_iter()
+            .map(|f| {
+                let wavelen = 2.0 * std::f32::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / s.factor
+                } else {
+                    let smooth = (s.original_max_position_embeddings as f32 / wavelen
+                        - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * f / s.factor + smooth * f
+                }
+            })
+            .collect()
+    }
+}
+
+/// The subset of a Hugging Face `config.json` kvbench reads.
+#[derive(Debug, Deserialize)]
+pub struct HfConfig {
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    #[serde(default)]
+    pub model_type: Option<String>,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub vocab_size: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub attention_bias: Option<bool>,
+    #[serde(default)]
+    pub torch_dtype: Option<String>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f32 {
+    10_000.0
+}
+fn default_max_pos() -> usize {
+    4096
+}
+
+impl HfConfig {
+    pub fn to_model_config(&self) -> Result<ModelConfig, String> {
+        let arch = self
+            .model_type
+            .as_deref()
+            .and_then(Arch::parse)
+            .or_else(|| self.architectures.iter().find_map(|a| Arch::parse(a)))
+            .ok_or_else(|| {
+                format!(
+                    "unsupported architecture {:?} / model_type {:?} (kvbench runs llama, qwen2 and qwen3)",
+                    self.architectures, self.model_type
+                )
+            })?;
+        let rope_scaling = match &self.rope_scaling {
+            Some(v) if v.get("rope_type").and_then(|t| t.as_str()) == Some("llama3") => {
+                Some(serde_json::from_value(v.clone()).map_err(|e| format!("rope_scaling: {e}"))?)
+            }
+            Some(v) if !v.is_null() => {
+                return Err(format!(
+                    "rope_scaling {v} is not supported (only rope_type = llama3)"
+                ))
+            }
+            _ => None,
+        };
+        let config = ModelConfig {
+            arch,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_hidden_layers,
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
+            head_dim: self
+                .head_dim
+                .unwrap_or(self.hidden_size / self.num_attention_heads.max(1)),
+            vocab_size: self.vocab_size,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            rope_scaling,
+            rope_interleaved: false,
+            qkv_bias: self.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            qk_norm: arch == Arch::Qwen3,
+            tie_word_embeddings: self.tie_word_embeddings,
+            max_position_embeddings: self.max_position_embeddings,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}

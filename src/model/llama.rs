@@ -1,0 +1,368 @@
+//! The decoder forward pass for the Llama family (Llama 2/3, SmolLM2, DeepSeek-R1-Distill-Llama), Qwen2
+//! (q/k/v biases; DeepSeek-R1-Distill-Qwen, Qwen2.5) and Qwen3 (QK-norm), over a cache kvbench owns.
+//!
+//! candle-transformers keeps its caches private and exposes no attention probabilities, so this file
+//! reimplements the forward pass from candle ops. One call processes any mix of sequences: their new
+//! tokens are stacked for the projections and MLP (where batching pays), and each sequence attends over
+//! its own cache, whose length and contents its own policy decides.
+
+use crate::error::Result;
+use crate::model::config::ModelConfig;
+use crate::model::source::{RawTensor, WeightSource};
+use crate::model::state::SeqState;
+use crate::model::weights::{Linear, RmsNorm, WeightFormat};
+use crate::policy::{AttentionView, StepInfo};
+use candle_core::{DType, Device, Tensor};
+
+struct Block {
+    attn_norm: RmsNorm,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    ffn_norm: RmsNorm,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A loaded decoder: weights and shape. Immutable; all per-sequence state is in [`SeqState`].
+pub struct Transformer {
+    pub config: ModelConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    inv_freq: Vec<f32>,
+    device: Device,
+    weight_bytes: usize,
+}
+
+/// One sequence's part of a forward call.
+pub struct SeqInput<'a> {
+    pub tokens: &'a [u32],
+    pub state: &'a mut SeqState,
+}
+
+impl Transformer {
+    /// Builds the model from an opened weight source.
+    pub fn load(
+        source: &mut WeightSource,
+        config: ModelConfig,
+        format: WeightFormat,
+        device: &Device,
+    ) -> Result<Self> {
+        let linear = |src: &mut WeightSource, name: &str, bias: bool| -> Result<Linear> {
+            let w = src.get(&format!("{name}.weight"), device)?;
+            let b = if bias {
+                Some(src.get(&format!("{name}.bias"), device)?.to_dense(device)?)
+            } else {
+                None
+            };
+            Ok(match w {
+                RawTensor::Quantized(q) => Linear::from_qtensor(q, b, format, device)?,
+                RawTensor::Dense(t) => Linear::from_dense(t, b, format)?,
+            })
+        };
+        let norm = |src: &mut WeightSource, name: &str| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(
+                src.get(name, device)?.to_dense(device)?,
+                config.rms_norm_eps,
+            )?)
+        };
+        let mut blocks = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let p = format!("blk.{i}");
+            blocks.push(Block {
+                attn_norm: norm(source, &format!("{p}.attn_norm.weight"))?,
+                wq: linear(source, &format!("{p}.attn_q"), config.qkv_bias)?,
+                wk: linear(source, &format!("{p}.attn_k"), config.qkv_bias)?,
+                wv: linear(source, &format!("{p}.attn_v"), config.qkv_bias)?,
+                wo: linear(source, &format!("{p}.attn_output"), false)?,
+                q_norm: if config.qk_norm {
+                    Some(norm(source, &format!("{p}.attn_q_norm.weight"))?)
+                } else {
+                    None
+                },
+                k_norm: if config.qk_norm {
+                    Some(norm(source, &format!("{p}.attn_k_norm.weight"))?)
+                } else {
+                    None
+                },
+                ffn_norm: norm(source, &format!("{p}.ffn_norm.weight"))?,
+                gate: linear(source, &format!("{p}.ffn_gate"), false)?,
+                up: linear(source, &format!("{p}.ffn_up"), false)?,
+                down: linear(source, &format!("{p}.ffn_down"), false)?,
+            });
+        }
+        let embed_raw = source.get("token_embd.weight", device)?;
+        let embed = embed_raw.to_dense(device)?;
+        let lm_head = if config.tie_word_embeddings || !source.contains("output.weight") {
+            match embed_raw {
+                RawTensor::Quantized(q) => Linear::from_qtensor(q, None, format, device)?,
+                RawTensor::Dense(t) => Linear::from_dense(t, None, format)?,
+            }
+        } else {
+            linear(source, "output", false)?
+        };
+        let norm = norm(source, "output_norm.weight")?;
+        let weight_bytes = blocks
+            .iter()
+            .flat_map(|b| [&b.wq, &b.wk, &b.wv, &b.wo, &b.gate, &b.up, &b.down])
+            .map(Linear::weight_bytes)
+            .sum::<usize>()
+            + lm_head.weight_bytes()
+            + embed.elem_count() * 4;
+        let inv_freq = config.rope_inv_freq();
+        Ok(Self {
+            config,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            inv_freq,
+            device: device.clone(),
+            weight_bytes,
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes of weight memory held.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// New per-sequence state for this model.
+    pub fn new_state(&self, policy: Box<dyn crate::policy::Policy>) -> Result<SeqState> {
+        Ok(SeqState::new(
+            &self.config,
+            policy,
+            DType::F32,
+            &self.device,
+        )?)
+    }
+
+    /// cos/sin tables `[n, head_dim/2]` for the given logical positions.
+    fn rope_tables(&self, positions: &[usize]) -> candle_core::Result<(Tensor, Tensor)> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for &f in &self.inv_freq {
+                let angle = p as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        let n = positions.len();
+        Ok((
+            Tensor::from_vec(cos, (n, half), &self.device)?,
+            Tensor::from_vec(sin, (n, half), &self.device)?,
+        ))
+    }
+
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+        if self.config.rope_interleaved {
+            candle_nn::rotary_emb::rope_i(x, cos, sin)
+        } else {
+            candle_nn::rotary_emb::rope(x, cos, sin)
+        }
+    }
+
+    /// Runs one forward pass over every sequence's new tokens and returns the logits of each
+    /// sequence's last new token, `[batch, vocab]`. Each sequence's cache grows by its tokens and its
+    /// policy runs after every layer's attention.
+    pub fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor> {
+        Ok(self.forward_inner(batch, false)?)
+    }
+
+    /// Like [`forward`](Self::forward) but returns the logits of every new token, `[total_tokens, vocab]`
+    /// (teacher forcing).
+    pub fn forward_all_logits(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor> {
+        Ok(self.forward_inner(batch, true)?)
+    }
+
+    fn forward_inner(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        all_logits: bool,
+    ) -> candle_core::Result<Tensor> {
+        let cfg = &self.config;
+        let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let g = hq / hkv;
+        let scale = 1.0 / (d as f64).sqrt();
+
+        // 1. Gather token ids and logical positions of every new token.
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut spans = Vec::with_capacity(batch.len());
+        let mut steps = Vec::with_capacity(batch.len());
+        for s in batch.iter_mut() {
+            if s.tokens.is_empty() {
+                candle_core::bail!("forward: a sequence was given no tokens");
+            }
+            let st = &mut s.state;
+            let is_prefill = st.seen == 0;
+            if is_prefill {
+                st.prompt_len = s.tokens.len();
+            } else {
+                st.generated += s.tokens.len();
+            }
+            steps.push(StepInfo {
+                seen_before: st.seen,
+                new_tokens: s.tokens.len(),
+                generated: st.generated,
+                is_prefill,
+            });
+            spans.push((ids.len(), s.tokens.len()));
+            positions.extend(st.seen..st.seen + s.tokens.len());
+            ids.extend_from_slice(s.tokens);
+        }
+        let n_tok = ids.len();
+        let ids = Tensor::from_vec(ids, n_tok, &self.device)?;
+        let (cos, sin) = self.rope_tables(&positions)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+
+        for (l, block) in self.blocks.iter().enumerate() {
+            // 2. Project queries, keys and values for all new tokens at once.
+            let h = block.attn_norm.forward(&x)?;
+            let mut q = block.wq.forward(&h)?.reshape((n_tok, hq, d))?;
+            let mut k = block.wk.forward(&h)?.reshape((n_tok, hkv, d))?;
+            let v = block.wv.forward(&h)?.reshape((n_tok, hkv, d))?;
+            if let (Some(qn), Some(kn)) = (&block.q_norm, &block.k_norm) {
+                q = qn.forward(&q)?;
+                k = kn.forward(&k)?;
+            }
+            // 3. Rotate at logical positions: [1, heads, tokens, d].
+            let q = self
+                .rope(&q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, &cos, &sin)?
+                .squeeze(0)?;
+            let k = self
+                .rope(&k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, &cos, &sin)?
+                .squeeze(0)?;
+            let v = v.transpose(0, 1)?;
+
+            // 4. Per sequence: cache, attend over its own cache, let its policy act.
+            let mut outs = Vec::with_capacity(batch.len());
+            for ((s, &(off, t)), step) in batch.iter_mut().zip(&spans).zip(&steps) {
+                let st = &mut *s.state;
+                let q_s = q.narrow(1, off, t)?.contiguous()?; // [hq, t, d]
+                st.cache.layer_mut(l).append(
+                    &k.narrow(1, off, t)?,
+                    &v.narrow(1, off, t)?,
+                    step.seen_before,
+                )?;
+                let layer = st.cache.layer(l);
+                let n = layer.len();
+                let keys = layer.keys()?;
+                let values = layer.values()?;
+                let scores = (q_s.reshape((hkv, g * t, d))?.matmul(&keys.t()?)? * scale)?;
+                let scores = if t > 1 {
+                    let mask = causal_mask(t, n, &self.device)?;
+                    scores
+                        .reshape((hkv, g, t, n))?
+                        .broadcast_add(&mask)?
+                        .reshape((hkv, g * t, n))?
+                } else {
+                    scores
+                };
+                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                let y = probs.matmul(&values)?; // [hkv, g*t, d]
+                drop((keys, values));
+                outs.push(
+                    y.reshape((hq, t, d))?
+                        .transpose(0, 1)?
+                        .reshape((t, hq * d))?,
+                );
+
+                let w = st.caps.query_window;
+                if w > 0 {
+                    let win = match st.query_windows[l].take() {
+                        Some(old) => Tensor::cat(&[&old, &q_s], 1)?,
+                        None => q_s.clone(),
+                    };
+                    let len = win.dim(1)?;
+                    st.query_windows[l] = Some(if len > w {
+                        win.narrow(1, len - w, w)?.contiguous()?
+                    } else {
+                        win
+                    });
+                }
+                let started = std::time::Instant::now();
+                let probs4 = if st.caps.attention_probs {
+                    Some(probs.reshape((hkv, g, t, n))?)
+                } else {
+                    None
+                };
+                let view = AttentionView {
+                    layer: l,
+                    queries: &q_s,
+                    query_window: st.query_windows[l].as_ref(),
+                    probs: probs4.as_ref(),
+                };
+                st.policy
+                    .after_attention(step, &view, st.cache.layer_mut(l))?;
+                st.policy_time += started.elapsed();
+            }
+            let attn = if outs.len() == 1 {
+                outs.pop().expect("one output")
+            } else {
+                Tensor::cat(&outs, 0)?
+            };
+
+            // 5. Output projection and MLP over all tokens.
+            x = (x + block.wo.forward(&attn)?)?;
+            let h = block.ffn_norm.forward(&x)?;
+            let act = (candle_nn::ops::silu(&block.gate.forward(&h)?)? * block.up.forward(&h)?)?;
+            x = (x + block.down.forward(&act)?)?;
+        }
+
+        // 6. Bookkeeping, final norm and logits (of each sequence's last token unless all are wanted).
+        for (s, &(_, t)) in batch.iter_mut().zip(&spans) {
+            s.state.seen += t;
+            s.state.cache.end_step();
+        }
+        let x = if all_logits {
+            x
+        } else {
+            let last: Vec<u32> = spans.iter().map(|&(off, t)| (off + t - 1) as u32).collect();
+            let n = last.len();
+            x.index_select(&Tensor::from_vec(last, n, &self.device)?, 0)?
+        };
+        let x = self.norm.forward(&x)?;
+        self.lm_head.forward(&x)?.to_dtype(DType::F32)?.contiguous()
+    }
+}
+
+/// Additive mask `[t, n]` for `t` new tokens appended at the end of a cache of `n` entries.
+fn causal_mask(t: usize, n: usize, device: &Device) -> candle_core::Result<Tensor> {
+    let past = n - t;
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| {
+            (0..n).map(move |j| {
+                if j <= past + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(mask, (t, n), device)
+}
+
+/// Index of the largest logit (lowest index on ties): greedy decoding.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

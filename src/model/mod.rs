@@ -1,0 +1,128 @@
+//! Models: resolving a name to files, loading weights, tokenizer and chat template, and the forward pass.
+
+pub mod chat;
+pub mod config;
+pub mod hub;
+pub mod llama;
+pub mod resolve;
+pub mod source;
+pub mod state;
+pub mod tokenizer;
+pub mod weights;
+
+use crate::error::{Error, Result};
+use candle_core::Device;
+use chat::ChatTemplate;
+use resolve::ModelFiles;
+use source::WeightSource;
+use std::path::PathBuf;
+use tokenizer::Tokenizer;
+use weights::WeightFormat;
+
+pub use llama::{SeqInput, Transformer};
+pub use state::SeqState;
+
+/// A model ready to run: weights, tokenizer, chat template and where it came from.
+pub struct Model {
+    pub transformer: Transformer,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub files: ModelFiles,
+    /// A short human name (file stem or repository name).
+    pub name: String,
+}
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub format: WeightFormat,
+    pub template: Option<ChatTemplate>,
+    pub tokenizer: Option<PathBuf>,
+    pub device: Device,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            format: WeightFormat::Auto,
+            template: None,
+            tokenizer: None,
+            device: Device::Cpu,
+        }
+    }
+}
+
+impl Model {
+    /// Resolves `name` (path, built-in name or hub id) and loads it.
+    pub fn load(name: &str, opts: &LoadOptions) -> Result<Self> {
+        let files = resolve::resolve(name)?;
+        Self::load_files(files, opts)
+    }
+
+    pub fn load_files(files: ModelFiles, opts: &LoadOptions) -> Result<Self> {
+        let (mut source, config, default_tokenizer) = match &files {
+            ModelFiles::Gguf(path) => {
+                let src = WeightSource::open_gguf(path)?;
+                let cfg = src.gguf_config()?;
+                let tok = match src.gguf_metadata() {
+                    Some(md) if opts.tokenizer.is_none() => Some(Tokenizer::from_gguf(md, path)?),
+                    _ => None,
+                };
+                (src, cfg, tok)
+            }
+            ModelFiles::HfDir(dir) => {
+                let (src, cfg) = WeightSource::open_safetensors(dir)?;
+                (src, cfg, None)
+            }
+        };
+        let tokenizer = match (default_tokenizer, &opts.tokenizer, &files) {
+            (Some(t), _, _) => t,
+            (None, Some(p), _) => Tokenizer::from_file(p, EOS_NAMES)?,
+            (None, None, ModelFiles::HfDir(dir)) => {
+                Tokenizer::from_file(&dir.join("tokenizer.json"), EOS_NAMES)?
+            }
+            (None, None, ModelFiles::Gguf(p)) => {
+                return Err(Error::model(
+                    p,
+                    "no tokenizer in the file; pass --tokenizer tokenizer.json",
+                ))
+            }
+        };
+        if tokenizer.vocab_size() > config.vocab_size + 1024 {
+            return Err(Error::model(
+                source.path(),
+                format!(
+                    "tokenizer has {} tokens but the model only {} embeddings: wrong tokenizer?",
+                    tokenizer.vocab_size(),
+                    config.vocab_size
+                ),
+            ));
+        }
+        let template = opts
+            .template
+            .unwrap_or_else(|| ChatTemplate::detect(&tokenizer));
+        let transformer = Transformer::load(&mut source, config, opts.format, &opts.device)?;
+        let name = match &files {
+            ModelFiles::Gguf(p) => p.file_stem().map(|s| s.to_string_lossy().into_owned()),
+            ModelFiles::HfDir(p) => p.file_name().map(|s| s.to_string_lossy().into_owned()),
+        }
+        .unwrap_or_else(|| "model".into());
+        Ok(Self {
+            transformer,
+            tokenizer,
+            template,
+            files,
+            name,
+        })
+    }
+}
+
+/// End-of-turn tokens looked up in a `tokenizer.json`.
+const EOS_NAMES: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<｜end▁of▁sentence｜>",
+    "</s>",
+];

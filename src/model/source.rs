@@ -1,0 +1,307 @@
+//! Where weights come from: a GGUF file or a Hugging Face safetensors directory.
+//!
+//! The loader asks for tensors by their GGUF names (`blk.3.attn_q.weight`); the safetensors source
+//! translates them to Hugging Face names (`model.layers.3.self_attn.q_proj.weight`). One loader then
+//! serves both formats. Every failure names the file it came from.
+
+use crate::error::{Error, Result};
+use crate::model::config::{Arch, HfConfig, Llama3RopeScaling, ModelConfig};
+use candle_core::quantized::{gguf_file, QTensor};
+use candle_core::{DType, Device, Tensor};
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+
+/// A tensor as stored: quantized (GGUF) or dense (safetensors).
+pub enum RawTensor {
+    Quantized(QTensor),
+    Dense(Tensor),
+}
+
+impl RawTensor {
+    pub fn to_dense(&self, device: &Device) -> candle_core::Result<Tensor> {
+        match self {
+            RawTensor::Quantized(q) => q.dequantize(device),
+            RawTensor::Dense(t) => t.to_dtype(DType::F32),
+        }
+    }
+}
+
+/// An opened weight container.
+pub enum WeightSource {
+    Gguf {
+        path: PathBuf,
+        content: gguf_file::Content,
+        reader: BufReader<File>,
+    },
+    Safetensors {
+        dir: PathBuf,
+        tensors: candle_core::safetensors::MmapedSafetensors,
+    },
+}
+
+const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+
+impl WeightSource {
+    /// Opens a GGUF file, checking the magic and that every tensor lies inside the file.
+    pub fn open_gguf(path: &Path) -> Result<Self> {
+        let mut file =
+            File::open(path).map_err(|e| Error::model(path, format!("cannot open: {e}")))?;
+        let mut magic = [0u8; 4];
+        file.read_exact(&mut magic)
+            .map_err(|_| Error::model(path, "file is shorter than a GGUF header"))?;
+        if magic != GGUF_MAGIC {
+            return Err(Error::model(
+                path,
+                format!("not a GGUF file (magic {magic:?}, expected \"GGUF\")"),
+            ));
+        }
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let mut reader = BufReader::new(file);
+        let content = gguf_file::Content::read(&mut reader)
+            .map_err(|e| Error::model(path, format!("unreadable GGUF header: {e}")))?;
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.elem_count();
+            let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset + info.offset + bytes as u64;
+            if end > file_len {
+                return Err(Error::model(
+                    path,
+                    format!("truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes"),
+                ));
+            }
+        }
+        Ok(WeightSource::Gguf {
+            path: path.to_path_buf(),
+            content,
+            reader,
+        })
+    }
+
+    /// Opens a Hugging Face model directory (`config.json` plus one or more `*.safetensors`).
+    pub fn open_safetensors(dir: &Path) -> Result<(Self, ModelConfig)> {
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path)
+            .map_err(|e| Error::model(&config_path, format!("cannot read: {e}")))?;
+        let hf: HfConfig = serde_json::from_str(&text)
+            .map_err(|e| Error::model(&config_path, format!("invalid config: {e}")))?;
+        let config = hf
+            .to_model_config()
+            .map_err(|e| Error::model(&config_path, e))?;
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(Error::model(
+                dir,
+                "no *.safetensors files in the model directory",
+            ));
+        }
+        // SAFETY: the files are memory-mapped read-only; kvbench never writes to them while mapped.
+        let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
+            .map_err(|e| Error::model(dir, format!("unreadable safetensors: {e}")))?;
+        Ok((
+            WeightSource::Safetensors {
+                dir: dir.to_path_buf(),
+                tensors,
+            },
+            config,
+        ))
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            WeightSource::Gguf { path, .. } => path,
+            WeightSource::Safetensors { dir, .. } => dir,
+        }
+    }
+
+    /// Whether a tensor (GGUF name) exists.
+    pub fn contains(&self, name: &str) -> bool {
+        match self {
+            WeightSource::Gguf { content, .. } => content.tensor_infos.contains_key(name),
+            WeightSource::Safetensors { tensors, .. } => tensors.get(&hf_name(name)).is_ok(),
+        }
+    }
+
+    /// Loads a tensor by its GGUF name; a missing tensor is an error naming the file and tensor.
+    pub fn get(&mut self, name: &str, device: &Device) -> Result<RawTensor> {
+        match self {
+            WeightSource::Gguf {
+                path,
+                content,
+                reader,
+            } => {
+                if !content.tensor_infos.contains_key(name) {
+                    return Err(Error::model(&*path, format!("missing tensor '{name}'")));
+                }
+                let t = content
+                    .tensor(reader, name, device)
+                    .map_err(|e| Error::model(&*path, format!("tensor '{name}': {e}")))?;
+                Ok(RawTensor::Quantized(t))
+            }
+            WeightSource::Safetensors { dir, tensors } => {
+                let hf = hf_name(name);
+                let t = tensors.load(&hf, device).map_err(|e| {
+                    Error::model(&*dir, format!("missing or unreadable tensor '{hf}': {e}"))
+                })?;
+                Ok(RawTensor::Dense(t))
+            }
+        }
+    }
+
+    /// Reads the model shape from GGUF metadata.
+    pub fn gguf_config(&self) -> Result<ModelConfig> {
+        let WeightSource::Gguf { path, content, .. } = self else {
+            unreachable!("gguf_config is only called on GGUF sources")
+        };
+        let md = &content.metadata;
+        let arch_name = md
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .ok_or_else(|| Error::model(path, "metadata has no general.architecture"))?
+            .clone();
+        let arch = Arch::parse(&arch_name).ok_or_else(|| {
+            Error::model(
+                path,
+                format!(
+                    "unsupported architecture '{arch_name}' (kvbench runs llama, qwen2, qwen3)"
+                ),
+            )
+        })?;
+        let get_u = |key: &str| -> Result<usize> {
+            let full = format!("{arch_name}.{key}");
+            md.get(&full)
+                .and_then(|v| {
+                    v.to_u32()
+                        .ok()
+                        .map(|x| x as usize)
+                        .or_else(|| v.to_u64().ok().map(|x| x as usize))
+                })
+                .ok_or_else(|| {
+                    Error::model(
+                        path,
+                        format!("metadata key '{full}' missing or not an integer"),
+                    )
+                })
+        };
+        let get_f = |key: &str| {
+            md.get(&format!("{arch_name}.{key}"))
+                .and_then(|v| v.to_f32().ok())
+        };
+        let hidden_size = get_u("embedding_length")?;
+        let num_heads = get_u("attention.head_count")?;
+        let num_kv_heads = get_u("attention.head_count_kv").unwrap_or(num_heads);
+        let head_dim = get_u("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
+        let vocab_size = match md
+            .get("tokenizer.ggml.tokens")
+            .and_then(|v| v.to_vec().ok())
+        {
+            Some(v) => v.len(),
+            None => get_u("vocab_size")?,
+        };
+        let rope_scaling = match (
+            get_f("rope.scaling.factor"),
+            md.get(&format!("{arch_name}.rope.scaling.type")),
+        ) {
+            (Some(factor), Some(kind)) if kind.to_string().is_ok_and(|k| k == "llama3") => {
+                Some(Llama3RopeScaling {
+                    factor,
+                    low_freq_factor: get_f("rope.scaling.low_freq_factor").unwrap_or(1.0),
+                    high_freq_factor: get_f("rope.scaling.high_freq_factor").unwrap_or(4.0),
+                    original_max_position_embeddings: get_u("rope.scaling.original_context_length")
+                        .unwrap_or(8192),
+                })
+            }
+            _ => None,
+        };
+        let config = ModelConfig {
+            arch,
+            hidden_size,
+            intermediate_size: get_u("feed_forward_length")?,
+            num_layers: get_u("block_count")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size,
+            rms_norm_eps: get_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
+            rope_theta: get_f("rope.freq_base").unwrap_or(10_000.0),
+            rope_scaling,
+            // llama.cpp permutes Llama q/k rows for the interleaved rotation; Qwen keeps the HF layout.
+            rope_interleaved: arch == Arch::Llama,
+            qkv_bias: content.tensor_infos.contains_key("blk.0.attn_q.bias"),
+            qk_norm: content
+                .tensor_infos
+                .contains_key("blk.0.attn_q_norm.weight"),
+            tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
+            max_position_embeddings: get_u("context_length").unwrap_or(4096),
+        };
+        config.validate().map_err(|e| Error::model(path, e))?;
+        Ok(config)
+    }
+
+    /// GGUF metadata, when the source is a GGUF file.
+    pub fn gguf_metadata(&self) -> Option<&std::collections::HashMap<String, gguf_file::Value>> {
+        match self {
+            WeightSource::Gguf { content, .. } => Some(&content.metadata),
+            WeightSource::Safetensors { .. } => None,
+        }
+    }
+}
+
+/// Translates a GGUF tensor name to the Hugging Face name of the same weight.
+fn hf_name(gguf: &str) -> String {
+    match gguf {
+        "token_embd.weight" => return "model.embed_tokens.weight".into(),
+        "output_norm.weight" => return "model.norm.weight".into(),
+        "output.weight" => return "lm_head.weight".into(),
+        _ => {}
+    }
+    let Some(rest) = gguf.strip_prefix("blk.") else {
+        return gguf.to_string();
+    };
+    let Some((layer, tail)) = rest.split_once('.') else {
+        return gguf.to_string();
+    };
+    let tail = match tail {
+        "attn_norm.weight" => "input_layernorm.weight",
+        "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "attn_q.weight" => "self_attn.q_proj.weight",
+        "attn_k.weight" => "self_attn.k_proj.weight",
+        "attn_v.weight" => "self_attn.v_proj.weight",
+        "attn_q.bias" => "self_attn.q_proj.bias",
+        "attn_k.bias" => "self_attn.k_proj.bias",
+        "attn_v.bias" => "self_attn.v_proj.bias",
+        "attn_output.weight" => "self_attn.o_proj.weight",
+        "attn_q_norm.weight" => "self_attn.q_norm.weight",
+        "attn_k_norm.weight" => "self_attn.k_norm.weight",
+        "ffn_gate.weight" => "mlp.gate_proj.weight",
+        "ffn_up.weight" => "mlp.up_proj.weight",
+        "ffn_down.weight" => "mlp.down_proj.weight",
+        other => other,
+    };
+    format!("model.layers.{layer}.{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hf_names_follow_the_transformers_layout() {
+        assert_eq!(
+            super::hf_name("blk.12.attn_q.bias"),
+            "model.layers.12.self_attn.q_proj.bias"
+        );
+        assert_eq!(
+            super::hf_name("blk.0.ffn_down.weight"),
+            "model.layers.0.mlp.down_proj.weight"
+        );
+        assert_eq!(
+            super::hf_name("token_embd.weight"),
+            "model.embed_tokens.weight"
+        );
+    }
+}

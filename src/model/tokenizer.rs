@@ -1,0 +1,200 @@
+//! Tokenizers: from a `tokenizer.json`, or built from GGUF metadata for files that carry none.
+//!
+//! candle's own GGUF-to-tokenizer helper gets SmolLM2 wrong (it adds a leading space and does not
+//! split digits), so kvbench builds the byte-level BPE itself from `tokenizer.ggml.tokens`,
+//! `tokenizer.ggml.merges` and the `tokenizer.ggml.pre` pre-tokenizer name, matching each model's
+//! Hugging Face `tokenizer.json`.
+
+use crate::error::{Error, Result};
+use candle_core::quantized::gguf_file::Value;
+use std::collections::HashMap;
+use std::path::Path;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+/// A tokenizer plus the special ids generation needs.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Tokens that end generation.
+    pub eos_ids: Vec<u32>,
+    pub bos_id: Option<u32>,
+}
+
+/// The GPT-2 / Llama 3 style split regex llama.cpp uses for the `llama-bpe` and Qwen pre-tokenizers.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+impl Tokenizer {
+    /// Loads a Hugging Face `tokenizer.json`.
+    pub fn from_file(path: &Path, eos_names: &[&str]) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::model(path, format!("unreadable tokenizer.json: {e}")))?;
+        let eos_ids = eos_names
+            .iter()
+            .filter_map(|n| inner.token_to_id(n))
+            .collect();
+        Ok(Self {
+            inner,
+            eos_ids,
+            bos_id: None,
+        })
+    }
+
+    /// Builds a byte-level BPE tokenizer from GGUF metadata (`tokenizer.ggml.model = gpt2`).
+    pub fn from_gguf(md: &HashMap<String, Value>, path: &Path) -> Result<Self> {
+        let err = |m: String| Error::model(path, format!("tokenizer metadata: {m}"));
+        let model = md
+            .get("tokenizer.ggml.model")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        if model != "gpt2" {
+            return Err(err(format!(
+                "tokenizer model '{model}' is not supported from GGUF metadata (only byte-level BPE, 'gpt2'); pass a tokenizer.json with --tokenizer"
+            )));
+        }
+        let strings = |key: &str| -> Result<Vec<String>> {
+            let v = md.get(key).ok_or_else(|| err(format!("missing '{key}'")))?;
+            let items = v.to_vec().map_err(|e| err(format!("'{key}': {e}")))?;
+            items
+                .iter()
+                .map(|x| {
+                    x.to_string()
+                        .cloned()
+                        .map_err(|e| err(format!("'{key}': {e}")))
+                })
+                .collect()
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges = strings("tokenizer.ggml.merges")?;
+        let types: Vec<i32> = match md
+            .get("tokenizer.ggml.token_type")
+            .and_then(|v| v.to_vec().ok())
+        {
+            Some(v) => v.iter().map(|x| x.to_i32().unwrap_or(1)).collect(),
+            None => vec![1; tokens.len()],
+        };
+        let vocab: tokenizers::models::bpe::Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let merges: Vec<(String, String)> = merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| err("a merge is not two space-separated tokens".into()))?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .ignore_merges(false)
+            .build()
+            .map_err(|e| err(format!("cannot build BPE: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let pre = md
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        inner.with_pre_tokenizer(Some(pre_tokenizer(&pre).map_err(err)?));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        // Control tokens (type 3) and user-defined ones (type 4) are matched before BPE.
+        let special: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &t)| t == 3 || t == 4)
+            .map(|(s, _)| AddedToken::from(s.clone(), true))
+            .collect();
+        inner.add_special_tokens(&special);
+        let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
+        let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
+        // ChatML models end a turn with <|im_end|>; Llama 3 with <|eot_id|>.
+        for name in [
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|endoftext|>",
+            "<｜end▁of▁sentence｜>",
+        ] {
+            if let Some(i) = inner.token_to_id(name) {
+                if !eos_ids.contains(&i) {
+                    eos_ids.push(i);
+                }
+            }
+        }
+        Ok(Self {
+            inner,
+            eos_ids,
+            bos_id: id("tokenizer.ggml.bos_token_id"),
+        })
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+/// The pre-tokenizer a GGUF `tokenizer.ggml.pre` name stands for (llama.cpp's names).
+fn pre_tokenizer(name: &str) -> std::result::Result<PreTokenizerWrapper, String> {
+    let byte_level =
+        |regex: bool| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, regex));
+    let split = |pattern: &str| -> std::result::Result<PreTokenizerWrapper, String> {
+        Ok(PreTokenizerWrapper::Split(
+            Split::new(
+                SplitPattern::Regex(pattern.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| e.to_string())?,
+        ))
+    };
+    Ok(match name {
+        // SmolLM / StarCoder: every digit alone, then the GPT-2 regex.
+        "smollm" | "starcoder" | "refact" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            PreTokenizerWrapper::Digits(Digits::new(true)),
+            byte_level(true),
+        ])),
+        "gpt2" | "default" | "" => byte_level(true),
+        "llama-bpe" | "llama3" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            split(LLAMA3_SPLIT)?,
+            byte_level(false),
+        ])),
+        "qwen2" | "deepseek-r1-qwen" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            split(QWEN2_SPLIT)?,
+            byte_level(false),
+        ])),
+        other => {
+            return Err(format!(
+                "unknown pre-tokenizer '{other}'; pass a tokenizer.json with --tokenizer"
+            ))
+        }
+    })
+}

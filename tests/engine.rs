@@ -23,22 +23,49 @@ fn logits_match_candle_quantized_llama() {
     let path = common::gguf_path();
     let mut file = std::fs::File::open(&path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
-    let mut reference =
-        candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
+    let mut reference = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+        content,
+        &mut file,
+        &Device::Cpu,
+    )
+    .unwrap();
 
     let mut state = m.transformer.new_state(Box::new(Full)).unwrap();
     let mut tokens = prompt.clone();
     let mut worst = 0f32;
     for step in 0..6 {
-        let (new, pos) = if step == 0 { (&tokens[..], 0) } else { (&tokens[tokens.len() - 1..], tokens.len() - 1) };
-        let ours = m.transformer.forward(&mut [SeqInput { tokens: new, state: &mut state }]).unwrap();
+        let (new, pos) = if step == 0 {
+            (&tokens[..], 0)
+        } else {
+            (&tokens[tokens.len() - 1..], tokens.len() - 1)
+        };
+        let ours = m
+            .transformer
+            .forward(&mut [SeqInput {
+                tokens: new,
+                state: &mut state,
+            }])
+            .unwrap();
         let ours = ours.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
-        let input = Tensor::new(new, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-        let theirs = reference.forward(&input, pos).unwrap().squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+        let input = Tensor::new(new, &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let theirs = reference
+            .forward(&input, pos)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
         let diff = max_abs_diff(&ours, &theirs);
         worst = worst.max(diff);
         let next = kvbench::model::llama::argmax(&ours);
-        assert_eq!(next, kvbench::model::llama::argmax(&theirs), "greedy token differs at step {step}");
+        assert_eq!(
+            next,
+            kvbench::model::llama::argmax(&theirs),
+            "greedy token differs at step {step}"
+        );
         tokens.push(next);
     }
     eprintln!("max |logit difference| against quantized_llama over 6 steps: {worst:e}");
@@ -57,34 +84,78 @@ fn greedy(prompt: &[u32], n: usize) -> Request {
 #[test]
 fn batch_gives_the_same_tokens_and_logits_as_single_runs() {
     let m = model(WeightFormat::F32);
-    let prompts: Vec<Vec<u32>> = ["What is 12 + 30?", "Name three prime numbers and explain why.", "Hi"]
-        .iter()
-        .map(|t| chat_prompt(&m, t))
-        .collect();
+    let prompts: Vec<Vec<u32>> = [
+        "What is 12 + 30?",
+        "Name three prime numbers and explain why.",
+        "Hi",
+    ]
+    .iter()
+    .map(|t| chat_prompt(&m, t))
+    .collect();
     let n = 24;
-    let batch = generate_batch(&m.transformer, prompts.iter().map(|p| greedy(p, n)).collect(), &[], &mut |_, _| {})
-        .unwrap();
+    let batch = generate_batch(
+        &m.transformer,
+        prompts.iter().map(|p| greedy(p, n)).collect(),
+        &[],
+        &mut |_, _| {},
+    )
+    .unwrap();
     for (p, b) in prompts.iter().zip(&batch) {
-        let single = generate_batch(&m.transformer, vec![greedy(p, n)], &[], &mut |_, _| {}).unwrap();
-        assert_eq!(single[0].tokens, b.tokens, "batched tokens differ from the single run");
+        let single =
+            generate_batch(&m.transformer, vec![greedy(p, n)], &[], &mut |_, _| {}).unwrap();
+        assert_eq!(
+            single[0].tokens, b.tokens,
+            "batched tokens differ from the single run"
+        );
         assert_eq!(b.tokens.len(), n);
     }
     // Logits of one batched step against the same sequences stepped alone.
-    let mut states: Vec<_> = (0..3).map(|_| m.transformer.new_state(Box::new(Full)).unwrap()).collect();
+    let mut states: Vec<_> = (0..3)
+        .map(|_| m.transformer.new_state(Box::new(Full)).unwrap())
+        .collect();
     let mut alone = Vec::new();
     for (p, s) in prompts.iter().zip(states.iter_mut()) {
-        m.transformer.forward(&mut [SeqInput { tokens: p, state: s }]).unwrap();
+        m.transformer
+            .forward(&mut [SeqInput {
+                tokens: p,
+                state: s,
+            }])
+            .unwrap();
     }
-    let mut solo_states: Vec<_> = (0..3).map(|_| m.transformer.new_state(Box::new(Full)).unwrap()).collect();
+    let mut solo_states: Vec<_> = (0..3)
+        .map(|_| m.transformer.new_state(Box::new(Full)).unwrap())
+        .collect();
     for (p, s) in prompts.iter().zip(solo_states.iter_mut()) {
-        m.transformer.forward(&mut [SeqInput { tokens: p, state: s }]).unwrap();
-        let l = m.transformer.forward(&mut [SeqInput { tokens: &[42], state: s }]).unwrap();
+        m.transformer
+            .forward(&mut [SeqInput {
+                tokens: p,
+                state: s,
+            }])
+            .unwrap();
+        let l = m
+            .transformer
+            .forward(&mut [SeqInput {
+                tokens: &[42],
+                state: s,
+            }])
+            .unwrap();
         alone.push(l.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
     }
     let toks = [[42u32]; 3];
-    let mut inputs: Vec<SeqInput> =
-        states.iter_mut().zip(&toks).map(|(s, t)| SeqInput { tokens: t, state: s }).collect();
-    let together = m.transformer.forward(&mut inputs).unwrap().to_vec2::<f32>().unwrap();
+    let mut inputs: Vec<SeqInput> = states
+        .iter_mut()
+        .zip(&toks)
+        .map(|(s, t)| SeqInput {
+            tokens: t,
+            state: s,
+        })
+        .collect();
+    let together = m
+        .transformer
+        .forward(&mut inputs)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
     for (a, b) in alone.iter().zip(&together) {
         let d = max_abs_diff(a, b);
         eprintln!("batch vs single max |logit difference|: {d:e}");
@@ -105,12 +176,20 @@ impl Policy for ForcedGather {
         "forced-gather"
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities { batch: true, ..Default::default() }
+        Capabilities {
+            batch: true,
+            ..Default::default()
+        }
     }
     fn reset(&mut self) {
         self.fired.clear();
     }
-    fn after_attention(&mut self, step: &StepInfo, view: &AttentionView<'_>, cache: &mut LayerCache) -> candle_core::Result<()> {
+    fn after_attention(
+        &mut self,
+        step: &StepInfo,
+        view: &AttentionView<'_>,
+        cache: &mut LayerCache,
+    ) -> candle_core::Result<()> {
         if self.fired.len() <= view.layer {
             self.fired.resize(view.layer + 1, false);
         }
@@ -128,12 +207,23 @@ impl Policy for ForcedGather {
     }
 }
 
-fn run_with(m: &kvbench::model::Model, prompt: &[u32], policy: Box<dyn Policy>, steps: usize) -> (Vec<Vec<f32>>, kvbench::model::SeqState) {
+fn run_with(
+    m: &kvbench::model::Model,
+    prompt: &[u32],
+    policy: Box<dyn Policy>,
+    steps: usize,
+) -> (Vec<Vec<f32>>, kvbench::model::SeqState) {
     let mut state = m.transformer.new_state(policy).unwrap();
     let mut logits = Vec::new();
     let mut next = prompt.to_vec();
     for _ in 0..steps {
-        let l = m.transformer.forward(&mut [SeqInput { tokens: &next, state: &mut state }]).unwrap();
+        let l = m
+            .transformer
+            .forward(&mut [SeqInput {
+                tokens: &next,
+                state: &mut state,
+            }])
+            .unwrap();
         let l = l.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
         next = vec![kvbench::model::llama::argmax(&l)];
         logits.push(l);
@@ -147,14 +237,31 @@ fn eviction_keeps_logical_positions() {
     let prompt = chat_prompt(&m, "Count from one to twenty.");
     let p = prompt.len();
     let at = 10;
-    let (_, state) = run_with(&m, &prompt, Box::new(ForcedGather { at, permute_only: false, fired: vec![] }), 16);
+    let (_, state) = run_with(
+        &m,
+        &prompt,
+        Box::new(ForcedGather {
+            at,
+            permute_only: false,
+            fired: vec![],
+        }),
+        16,
+    );
     // Entries fed: the prompt plus 15 generated tokens (the 16th forward consumed the 15th token).
     assert_eq!(state.seen, p + 15);
     let layer = state.cache.layer(0);
     let n_before = p + at; // entries held when the gather ran
-    let kept_old: Vec<u32> = (0..n_before - 4).step_by(2).chain(n_before - 4..n_before).map(|x| x as u32).collect();
+    let kept_old: Vec<u32> = (0..n_before - 4)
+        .step_by(2)
+        .chain(n_before - 4..n_before)
+        .map(|x| x as u32)
+        .collect();
     let positions = layer.positions(0);
-    assert_eq!(&positions[..kept_old.len()], &kept_old[..], "kept entries keep their original positions");
+    assert_eq!(
+        &positions[..kept_old.len()],
+        &kept_old[..],
+        "kept entries keep their original positions"
+    );
     // Entries appended after the gather carry logical positions, not the physical cache length.
     let after: Vec<u32> = (n_before..p + 15).map(|x| x as u32).collect();
     assert_eq!(&positions[kept_old.len()..], &after[..]);
@@ -167,11 +274,31 @@ fn permuting_the_cache_leaves_logits_unchanged() {
     let m = model(WeightFormat::F32);
     let prompt = chat_prompt(&m, "Describe a rainbow.");
     let (full, _) = run_with(&m, &prompt, Box::new(Full), 14);
-    let (perm, state) = run_with(&m, &prompt, Box::new(ForcedGather { at: 5, permute_only: true, fired: vec![] }), 14);
-    assert_eq!(state.cache.layer(3).positions(1)[0] as usize, prompt.len() + 4, "the cache was reversed");
-    let worst = full.iter().zip(&perm).map(|(a, b)| max_abs_diff(a, b)).fold(0.0, f32::max);
+    let (perm, state) = run_with(
+        &m,
+        &prompt,
+        Box::new(ForcedGather {
+            at: 5,
+            permute_only: true,
+            fired: vec![],
+        }),
+        14,
+    );
+    assert_eq!(
+        state.cache.layer(3).positions(1)[0] as usize,
+        prompt.len() + 4,
+        "the cache was reversed"
+    );
+    let worst = full
+        .iter()
+        .zip(&perm)
+        .map(|(a, b)| max_abs_diff(a, b))
+        .fold(0.0, f32::max);
     eprintln!("reversed cache vs full max |logit difference|: {worst:e}");
-    assert!(worst < 1e-4, "attention is not permutation invariant: {worst}");
+    assert!(
+        worst < 1e-4,
+        "attention is not permutation invariant: {worst}"
+    );
 }
 
 #[test]
@@ -182,13 +309,28 @@ fn smollm2_tokenizer_matches_reference_ids() {
         .tokenizer
         .encode("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n")
         .unwrap();
-    assert_eq!(ids, vec![1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2, 198]);
+    assert_eq!(
+        ids,
+        vec![
+            1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411,
+            407, 19712, 8182, 2, 198
+        ]
+    );
     // Digits are split one by one; decoding gives the text back.
     let ids = m.tokenizer.encode("In 2024, 12345 apples").unwrap();
-    let pieces: Vec<String> = ids.iter().map(|&i| m.tokenizer.id_to_token(i).unwrap()).collect();
-    assert!(pieces.contains(&"1".to_string()) && pieces.contains(&"5".to_string()), "{pieces:?}");
+    let pieces: Vec<String> = ids
+        .iter()
+        .map(|&i| m.tokenizer.id_to_token(i).unwrap())
+        .collect();
+    assert!(
+        pieces.contains(&"1".to_string()) && pieces.contains(&"5".to_string()),
+        "{pieces:?}"
+    );
     assert_eq!(m.tokenizer.decode(&ids).unwrap(), "In 2024, 12345 apples");
-    assert!(m.tokenizer.eos_ids.contains(&2), "<|im_end|> ends generation");
+    assert!(
+        m.tokenizer.eos_ids.contains(&2),
+        "<|im_end|> ends generation"
+    );
 }
 
 #[test]
@@ -197,7 +339,11 @@ fn sampling_is_reproducible_from_the_seed() {
     let prompt = chat_prompt(&m, "Tell me a story.");
     let req = |seed| Request {
         prompt: prompt.clone(),
-        sampling: SamplingParams { temperature: 0.6, top_p: 0.95, seed },
+        sampling: SamplingParams {
+            temperature: 0.6,
+            top_p: 0.95,
+            seed,
+        },
         max_new_tokens: 12,
         policy: Box::new(Full),
     };

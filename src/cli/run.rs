@@ -17,7 +17,7 @@ pub struct RunArgs {
     pub policy: String,
     /// KV budget: at most 1 is a fraction of the tokens seen so far, above 1 an absolute number of
     /// entries per layer and KV head.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub budget: f64,
     /// Take only the first N problems.
     #[arg(long)]

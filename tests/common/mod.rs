@@ -20,7 +20,10 @@ pub fn model(format: WeightFormat) -> Arc<Model> {
         return m.clone();
     }
     kvbench::init_threads(None);
-    let opts = LoadOptions { format, ..Default::default() };
+    let opts = LoadOptions {
+        format,
+        ..Default::default()
+    };
     let m = Arc::new(Model::load("smollm2-135m", &opts).expect("load the default model"));
     list.push((format, m.clone()));
     m
@@ -33,5 +36,8 @@ pub fn gguf_path() -> std::path::PathBuf {
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }

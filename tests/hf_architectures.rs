@@ -1,0 +1,154 @@
+//! Hugging Face checkpoints (safetensors + config.json) of the Qwen2 family, with q/k/v biases and tied or
+//! untied embeddings, checked against candle-transformers' own Qwen2 on small random weights in f32.
+
+use candle_core::{DType, Device, Tensor};
+use kvbench::model::source::WeightSource;
+use kvbench::model::weights::WeightFormat;
+use kvbench::model::{SeqInput, Transformer};
+use kvbench::policy::Full;
+use std::collections::HashMap;
+use std::path::Path;
+
+const HIDDEN: usize = 64;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const LAYERS: usize = 2;
+const VOCAB: usize = 101;
+const FFN: usize = 96;
+
+fn write_qwen2(dir: &Path, tied: bool) {
+    let dev = Device::Cpu;
+    let d = HIDDEN / HEADS;
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    let mut rand = |name: String, shape: &[usize], std: f32| {
+        t.insert(name, Tensor::randn(0f32, std, shape, &dev).unwrap());
+    };
+    rand("model.embed_tokens.weight".into(), &[VOCAB, HIDDEN], 0.5);
+    if !tied {
+        rand("lm_head.weight".into(), &[VOCAB, HIDDEN], 0.2);
+    }
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}");
+        rand(
+            format!("{p}.self_attn.q_proj.weight"),
+            &[HEADS * d, HIDDEN],
+            0.2,
+        );
+        rand(
+            format!("{p}.self_attn.k_proj.weight"),
+            &[KV_HEADS * d, HIDDEN],
+            0.2,
+        );
+        rand(
+            format!("{p}.self_attn.v_proj.weight"),
+            &[KV_HEADS * d, HIDDEN],
+            0.2,
+        );
+        rand(format!("{p}.self_attn.q_proj.bias"), &[HEADS * d], 0.5);
+        rand(format!("{p}.self_attn.k_proj.bias"), &[KV_HEADS * d], 0.5);
+        rand(format!("{p}.self_attn.v_proj.bias"), &[KV_HEADS * d], 0.5);
+        rand(
+            format!("{p}.self_attn.o_proj.weight"),
+            &[HIDDEN, HEADS * d],
+            0.2,
+        );
+        rand(format!("{p}.mlp.gate_proj.weight"), &[FFN, HIDDEN], 0.2);
+        rand(format!("{p}.mlp.up_proj.weight"), &[FFN, HIDDEN], 0.2);
+        rand(format!("{p}.mlp.down_proj.weight"), &[HIDDEN, FFN], 0.2);
+        rand(format!("{p}.input_layernorm.weight"), &[HIDDEN], 0.1);
+        rand(
+            format!("{p}.post_attention_layernorm.weight"),
+            &[HIDDEN],
+            0.1,
+        );
+    }
+    rand("model.norm.weight".into(), &[HIDDEN], 0.1);
+    // norms near 1
+    for (k, v) in t.iter_mut() {
+        if k.contains("norm") {
+            *v = (v.clone() + 1.0).unwrap();
+        }
+    }
+    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
+    let config = serde_json::json!({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
+        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "max_position_embeddings": 512, "sliding_window": 512, "max_window_layers": LAYERS,
+        "tie_word_embeddings": tied, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+        "use_sliding_window": false, "hidden_act": "silu", "torch_dtype": "float32"
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+}
+
+fn check(tied: bool) {
+    let dir = std::env::temp_dir().join(format!("kvbench-qwen2-{}-{tied}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_qwen2(&dir, tied);
+    let (mut src, config) = WeightSource::open_safetensors(&dir).unwrap();
+    assert!(config.qkv_bias && !config.rope_interleaved && config.tie_word_embeddings == tied);
+    let ours = Transformer::load(&mut src, config, WeightFormat::F32, &Device::Cpu).unwrap();
+
+    let cfg: candle_transformers::models::qwen2::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    // SAFETY: the file was just written by this test and is not modified while mapped.
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(
+            &[dir.join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+    }
+    .unwrap();
+    let mut reference =
+        candle_transformers::models::qwen2::ModelForCausalLM::new(&cfg, vb).unwrap();
+
+    let mut state = ours.new_state(Box::new(Full)).unwrap();
+    let mut tokens: Vec<u32> = vec![3, 17, 42, 99, 5, 8, 60];
+    let mut worst = 0f32;
+    for step in 0..4 {
+        let (new, pos) = if step == 0 {
+            (tokens.clone(), 0)
+        } else {
+            (vec![*tokens.last().unwrap()], tokens.len() - 1)
+        };
+        let a = ours
+            .forward(&mut [SeqInput {
+                tokens: &new,
+                state: &mut state,
+            }])
+            .unwrap();
+        let a = a.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+        let input = Tensor::new(new.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let b = reference
+            .forward(&input, pos)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let diff = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        worst = worst.max(diff);
+        tokens.push(kvbench::model::llama::argmax(&a));
+    }
+    eprintln!("qwen2 (tied = {tied}) max |logit difference| vs candle-transformers: {worst:e}");
+    assert!(worst < 1e-4, "logits differ by {worst}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn qwen2_untied_matches_candle_transformers() {
+    check(false);
+}
+
+#[test]
+fn qwen2_tied_matches_candle_transformers() {
+    check(true);
+}

@@ -1,0 +1,124 @@
+//! A missing or corrupt model is a clear error naming the file, and a usage error exits with code 2.
+
+mod common;
+
+use kvbench::model::{LoadOptions, Model};
+use std::io::Write;
+use std::process::Command;
+
+fn load_err(path: &std::path::Path) -> String {
+    match Model::load(path.to_str().unwrap(), &LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => {
+            assert!(e.is_input_error(), "{e} should be an input error");
+            e.to_string()
+        }
+    }
+}
+
+#[test]
+fn missing_wrong_magic_and_truncated_files_are_named() {
+    let dir = std::env::temp_dir().join(format!("kvbench-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let missing = dir.join("absent.gguf");
+    let msg = load_err(&missing);
+    assert!(msg.contains("absent.gguf"), "{msg}");
+
+    let bad = dir.join("bad.gguf");
+    std::fs::File::create(&bad)
+        .unwrap()
+        .write_all(b"NOTAGGUF file at all")
+        .unwrap();
+    let msg = load_err(&bad);
+    assert!(
+        msg.contains("bad.gguf") && msg.contains("not a GGUF file"),
+        "{msg}"
+    );
+
+    // The real model cut in half: the header parses, the tensor data is missing.
+    let real = std::fs::read(common::gguf_path()).unwrap();
+    let cut = dir.join("cut.gguf");
+    std::fs::write(&cut, &real[..real.len() / 2]).unwrap();
+    let msg = load_err(&cut);
+    assert!(
+        msg.contains("cut.gguf") && msg.contains("truncated"),
+        "{msg}"
+    );
+
+    // A directory without config.json.
+    let msg = load_err(&dir);
+    assert!(msg.contains("config.json"), "{msg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unknown_names_are_resolution_errors() {
+    let e = Model::load("no-such-model", &LoadOptions::default())
+        .err()
+        .expect("must fail");
+    assert!(e.to_string().contains("no-such-model"), "{e}");
+}
+
+fn kvbench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(args)
+        .output()
+        .expect("run kvbench")
+}
+
+#[test]
+fn bad_flags_exit_with_code_2_and_say_which() {
+    let out = kvbench(&["run", "--policy", "nonsense"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown policy 'nonsense'") && err.contains("--policy"),
+        "{err}"
+    );
+
+    for budget in ["0", "-1"] {
+        let out = kvbench(&["run", "--budget", budget]);
+        assert_eq!(out.status.code(), Some(2), "budget {budget}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--budget"));
+    }
+
+    let out = kvbench(&["run", "--model", "./missing/model.gguf"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing/model.gguf"));
+
+    let out = kvbench(&["run", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn run_prints_answers_grades_and_speed() {
+    common::model(kvbench::model::weights::WeightFormat::Native); // make sure the model is cached
+    let out = kvbench(&[
+        "run",
+        "--policy",
+        "full",
+        "--budget",
+        "1.0",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "16",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("| problem | answer | gold | correct | tokens | finish |"),
+        "{text}"
+    );
+    assert_eq!(text.matches("| builtin-").count(), 2, "{text}");
+    assert!(
+        text.contains("accuracy ") && text.contains("decode ") && text.contains("tokens/s"),
+        "{text}"
+    );
+}

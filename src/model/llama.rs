@@ -8,7 +8,7 @@
 
 use crate::error::Result;
 use crate::model::config::ModelConfig;
-use crate::model::source::{RawTensor, WeightSource};
+use crate::model::source::{concat_rows, RawTensor, WeightSource};
 use crate::model::state::SeqState;
 use crate::model::weights::{Linear, RmsNorm, WeightFormat};
 use crate::policy::{AttentionView, StepInfo};
@@ -16,15 +16,14 @@ use candle_core::{DType, Device, Tensor};
 
 struct Block {
     attn_norm: RmsNorm,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// q, k and v projections stacked: `[(heads + 2·kv_heads)·head_dim, hidden]`.
+    qkv: Linear,
     wo: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     ffn_norm: RmsNorm,
-    gate: Linear,
-    up: Linear,
+    /// gate and up projections stacked: `[2·intermediate, hidden]`.
+    gate_up: Linear,
     down: Linear,
 }
 
@@ -54,18 +53,35 @@ impl Transformer {
         format: WeightFormat,
         device: &Device,
     ) -> Result<Self> {
-        let linear = |src: &mut WeightSource, name: &str, bias: bool| -> Result<Linear> {
-            let w = src.get(&format!("{name}.weight"), device)?;
-            let b = if bias {
-                Some(src.get(&format!("{name}.bias"), device)?.to_dense(device)?)
-            } else {
-                None
-            };
+        let to_linear = |w: RawTensor, b: Option<Tensor>| -> Result<Linear> {
             Ok(match w {
                 RawTensor::Quantized(q) => Linear::from_qtensor(q, b, format, device)?,
                 RawTensor::Dense(t) => Linear::from_dense(t, b, format)?,
             })
         };
+        // Several projections of the same input, stacked into one matrix (one product instead of several).
+        let stacked = |src: &mut WeightSource, names: &[&str], bias: bool| -> Result<Linear> {
+            let mut ws = Vec::with_capacity(names.len());
+            let mut bs = Vec::new();
+            for name in names {
+                ws.push(src.get(&format!("{name}.weight"), device)?);
+                if bias {
+                    bs.push(src.get(&format!("{name}.bias"), device)?.to_dense(device)?);
+                }
+            }
+            let w = if ws.len() == 1 {
+                ws.pop().expect("one part")
+            } else {
+                concat_rows(ws, device)?
+            };
+            let b = if bias {
+                Some(Tensor::cat(&bs, 0)?)
+            } else {
+                None
+            };
+            to_linear(w, b)
+        };
+        let linear = |src: &mut WeightSource, name: &str, bias: bool| stacked(src, &[name], bias);
         let norm = |src: &mut WeightSource, name: &str| -> Result<RmsNorm> {
             Ok(RmsNorm::new(
                 src.get(name, device)?.to_dense(device)?,
@@ -77,9 +93,15 @@ impl Transformer {
             let p = format!("blk.{i}");
             blocks.push(Block {
                 attn_norm: norm(source, &format!("{p}.attn_norm.weight"))?,
-                wq: linear(source, &format!("{p}.attn_q"), config.qkv_bias)?,
-                wk: linear(source, &format!("{p}.attn_k"), config.qkv_bias)?,
-                wv: linear(source, &format!("{p}.attn_v"), config.qkv_bias)?,
+                qkv: stacked(
+                    source,
+                    &[
+                        &format!("{p}.attn_q"),
+                        &format!("{p}.attn_k"),
+                        &format!("{p}.attn_v"),
+                    ],
+                    config.qkv_bias,
+                )?,
                 wo: linear(source, &format!("{p}.attn_output"), false)?,
                 q_norm: if config.qk_norm {
                     Some(norm(source, &format!("{p}.attn_q_norm.weight"))?)
@@ -92,25 +114,25 @@ impl Transformer {
                     None
                 },
                 ffn_norm: norm(source, &format!("{p}.ffn_norm.weight"))?,
-                gate: linear(source, &format!("{p}.ffn_gate"), false)?,
-                up: linear(source, &format!("{p}.ffn_up"), false)?,
+                gate_up: stacked(
+                    source,
+                    &[&format!("{p}.ffn_gate"), &format!("{p}.ffn_up")],
+                    false,
+                )?,
                 down: linear(source, &format!("{p}.ffn_down"), false)?,
             });
         }
         let embed_raw = source.get("token_embd.weight", device)?;
         let embed = embed_raw.to_dense(device)?;
         let lm_head = if config.tie_word_embeddings || !source.contains("output.weight") {
-            match embed_raw {
-                RawTensor::Quantized(q) => Linear::from_qtensor(q, None, format, device)?,
-                RawTensor::Dense(t) => Linear::from_dense(t, None, format)?,
-            }
+            to_linear(embed_raw, None)?
         } else {
             linear(source, "output", false)?
         };
         let norm = norm(source, "output_norm.weight")?;
         let weight_bytes = blocks
             .iter()
-            .flat_map(|b| [&b.wq, &b.wk, &b.wv, &b.wo, &b.gate, &b.up, &b.down])
+            .flat_map(|b| [&b.qkv, &b.wo, &b.gate_up, &b.down])
             .map(Linear::weight_bytes)
             .sum::<usize>()
             + lm_head.weight_bytes()
@@ -231,9 +253,19 @@ impl Transformer {
         for (l, block) in self.blocks.iter().enumerate() {
             // 2. Project queries, keys and values for all new tokens at once.
             let h = block.attn_norm.forward(&x)?;
-            let mut q = block.wq.forward(&h)?.reshape((n_tok, hq, d))?;
-            let mut k = block.wk.forward(&h)?.reshape((n_tok, hkv, d))?;
-            let v = block.wv.forward(&h)?.reshape((n_tok, hkv, d))?;
+            let qkv = block.qkv.forward(&h)?;
+            let mut q = qkv
+                .narrow(1, 0, hq * d)?
+                .contiguous()?
+                .reshape((n_tok, hq, d))?;
+            let mut k = qkv
+                .narrow(1, hq * d, hkv * d)?
+                .contiguous()?
+                .reshape((n_tok, hkv, d))?;
+            let v = qkv
+                .narrow(1, (hq + hkv) * d, hkv * d)?
+                .contiguous()?
+                .reshape((n_tok, hkv, d))?;
             if let (Some(qn), Some(kn)) = (&block.q_norm, &block.k_norm) {
                 q = qn.forward(&q)?;
                 k = kn.forward(&k)?;
@@ -318,7 +350,10 @@ impl Transformer {
             // 5. Output projection and MLP over all tokens.
             x = (x + block.wo.forward(&attn)?)?;
             let h = block.ffn_norm.forward(&x)?;
-            let act = (candle_nn::ops::silu(&block.gate.forward(&h)?)? * block.up.forward(&h)?)?;
+            let gate_up = block.gate_up.forward(&h)?;
+            let ffn = cfg.intermediate_size;
+            let act = (candle_nn::ops::silu(&gate_up.narrow(1, 0, ffn)?)?
+                * gate_up.narrow(1, ffn, ffn)?)?;
             x = (x + block.down.forward(&act)?)?;
         }
 

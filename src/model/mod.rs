@@ -104,7 +104,17 @@ impl Model {
         let transformer = Transformer::load(&mut source, config, opts.format, &opts.device)?;
         let name = match &files {
             ModelFiles::Gguf(p) => p.file_stem().map(|s| s.to_string_lossy().into_owned()),
-            ModelFiles::HfDir(p) => p.file_name().map(|s| s.to_string_lossy().into_owned()),
+            // A hub snapshot (`…/models--owner--name/snapshots/<rev>`) is named after its repository.
+            ModelFiles::HfDir(p) => p
+                .ancestors()
+                .filter_map(|a| {
+                    a.file_name()?
+                        .to_str()?
+                        .strip_prefix("models--")
+                        .map(|r| r.replace("--", "/"))
+                })
+                .next()
+                .or_else(|| p.file_name().map(|s| s.to_string_lossy().into_owned())),
         }
         .unwrap_or_else(|| "model".into());
         Ok(Self {

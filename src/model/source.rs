@@ -27,6 +27,47 @@ impl RawTensor {
     }
 }
 
+/// Stacks `[out_i, in]` matrices (and their biases) into one `[Σ out_i, in]` matrix, so that several
+/// projections of the same input run as one matrix product. Quantized rows are concatenated block by
+/// block (GGUF stores each row as whole blocks), so the result is bit-exact, with no requantization.
+pub fn concat_rows(parts: Vec<RawTensor>, device: &Device) -> candle_core::Result<RawTensor> {
+    let same_quant = match (
+        &parts[0],
+        parts.iter().all(|p| matches!(p, RawTensor::Quantized(_))),
+    ) {
+        (RawTensor::Quantized(first), true) => parts
+            .iter()
+            .all(|p| matches!(p, RawTensor::Quantized(q) if q.dtype() == first.dtype())),
+        _ => false,
+    };
+    if same_quant {
+        let mut bytes = Vec::new();
+        let (mut rows, mut cols, mut dtype) = (0, 0, None);
+        for p in &parts {
+            let RawTensor::Quantized(q) = p else {
+                unreachable!("checked above")
+            };
+            let (r, c) = q.shape().dims2()?;
+            rows += r;
+            cols = c;
+            dtype = Some(q.dtype());
+            bytes.extend_from_slice(&q.data()?);
+        }
+        let dtype = dtype.expect("at least one part");
+        let storage = candle_core::quantized::QStorage::from_data(
+            std::borrow::Cow::Owned(bytes),
+            device,
+            dtype,
+        )?;
+        return Ok(RawTensor::Quantized(QTensor::new(storage, (rows, cols))?));
+    }
+    let dense = parts
+        .iter()
+        .map(|p| p.to_dense(device))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(RawTensor::Dense(Tensor::cat(&dense, 0)?))
+}
+
 /// An opened weight container.
 pub enum WeightSource {
     Gguf {

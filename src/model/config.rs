@@ -73,14 +73,16 @@ impl ModelConfig {
 
     /// Checks the invariants the forward pass relies on.
     pub fn validate(&self) -> Result<(), String> {
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
         {
             return Err(format!(
                 "head counts {} / {} are not a valid GQA layout",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return Err(format!(
                 "head dimension {} must be even and positive",
                 self.head_dim

@@ -12,7 +12,8 @@ static FETCH: Mutex<()> = Mutex::new(());
 
 /// The default model in the given weight format (one instance per format and test binary).
 pub fn model(format: WeightFormat) -> Arc<Model> {
-    static MODELS: OnceLock<Mutex<Vec<(WeightFormat, Arc<Model>)>>> = OnceLock::new();
+    type Loaded = Vec<(WeightFormat, Arc<Model>)>;
+    static MODELS: OnceLock<Mutex<Loaded>> = OnceLock::new();
     let models = MODELS.get_or_init(|| Mutex::new(Vec::new()));
     let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
     let mut list = models.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,5 +1,6 @@
-//! Hugging Face checkpoints (safetensors + config.json) of the Qwen2 family, with q/k/v biases and tied or
-//! untied embeddings, checked against candle-transformers' own Qwen2 on small random weights in f32.
+//! Hugging Face checkpoints (safetensors + config.json), checked against candle-transformers' own models
+//! on small random weights in f32: Qwen2 (q/k/v biases, tied or untied embeddings) and Llama (untied,
+//! with Llama 3 RoPE scaling, the Hugging Face rotate-half layout).
 
 use candle_core::{DType, Device, Tensor};
 use kvbench::model::source::WeightSource;
@@ -16,7 +17,7 @@ const LAYERS: usize = 2;
 const VOCAB: usize = 101;
 const FFN: usize = 96;
 
-fn write_qwen2(dir: &Path, tied: bool) {
+fn write_weights(dir: &Path, tied: bool, biases: bool) {
     let dev = Device::Cpu;
     let d = HIDDEN / HEADS;
     let mut t: HashMap<String, Tensor> = HashMap::new();
@@ -44,9 +45,11 @@ fn write_qwen2(dir: &Path, tied: bool) {
             &[KV_HEADS * d, HIDDEN],
             0.2,
         );
-        rand(format!("{p}.self_attn.q_proj.bias"), &[HEADS * d], 0.5);
-        rand(format!("{p}.self_attn.k_proj.bias"), &[KV_HEADS * d], 0.5);
-        rand(format!("{p}.self_attn.v_proj.bias"), &[KV_HEADS * d], 0.5);
+        if biases {
+            rand(format!("{p}.self_attn.q_proj.bias"), &[HEADS * d], 0.5);
+            rand(format!("{p}.self_attn.k_proj.bias"), &[KV_HEADS * d], 0.5);
+            rand(format!("{p}.self_attn.v_proj.bias"), &[KV_HEADS * d], 0.5);
+        }
         rand(
             format!("{p}.self_attn.o_proj.weight"),
             &[HIDDEN, HEADS * d],
@@ -70,6 +73,10 @@ fn write_qwen2(dir: &Path, tied: bool) {
         }
     }
     candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
+}
+
+fn write_qwen2(dir: &Path, tied: bool) {
+    write_weights(dir, tied, true);
     let config = serde_json::json!({
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
         "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
@@ -151,4 +158,88 @@ fn qwen2_untied_matches_candle_transformers() {
 #[test]
 fn qwen2_tied_matches_candle_transformers() {
     check(true);
+}
+
+/// Runs a prompt and three greedy steps through ours and a reference; returns the max |logit difference|.
+fn compare(ours: &Transformer, mut reference: impl FnMut(&[u32], usize) -> Vec<f32>) -> f32 {
+    let mut state = ours.new_state(Box::new(Full)).unwrap();
+    let mut tokens: Vec<u32> = vec![3, 17, 42, 99, 5, 8, 60];
+    let mut worst = 0f32;
+    for step in 0..4 {
+        let (new, pos) = if step == 0 {
+            (tokens.clone(), 0)
+        } else {
+            (vec![*tokens.last().unwrap()], tokens.len() - 1)
+        };
+        let a = ours
+            .forward(&mut [SeqInput {
+                tokens: &new,
+                state: &mut state,
+            }])
+            .unwrap();
+        let a = a.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+        let b = reference(&new, pos);
+        worst = worst.max(
+            a.iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max),
+        );
+        tokens.push(kvbench::model::llama::argmax(&a));
+    }
+    worst
+}
+
+fn input(tokens: &[u32]) -> Tensor {
+    Tensor::new(tokens, &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap()
+}
+
+#[test]
+fn llama_with_llama3_rope_scaling_matches_candle_transformers() {
+    let dir = std::env::temp_dir().join(format!("kvbench-llama-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_weights(&dir, false, false);
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
+        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "max_position_embeddings": 512, "tie_word_embeddings": false, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 64, "rope_type": "llama3"}
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let (mut src, cfg) = WeightSource::open_safetensors(&dir).unwrap();
+    assert!(!cfg.qkv_bias && !cfg.rope_interleaved && cfg.rope_scaling.is_some());
+    let ours = Transformer::load(&mut src, cfg, WeightFormat::F32, &Device::Cpu).unwrap();
+
+    use candle_transformers::models::llama;
+    let lc: llama::LlamaConfig = serde_json::from_value(config).unwrap();
+    let lc = lc.into_config(false);
+    // SAFETY: the file was just written by this test and is not modified while mapped.
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(
+            &[dir.join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+    }
+    .unwrap();
+    let reference = llama::Llama::load(vb, &lc).unwrap();
+    let mut cache = llama::Cache::new(true, DType::F32, &lc, &Device::Cpu).unwrap();
+    let worst = compare(&ours, |new, pos| {
+        reference
+            .forward(&input(new), pos, &mut cache)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    });
+    eprintln!("llama max |logit difference| vs candle-transformers: {worst:e}");
+    assert!(worst < 1e-4, "logits differ by {worst}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -110,41 +110,15 @@ fn check(tied: bool) {
     let mut reference =
         candle_transformers::models::qwen2::ModelForCausalLM::new(&cfg, vb).unwrap();
 
-    let mut state = ours.new_state(Box::new(Full)).unwrap();
-    let mut tokens: Vec<u32> = vec![3, 17, 42, 99, 5, 8, 60];
-    let mut worst = 0f32;
-    for step in 0..4 {
-        let (new, pos) = if step == 0 {
-            (tokens.clone(), 0)
-        } else {
-            (vec![*tokens.last().unwrap()], tokens.len() - 1)
-        };
-        let a = ours
-            .forward(&mut [SeqInput {
-                tokens: &new,
-                state: &mut state,
-            }])
-            .unwrap();
-        let a = a.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
-        let input = Tensor::new(new.as_slice(), &Device::Cpu)
-            .unwrap()
-            .unsqueeze(0)
-            .unwrap();
-        let b = reference
-            .forward(&input, pos)
+    let worst = compare(&ours, |new, pos| {
+        reference
+            .forward(&input(new), pos)
             .unwrap()
             .flatten_all()
             .unwrap()
             .to_vec1::<f32>()
-            .unwrap();
-        let diff = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max);
-        worst = worst.max(diff);
-        tokens.push(kvbench::model::llama::argmax(&a));
-    }
+            .unwrap()
+    });
     eprintln!("qwen2 (tied = {tied}) max |logit difference| vs candle-transformers: {worst:e}");
     assert!(worst < 1e-4, "logits differ by {worst}");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -68,6 +68,12 @@ impl LayerCache {
         self.v.narrow(1, 0, self.len)
     }
 
+    /// The whole key and value buffers, `[kv_heads, capacity, head_dim]`; the first [`len`](Self::len)
+    /// entries of each head are held. For kernels that read the cache in place.
+    pub fn buffers(&self) -> (&Tensor, &Tensor) {
+        (&self.k, &self.v)
+    }
+
     /// Original positions of head `h`'s entries, in storage order.
     pub fn positions(&self, h: usize) -> &[u32] {
         &self.positions[h]

@@ -7,12 +7,14 @@
 //! its own cache, whose length and contents its own policy decides.
 
 use crate::error::Result;
+use crate::model::attention;
 use crate::model::config::ModelConfig;
 use crate::model::source::{concat_rows, RawTensor, WeightSource};
 use crate::model::state::SeqState;
 use crate::model::weights::{Linear, RmsNorm, WeightFormat};
 use crate::policy::{AttentionView, StepInfo};
 use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
 
 struct Block {
     attn_norm: RmsNorm,
@@ -169,8 +171,8 @@ impl Transformer {
         )?)
     }
 
-    /// cos/sin tables `[n, head_dim/2]` for the given logical positions.
-    fn rope_tables(&self, positions: &[usize]) -> candle_core::Result<(Tensor, Tensor)> {
+    /// cos/sin tables `[n, head_dim/2]` for the given logical positions, as plain vectors.
+    fn rope_table_vecs(&self, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
@@ -181,11 +183,7 @@ impl Transformer {
                 sin.push(angle.sin());
             }
         }
-        let n = positions.len();
-        Ok((
-            Tensor::from_vec(cos, (n, half), &self.device)?,
-            Tensor::from_vec(sin, (n, half), &self.device)?,
-        ))
+        (cos, sin)
     }
 
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
@@ -216,8 +214,6 @@ impl Transformer {
     ) -> candle_core::Result<Tensor> {
         let cfg = &self.config;
         let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let g = hq / hkv;
-        let scale = 1.0 / (d as f64).sqrt();
 
         // 1. Gather token ids and logical positions of every new token.
         let mut ids = Vec::new();
@@ -247,104 +243,72 @@ impl Transformer {
         }
         let n_tok = ids.len();
         let ids = Tensor::from_vec(ids, n_tok, &self.device)?;
-        let (cos, sin) = self.rope_tables(&positions)?;
+        let (cos_v, sin_v) = self.rope_table_vecs(&positions);
+        let half = d / 2;
+        let cos = Tensor::from_slice(&cos_v, (n_tok, half), &self.device)?;
+        let sin = Tensor::from_slice(&sin_v, (n_tok, half), &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
+        // Decoding on the CPU takes a path with fewer, larger steps (see `decode_attention_cpu`).
+        let decode_cpu = self.device.is_cpu() && !cfg.qk_norm && spans.iter().all(|&(_, t)| t == 1);
 
         for (l, block) in self.blocks.iter().enumerate() {
             // 2. Project queries, keys and values for all new tokens at once.
             let h = block.attn_norm.forward(&x)?;
             let qkv = block.qkv.forward(&h)?;
-            let mut q = qkv
-                .narrow(1, 0, hq * d)?
-                .contiguous()?
-                .reshape((n_tok, hq, d))?;
-            let mut k = qkv
-                .narrow(1, hq * d, hkv * d)?
-                .contiguous()?
-                .reshape((n_tok, hkv, d))?;
-            let v = qkv
-                .narrow(1, (hq + hkv) * d, hkv * d)?
-                .contiguous()?
-                .reshape((n_tok, hkv, d))?;
-            if let (Some(qn), Some(kn)) = (&block.q_norm, &block.k_norm) {
-                q = qn.forward(&q)?;
-                k = kn.forward(&k)?;
-            }
-            // 3. Rotate at logical positions: [1, heads, tokens, d].
-            let q = self
-                .rope(&q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, &cos, &sin)?
-                .squeeze(0)?;
-            let k = self
-                .rope(&k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, &cos, &sin)?
-                .squeeze(0)?;
-            let v = v.transpose(0, 1)?;
-
-            // 4. Per sequence: cache, attend over its own cache, let its policy act.
-            let mut outs = Vec::with_capacity(batch.len());
-            for ((s, &(off, t)), step) in batch.iter_mut().zip(&spans).zip(&steps) {
-                let st = &mut *s.state;
-                let q_s = q.narrow(1, off, t)?.contiguous()?; // [hq, t, d]
-                st.cache.layer_mut(l).append(
-                    &k.narrow(1, off, t)?,
-                    &v.narrow(1, off, t)?,
-                    step.seen_before,
-                )?;
-                let layer = st.cache.layer(l);
-                let n = layer.len();
-                let keys = layer.keys()?;
-                let values = layer.values()?;
-                let scores = (q_s.reshape((hkv, g * t, d))?.matmul(&keys.t()?)? * scale)?;
-                let scores = if t > 1 {
-                    let mask = causal_mask(t, n, &self.device)?;
-                    scores
-                        .reshape((hkv, g, t, n))?
-                        .broadcast_add(&mask)?
-                        .reshape((hkv, g * t, n))?
-                } else {
-                    scores
-                };
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-                let y = probs.matmul(&values)?; // [hkv, g*t, d]
-                drop((keys, values));
-                outs.push(
-                    y.reshape((hq, t, d))?
-                        .transpose(0, 1)?
-                        .reshape((t, hq * d))?,
-                );
-
-                let w = st.caps.query_window;
-                if w > 0 {
-                    let win = match st.query_windows[l].take() {
-                        Some(old) => Tensor::cat(&[&old, &q_s], 1)?,
-                        None => q_s.clone(),
-                    };
-                    let len = win.dim(1)?;
-                    st.query_windows[l] = Some(if len > w {
-                        win.narrow(1, len - w, w)?.contiguous()?
-                    } else {
-                        win
-                    });
-                }
-                let started = std::time::Instant::now();
-                let probs4 = if st.caps.attention_probs {
-                    Some(probs.reshape((hkv, g, t, n))?)
-                } else {
-                    None
-                };
-                let view = AttentionView {
-                    layer: l,
-                    queries: &q_s,
-                    query_window: st.query_windows[l].as_ref(),
-                    probs: probs4.as_ref(),
-                };
-                st.policy
-                    .after_attention(step, &view, st.cache.layer_mut(l))?;
-                st.policy_time += started.elapsed();
-            }
-            let attn = if outs.len() == 1 {
-                outs.pop().expect("one output")
+            let attn = if decode_cpu {
+                self.decode_attention_cpu(l, &qkv, &cos_v, &sin_v, batch, &steps)?
             } else {
-                Tensor::cat(&outs, 0)?
+                let mut q = qkv
+                    .narrow(1, 0, hq * d)?
+                    .contiguous()?
+                    .reshape((n_tok, hq, d))?;
+                let mut k = qkv
+                    .narrow(1, hq * d, hkv * d)?
+                    .contiguous()?
+                    .reshape((n_tok, hkv, d))?;
+                let v = qkv
+                    .narrow(1, (hq + hkv) * d, hkv * d)?
+                    .contiguous()?
+                    .reshape((n_tok, hkv, d))?;
+                if let (Some(qn), Some(kn)) = (&block.q_norm, &block.k_norm) {
+                    q = qn.forward(&q)?;
+                    k = kn.forward(&k)?;
+                }
+                // 3. Rotate at logical positions: [1, heads, tokens, d].
+                let q = self
+                    .rope(&q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, &cos, &sin)?
+                    .squeeze(0)?;
+                let k = self
+                    .rope(&k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, &cos, &sin)?
+                    .squeeze(0)?;
+                let v = v.transpose(0, 1)?;
+
+                // 4. Per sequence (in parallel across a batch): cache, attend over its own cache, let its
+                //    policy act.
+                let work =
+                    |((s, &(off, t)), step): ((&mut SeqInput<'_>, &(usize, usize)), &StepInfo)| {
+                        self.attend_sequence(l, &q, &k, &v, off, t, step, &mut *s.state)
+                    };
+                let mut outs: Vec<Tensor> = if batch.len() > 1 {
+                    batch
+                        .par_iter_mut()
+                        .zip(spans.par_iter())
+                        .zip(steps.par_iter())
+                        .map(work)
+                        .collect::<candle_core::Result<_>>()?
+                } else {
+                    batch
+                        .iter_mut()
+                        .zip(spans.iter())
+                        .zip(steps.iter())
+                        .map(work)
+                        .collect::<candle_core::Result<_>>()?
+                };
+                if outs.len() == 1 {
+                    outs.pop().expect("one output")
+                } else {
+                    Tensor::cat(&outs, 0)?
+                }
             };
 
             // 5. Output projection and MLP over all tokens.
@@ -371,6 +335,207 @@ impl Transformer {
         };
         let x = self.norm.forward(&x)?;
         self.lm_head.forward(&x)?.to_dtype(DType::F32)?.contiguous()
+    }
+}
+
+impl Transformer {
+    /// One sequence's part of layer `l`: append its new keys and values, attend over its cache, update
+    /// its query window, run its policy. Returns the attention output `[t, heads·d]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_sequence(
+        &self,
+        l: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        off: usize,
+        t: usize,
+        step: &StepInfo,
+        st: &mut SeqState,
+    ) -> candle_core::Result<Tensor> {
+        let cfg = &self.config;
+        let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let g = hq / hkv;
+        let scale = 1.0 / (d as f64).sqrt();
+        let q_s = q.narrow(1, off, t)?.contiguous()?; // [hq, t, d]
+        st.cache.layer_mut(l).append(
+            &k.narrow(1, off, t)?,
+            &v.narrow(1, off, t)?,
+            step.seen_before,
+        )?;
+        let layer = st.cache.layer(l);
+        let n = layer.len();
+        let want_probs = st.caps.attention_probs;
+        // Decoding on the CPU reads the cache in place; everything else goes through candle ops.
+        let fast = if t == 1 && self.device.is_cpu() {
+            let q_vec = q_s.flatten_all()?.to_vec1::<f32>()?;
+            attention::attend_one(layer, &q_vec, g, scale as f32, want_probs)
+        } else {
+            None
+        };
+        let (out, probs4) = match fast {
+            Some(a) => {
+                let probs = match a.probs {
+                    Some(p) => Some(attention::probs_tensor(p, hkv, g, n, &self.device)?),
+                    None => None,
+                };
+                (Tensor::from_vec(a.out, (1, hq * d), &self.device)?, probs)
+            }
+            None => {
+                let keys = layer.keys()?;
+                let values = layer.values()?;
+                let scores = (q_s.reshape((hkv, g * t, d))?.matmul(&keys.t()?)? * scale)?;
+                let scores = if t > 1 {
+                    let mask = causal_mask(t, n, &self.device)?;
+                    scores
+                        .reshape((hkv, g, t, n))?
+                        .broadcast_add(&mask)?
+                        .reshape((hkv, g * t, n))?
+                } else {
+                    scores
+                };
+                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                let y = probs.matmul(&values)?; // [hkv, g*t, d]
+                let out = y
+                    .reshape((hq, t, d))?
+                    .transpose(0, 1)?
+                    .reshape((t, hq * d))?;
+                (
+                    out,
+                    if want_probs {
+                        Some(probs.reshape((hkv, g, t, n))?)
+                    } else {
+                        None
+                    },
+                )
+            }
+        };
+
+        self.finish_layer(l, step, st, &q_s, probs4.as_ref())?;
+        Ok(out)
+    }
+
+    /// The end of a sequence's layer step: update its query window and run its policy.
+    fn finish_layer(
+        &self,
+        l: usize,
+        step: &StepInfo,
+        st: &mut SeqState,
+        q_s: &Tensor,
+        probs: Option<&Tensor>,
+    ) -> candle_core::Result<()> {
+        let w = st.caps.query_window;
+        if w > 0 {
+            let win = match st.query_windows[l].take() {
+                Some(old) => Tensor::cat(&[&old, q_s], 1)?,
+                None => q_s.clone(),
+            };
+            let len = win.dim(1)?;
+            st.query_windows[l] = Some(if len > w {
+                win.narrow(1, len - w, w)?.contiguous()?
+            } else {
+                win
+            });
+        }
+        let started = std::time::Instant::now();
+        let view = AttentionView {
+            layer: l,
+            queries: q_s,
+            query_window: st.query_windows[l].as_ref(),
+            probs,
+        };
+        st.policy
+            .after_attention(step, &view, st.cache.layer_mut(l))?;
+        st.policy_time += started.elapsed();
+        Ok(())
+    }
+
+    /// Layer `l`'s attention for a decoding batch on the CPU (one new token per sequence), from the
+    /// stacked q/k/v rows: RoPE is applied in place on plain vectors, each sequence appends and attends
+    /// over its cache in parallel, and one `[batch, heads·d]` tensor comes back. Through candle ops the
+    /// same work is about a dozen small tensor operations per sequence and layer, whose fixed costs
+    /// dominated batch-1 decoding.
+    fn decode_attention_cpu(
+        &self,
+        l: usize,
+        qkv: &Tensor,
+        cos: &[f32],
+        sin: &[f32],
+        batch: &mut [SeqInput<'_>],
+        steps: &[StepInfo],
+    ) -> candle_core::Result<Tensor> {
+        let cfg = &self.config;
+        let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (g, half, width) = (hq / hkv, d / 2, (hq + 2 * hkv) * d);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut rows = qkv.flatten_all()?.to_vec1::<f32>()?;
+        let interleaved = cfg.rope_interleaved;
+        let dev = &self.device;
+        let work =
+            |(((row, s), step), b): (((&mut [f32], &mut SeqInput<'_>), &StepInfo), usize)| {
+                let st = &mut *s.state;
+                let (q, kv) = row.split_at_mut(hq * d);
+                let (k, v) = kv.split_at_mut(hkv * d);
+                let (c, sn) = (
+                    &cos[b * half..(b + 1) * half],
+                    &sin[b * half..(b + 1) * half],
+                );
+                rotate(q, d, c, sn, interleaved);
+                rotate(k, d, c, sn, interleaved);
+                let (k_t, v_t) = (
+                    Tensor::from_slice(k, (hkv, 1, d), dev)?,
+                    Tensor::from_slice(v, (hkv, 1, d), dev)?,
+                );
+                st.cache.layer_mut(l).append(&k_t, &v_t, step.seen_before)?;
+                let layer = st.cache.layer(l);
+                let n = layer.len();
+                let a = attention::attend_one(layer, q, g, scale, st.caps.attention_probs)
+                    .ok_or_else(|| {
+                        candle_core::Error::Msg("decode fast path needs an f32 CPU cache".into())
+                    })?;
+                let probs = match a.probs {
+                    Some(p) => Some(attention::probs_tensor(p, hkv, g, n, dev)?),
+                    None => None,
+                };
+                let q_s = Tensor::from_slice(q, (hq, 1, d), dev)?;
+                self.finish_layer(l, step, st, &q_s, probs.as_ref())?;
+                Ok(a.out)
+            };
+        let outs: Vec<Vec<f32>> = if batch.len() > 1 {
+            rows.par_chunks_mut(width)
+                .zip(batch.par_iter_mut())
+                .zip(steps.par_iter())
+                .zip((0..steps.len()).into_par_iter())
+                .map(work)
+                .collect::<candle_core::Result<_>>()?
+        } else {
+            rows.chunks_mut(width)
+                .zip(batch.iter_mut())
+                .zip(steps.iter())
+                .zip(0..)
+                .map(work)
+                .collect::<candle_core::Result<_>>()?
+        };
+        let n = outs.len();
+        Tensor::from_vec(outs.concat(), (n, hq * d), dev)
+    }
+}
+
+/// Rotates every head of `x` (`[heads·d]`) by the angles whose cos/sin are given (`d/2` each), in
+/// place: pairs `(2i, 2i+1)` when `interleaved` (candle's `rope_i`), else `(i, i + d/2)` (`rope`).
+fn rotate(x: &mut [f32], d: usize, cos: &[f32], sin: &[f32], interleaved: bool) {
+    let half = d / 2;
+    for head in x.chunks_exact_mut(d) {
+        for i in 0..half {
+            let (a, b) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + half)
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos[i] - x1 * sin[i];
+            head[b] = x0 * sin[i] + x1 * cos[i];
+        }
     }
 }
 

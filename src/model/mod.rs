@@ -1,9 +1,11 @@
 //! Models: resolving a name to files, loading weights, tokenizer and chat template, and the forward pass.
 
+pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod hub;
 pub mod llama;
+pub mod q8;
 pub mod resolve;
 pub mod source;
 pub mod state;

@@ -5,6 +5,7 @@
 //! weights (prefill, batched decoding). [`WeightFormat::Auto`] keeps a Q8_0 copy for single-row calls
 //! and an f32 copy for multi-row calls; the choice was measured (see the README's speed section).
 
+use crate::model::q8::Q8Matrix;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum WeightFormat {
-    /// Q8_0 for calls of fewer than 16 rows (decoding), f32 for larger ones (prefill, big batches). Fast, more memory.
+    /// Q8_0 for calls of fewer than 64 rows (decoding), f32 for larger ones (prefill). Fast, more memory.
     #[default]
     Auto,
     /// Keep the file's own quantization (Q4_1 for the default model).
@@ -34,16 +35,62 @@ pub enum WeightFormat {
     F32,
 }
 
-/// Rows at or above which [`WeightFormat::Auto`] switches from the quantized kernel to f32 gemm.
-/// Measured on the default model with 2 threads (`kvbench perf`, decode aggregate tokens/s):
-/// threshold 2 → batch 8: 83, batch 32: 125; threshold 16 → 112 and 157; threshold 64 → 102 and 115.
-/// Prefill (hundreds of rows) is 2.3× faster in f32 than in Q8_0.
-const AUTO_F32_MIN_ROWS: usize = 16;
+/// Rows at or above which [`WeightFormat::Auto`] switches from the Q8_0 kernel to f32 gemm.
+/// Measured on the default model with 2 threads (`kvbench perf`, decode aggregate tokens/s, medians of 3):
+/// with candle's Q8_0 kernel, threshold 2 → batch 8: 83, batch 32: 125; 16 → 112 and 157; 64 → 102 and 115.
+/// With kvbench's own Q8_0 kernel ([`crate::model::q8`]), 16 → batch 8: 184, batch 32 (f32): 143; 64 →
+/// 193 and 201. Prefill (hundreds of rows) is 2.3× faster in f32 than in Q8_0.
+const AUTO_F32_MIN_ROWS: usize = 64;
+
+/// The kernel for calls with few rows (decoding).
+#[derive(Debug, Clone)]
+enum SmallKernel {
+    /// candle's quantized product (native formats; Q8_0 on CPUs without AVX2 and on other devices).
+    Candle(QMatMul),
+    /// kvbench's weight-stationary Q8_0 product (CPU with AVX2): see [`crate::model::q8`].
+    Own(Q8Matrix),
+}
+
+impl SmallKernel {
+    /// Q8_0 copy of `w` in the fastest kernel this device and CPU have.
+    fn q8(w: &QTensor, device: &Device) -> Result<Self> {
+        if device.is_cpu() && crate::model::q8::has_avx2() {
+            let (n, k) = w.shape().dims2()?;
+            let dense = w.dequantize(device)?.flatten_all()?.to_vec1::<f32>()?;
+            return Ok(SmallKernel::Own(Q8Matrix::quantize(&dense, n, k)));
+        }
+        Ok(SmallKernel::Candle(QMatMul::from_arc(Arc::new(
+            QTensor::quantize(&w.dequantize(device)?, GgmlDType::Q8_0)?,
+        ))?))
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            SmallKernel::Candle(q) => q.forward(x),
+            SmallKernel::Own(q) => {
+                let rows = x.dim(0)?;
+                let input = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                Tensor::from_vec(q.matmul(&input, rows), (rows, q.rows()), x.device())
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            SmallKernel::Candle(QMatMul::QTensor(t)) => t.storage_size_in_bytes(),
+            SmallKernel::Candle(QMatMul::Tensor(t))
+            | SmallKernel::Candle(QMatMul::TensorF16(t)) => {
+                t.elem_count() * t.dtype().size_in_bytes()
+            }
+            SmallKernel::Own(q) => q.bytes(),
+        }
+    }
+}
 
 /// A linear layer `y = x Wᵀ + b` whose weight may be held in up to two formats.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    quantized: Option<QMatMul>,
+    small: Option<SmallKernel>,
     /// The weight transposed to `[in, out]` and made contiguous: gemm then reads it in place instead of
     /// repacking the whole matrix on every call (measured: packing took 40% of batch-8 decode time).
     dense: Option<Tensor>,
@@ -63,25 +110,27 @@ impl Linear {
         let is_float = matches!(w.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
         // Q8_0 needs the row length to be a multiple of its 32-wide block.
         let can_q8 = in_features % 32 == 0;
-        let (quantized, dense) = match format {
+        let (small, dense) = match format {
             WeightFormat::F32 => (None, Some(w.dequantize(device)?)),
             WeightFormat::Native if is_float => (None, Some(w.dequantize(device)?)),
-            WeightFormat::Native => (Some(QMatMul::from_arc(Arc::new(w))?), None),
+            WeightFormat::Native => (
+                Some(SmallKernel::Candle(QMatMul::from_arc(Arc::new(w))?)),
+                None,
+            ),
             WeightFormat::Q8 if !can_q8 => (None, Some(w.dequantize(device)?)),
-            WeightFormat::Q8 => (Some(requantize_q8(&w, device)?), None),
+            WeightFormat::Q8 => (Some(SmallKernel::q8(&w, device)?), None),
             WeightFormat::Auto => {
-                let dense = w.dequantize(device)?;
-                let q = if can_q8 && device.is_cpu() {
-                    Some(requantize_q8(&w, device)?)
+                let small = if can_q8 {
+                    Some(SmallKernel::q8(&w, device)?)
                 } else {
                     None
                 };
-                (q, Some(dense))
+                (small, Some(w.dequantize(device)?))
             }
         };
         let dense = dense.map(|w| w.t()?.contiguous()).transpose()?;
         Ok(Self {
-            quantized,
+            small,
             dense,
             bias,
             out_features,
@@ -96,7 +145,7 @@ impl Linear {
             WeightFormat::F32 | WeightFormat::Native => {
                 let out_features = w.dim(0)?;
                 Ok(Self {
-                    quantized: None,
+                    small: None,
                     dense: Some(w.t()?.contiguous()?),
                     bias,
                     out_features,
@@ -118,10 +167,10 @@ impl Linear {
     /// `x`: `[rows, in]` → `[rows, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
-        let y = match (&self.quantized, &self.dense) {
-            (Some(q), Some(_)) if rows < AUTO_F32_MIN_ROWS => q.forward(x)?,
+        let y = match (&self.small, &self.dense) {
+            (Some(k), Some(_)) if rows < AUTO_F32_MIN_ROWS => k.forward(x)?,
             (_, Some(wt)) => x.matmul(wt)?,
-            (Some(q), None) => q.forward(x)?,
+            (Some(k), None) => k.forward(x)?,
             (None, None) => unreachable!("a Linear always holds one weight format"),
         };
         match &self.bias {
@@ -132,26 +181,13 @@ impl Linear {
 
     /// Bytes of weight memory held (all copies).
     pub fn weight_bytes(&self) -> usize {
-        let q = match &self.quantized {
-            Some(QMatMul::QTensor(t)) => t.storage_size_in_bytes(),
-            Some(QMatMul::Tensor(t)) | Some(QMatMul::TensorF16(t)) => {
-                t.elem_count() * t.dtype().size_in_bytes()
-            }
-            None => 0,
-        };
-        let d = self
+        let small = self.small.as_ref().map_or(0, SmallKernel::bytes);
+        let dense = self
             .dense
             .as_ref()
             .map_or(0, |t| t.elem_count() * t.dtype().size_in_bytes());
-        q + d
+        small + dense
     }
-}
-
-fn requantize_q8(w: &QTensor, device: &Device) -> Result<QMatMul> {
-    QMatMul::from_arc(Arc::new(QTensor::quantize(
-        &w.dequantize(device)?,
-        GgmlDType::Q8_0,
-    )?))
 }
 
 /// RMSNorm with an f32 weight.

@@ -23,18 +23,14 @@ fn greedy(prompt: &[u32], n: usize) -> Request {
     }
 }
 
-#[test]
-fn batch_gives_the_same_tokens_and_logits_as_single_runs() {
-    let m = model(WeightFormat::F32);
-    let prompts: Vec<Vec<u32>> = [
-        "What is 12 + 30?",
-        "Name three prime numbers and explain why.",
-        "Hi",
-    ]
-    .iter()
-    .map(|t| chat_prompt(&m, t))
-    .collect();
-    let n = 24;
+/// Generates `n` greedy tokens for every prompt in one batch and alone; asserts the tokens agree and
+/// returns the prompts.
+fn assert_batch_equals_single(
+    m: &kvbench::model::Model,
+    texts: &[&str],
+    n: usize,
+) -> Vec<Vec<u32>> {
+    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| chat_prompt(m, t)).collect();
     let batch = generate_batch(
         &m.transformer,
         prompts.iter().map(|p| greedy(p, n)).collect(),
@@ -51,6 +47,21 @@ fn batch_gives_the_same_tokens_and_logits_as_single_runs() {
         );
         assert_eq!(b.tokens.len(), n);
     }
+    prompts
+}
+
+#[test]
+fn batch_gives_the_same_tokens_and_logits_as_single_runs() {
+    let m = model(WeightFormat::F32);
+    let prompts = assert_batch_equals_single(
+        &m,
+        &[
+            "What is 12 + 30?",
+            "Name three prime numbers and explain why.",
+            "Hi",
+        ],
+        24,
+    );
     // Logits of one batched step against the same sequences stepped alone.
     let mut states: Vec<_> = (0..3)
         .map(|_| m.transformer.new_state(Box::new(Full)).unwrap())
@@ -299,30 +310,15 @@ fn batch_equals_single_with_the_default_quantized_decode_path() {
     // The default `auto` weights decode through kvbench's own Q8_0 kernel and CPU attention loop, which
     // compute every row in the same order whatever the batch: tokens must match exactly.
     let m = model(WeightFormat::Auto);
-    let prompts: Vec<Vec<u32>> = [
-        "Add 7 and 35.",
-        "List the planets.",
-        "Why is the sky blue?",
-        "Hello",
-        "2+2=",
-    ]
-    .iter()
-    .map(|t| chat_prompt(&m, t))
-    .collect();
-    let n = 20;
-    let batch = generate_batch(
-        &m.transformer,
-        prompts.iter().map(|p| greedy(p, n)).collect(),
-        &[],
-        &mut |_, _| {},
-    )
-    .unwrap();
-    for (p, b) in prompts.iter().zip(&batch) {
-        let single =
-            generate_batch(&m.transformer, vec![greedy(p, n)], &[], &mut |_, _| {}).unwrap();
-        assert_eq!(
-            single[0].tokens, b.tokens,
-            "batched tokens differ from the single run"
-        );
-    }
+    assert_batch_equals_single(
+        &m,
+        &[
+            "Add 7 and 35.",
+            "List the planets.",
+            "Why is the sky blue?",
+            "Hello",
+            "2+2=",
+        ],
+        20,
+    );
 }

@@ -75,6 +75,19 @@ fn write_weights(dir: &Path, tied: bool, biases: bool) {
     candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
 }
 
+/// The written weights as a candle-nn VarBuilder, for the reference models.
+fn reference_weights(dir: &Path) -> candle_nn::VarBuilder<'static> {
+    // SAFETY: the file was just written by this test and is not modified while mapped.
+    unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(
+            &[dir.join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+    }
+    .unwrap()
+}
+
 fn write_qwen2(dir: &Path, tied: bool) {
     write_weights(dir, tied, true);
     let config = serde_json::json!({
@@ -98,15 +111,7 @@ fn check(tied: bool) {
 
     let cfg: candle_transformers::models::qwen2::Config =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    // SAFETY: the file was just written by this test and is not modified while mapped.
-    let vb = unsafe {
-        candle_nn::VarBuilder::from_mmaped_safetensors(
-            &[dir.join("model.safetensors")],
-            DType::F32,
-            &Device::Cpu,
-        )
-    }
-    .unwrap();
+    let vb = reference_weights(&dir);
     let mut reference =
         candle_transformers::models::qwen2::ModelForCausalLM::new(&cfg, vb).unwrap();
 
@@ -193,15 +198,7 @@ fn llama_with_llama3_rope_scaling_matches_candle_transformers() {
     use candle_transformers::models::llama;
     let lc: llama::LlamaConfig = serde_json::from_value(config).unwrap();
     let lc = lc.into_config(false);
-    // SAFETY: the file was just written by this test and is not modified while mapped.
-    let vb = unsafe {
-        candle_nn::VarBuilder::from_mmaped_safetensors(
-            &[dir.join("model.safetensors")],
-            DType::F32,
-            &Device::Cpu,
-        )
-    }
-    .unwrap();
+    let vb = reference_weights(&dir);
     let reference = llama::Llama::load(vb, &lc).unwrap();
     let mut cache = llama::Cache::new(true, DType::F32, &lc, &Device::Cpu).unwrap();
     let worst = compare(&ours, |new, pos| {

@@ -245,11 +245,17 @@ impl Transformer {
         let ids = Tensor::from_vec(ids, n_tok, &self.device)?;
         let (cos_v, sin_v) = self.rope_table_vecs(&positions);
         let half = d / 2;
-        let cos = Tensor::from_slice(&cos_v, (n_tok, half), &self.device)?;
-        let sin = Tensor::from_slice(&sin_v, (n_tok, half), &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        // Decoding on the CPU takes a path with fewer, larger steps (see `decode_attention_cpu`).
+        // Decoding on the CPU takes a path with fewer, larger steps (see `decode_attention_cpu`); the
+        // generic path needs the tables as tensors.
         let decode_cpu = self.device.is_cpu() && !cfg.qk_norm && spans.iter().all(|&(_, t)| t == 1);
+        let tables = match decode_cpu {
+            true => None,
+            false => Some((
+                Tensor::from_slice(&cos_v, (n_tok, half), &self.device)?,
+                Tensor::from_slice(&sin_v, (n_tok, half), &self.device)?,
+            )),
+        };
 
         for (l, block) in self.blocks.iter().enumerate() {
             // 2. Project queries, keys and values for all new tokens at once.
@@ -275,11 +281,14 @@ impl Transformer {
                     k = kn.forward(&k)?;
                 }
                 // 3. Rotate at logical positions: [1, heads, tokens, d].
+                let (cos, sin) = tables
+                    .as_ref()
+                    .expect("rope tables are built for the generic path");
                 let q = self
-                    .rope(&q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, &cos, &sin)?
+                    .rope(&q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?
                     .squeeze(0)?;
                 let k = self
-                    .rope(&k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, &cos, &sin)?
+                    .rope(&k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?
                     .squeeze(0)?;
                 let v = v.transpose(0, 1)?;
 
@@ -289,6 +298,7 @@ impl Transformer {
                     |((s, &(off, t)), step): ((&mut SeqInput<'_>, &(usize, usize)), &StepInfo)| {
                         self.attend_sequence(l, &q, &k, &v, off, t, step, &mut *s.state)
                     };
+                // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
                 let mut outs: Vec<Tensor> = if batch.len() > 1 {
                     batch
                         .par_iter_mut()
@@ -501,6 +511,7 @@ impl Transformer {
                 self.finish_layer(l, step, st, &q_s, probs.as_ref())?;
                 Ok(a.out)
             };
+        // As in the generic path, a single sequence stays on this thread.
         let outs: Vec<Vec<f32>> = if batch.len() > 1 {
             rows.par_chunks_mut(width)
                 .zip(batch.par_iter_mut())

@@ -12,6 +12,7 @@ pub mod generate;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+pub mod results;
 
 pub use error::{Error, Result};
 

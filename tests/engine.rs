@@ -20,6 +20,7 @@ fn greedy(prompt: &[u32], n: usize) -> Request {
         sampling: SamplingParams::greedy(),
         max_new_tokens: n,
         policy: Box::new(Full),
+        trace: false,
     }
 }
 
@@ -157,6 +158,9 @@ impl Policy for ForcedGather {
             (0..n - 4).step_by(2).chain(n - 4..n).collect()
         };
         cache.gather(&vec![keep; cache.kv_heads()])
+    }
+    fn entry_limit(&self, _: usize, _: usize) -> Option<usize> {
+        None
     }
 }
 
@@ -299,6 +303,7 @@ fn sampling_is_reproducible_from_the_seed() {
         },
         max_new_tokens: 12,
         policy: Box::new(Full),
+        trace: false,
     };
     let a = generate_batch(&m.transformer, vec![req(1)], &[], &mut |_, _| {}).unwrap();
     let b = generate_batch(&m.transformer, vec![req(1)], &[], &mut |_, _| {}).unwrap();

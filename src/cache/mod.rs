@@ -21,6 +21,32 @@ pub struct LayerCache {
     positions: Vec<Vec<u32>>,
     /// Largest entry count this layer ever held, including the transient size inside a compressing step.
     peak_len: usize,
+    /// Number of gathers (compression events) so far.
+    compressions: usize,
+}
+
+/// Keys and values of one layer as host f32 slices: borrowed from the buffers on the CPU, copied
+/// elsewhere. Head `h`'s entries are rows `h·stride .. h·stride + len`.
+pub struct HostKv<'a> {
+    keys: std::borrow::Cow<'a, [f32]>,
+    values: std::borrow::Cow<'a, [f32]>,
+    stride: usize,
+    pub len: usize,
+    pub head_dim: usize,
+}
+
+impl HostKv<'_> {
+    /// Keys of head `h`, `[len][head_dim]`.
+    pub fn keys(&self, h: usize) -> &[f32] {
+        let d = self.head_dim;
+        &self.keys[h * self.stride * d..(h * self.stride + self.len) * d]
+    }
+
+    /// Values of head `h`, `[len][head_dim]`.
+    pub fn values(&self, h: usize) -> &[f32] {
+        let d = self.head_dim;
+        &self.values[h * self.stride * d..(h * self.stride + self.len) * d]
+    }
 }
 
 impl LayerCache {
@@ -34,6 +60,7 @@ impl LayerCache {
             head_dim,
             positions: vec![Vec::new(); kv_heads],
             peak_len: 0,
+            compressions: 0,
         })
     }
 
@@ -52,6 +79,48 @@ impl LayerCache {
 
     pub fn peak_len(&self) -> usize {
         self.peak_len
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Compression events (gathers) so far.
+    pub fn compressions(&self) -> usize {
+        self.compressions
+    }
+
+    /// Runs `f` on the keys and values as host f32 slices, without a copy when the cache is an f32 CPU
+    /// tensor. Policies score from here.
+    pub fn with_host<R>(&self, f: impl FnOnce(&HostKv<'_>) -> R) -> Result<R> {
+        use candle_core::Storage;
+        use std::borrow::Cow;
+        let (k_store, k_layout) = self.k.storage_and_layout();
+        let (v_store, v_layout) = self.v.storage_and_layout();
+        if let (Storage::Cpu(kc), Storage::Cpu(vc)) = (&*k_store, &*v_store) {
+            if let (Ok(k), Ok(v)) = (kc.as_slice::<f32>(), vc.as_slice::<f32>()) {
+                let view = HostKv {
+                    keys: Cow::Borrowed(&k[k_layout.start_offset()..]),
+                    values: Cow::Borrowed(&v[v_layout.start_offset()..]),
+                    stride: self.capacity(),
+                    len: self.len,
+                    head_dim: self.head_dim,
+                };
+                return Ok(f(&view));
+            }
+        }
+        drop((k_store, v_store));
+        let flat = |t: Tensor| -> Result<Vec<f32>> {
+            t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+        };
+        let view = HostKv {
+            keys: Cow::Owned(flat(self.keys()?)?),
+            values: Cow::Owned(flat(self.values()?)?),
+            stride: self.len,
+            len: self.len,
+            head_dim: self.head_dim,
+        };
+        Ok(f(&view))
     }
 
     fn capacity(&self) -> usize {
@@ -162,6 +231,7 @@ impl LayerCache {
             self.positions[h] = idx.iter().map(|&j| old[j]).collect();
         }
         self.len = m;
+        self.compressions += 1;
         Ok(())
     }
 }
@@ -173,6 +243,9 @@ pub struct KvCache {
     /// Sum over finished steps of the entries held at the end of the step, per layer (for time averages).
     entry_steps: Vec<u64>,
     steps: u64,
+    /// Sum over finished steps of the tokens seen: what a full cache would have held.
+    seen_steps: u64,
+    seen: usize,
 }
 
 impl KvCache {
@@ -190,6 +263,8 @@ impl KvCache {
             layers,
             entry_steps: vec![0; num_layers],
             steps: 0,
+            seen_steps: 0,
+            seen: 0,
         })
     }
 
@@ -210,12 +285,15 @@ impl KvCache {
         self.layers.iter().map(LayerCache::bytes).sum()
     }
 
-    /// Records the end of a forward step for time-averaged statistics.
-    pub fn end_step(&mut self) {
+    /// Records the end of a forward step, after which the sequence has seen `seen` tokens, for
+    /// time-averaged statistics.
+    pub fn end_step(&mut self, seen: usize) {
         for (acc, layer) in self.entry_steps.iter_mut().zip(&self.layers) {
             *acc += layer.len() as u64;
         }
         self.steps += 1;
+        self.seen_steps += seen as u64;
+        self.seen = seen;
     }
 
     /// Retained-entry statistics so far.
@@ -225,6 +303,9 @@ impl KvCache {
             peak_entries: self.layers.iter().map(LayerCache::peak_len).collect(),
             mean_entries: self.entry_steps.iter().map(|&s| s as f64 / steps).collect(),
             final_entries: self.layers.iter().map(LayerCache::len).collect(),
+            compressions: self.layers.iter().map(LayerCache::compressions).collect(),
+            full_mean_entries: self.seen_steps as f64 / steps,
+            full_final_entries: self.seen,
         }
     }
 }
@@ -235,6 +316,36 @@ pub struct CacheStats {
     pub peak_entries: Vec<usize>,
     pub mean_entries: Vec<f64>,
     pub final_entries: Vec<usize>,
+    /// Compression events (gathers) per layer.
+    #[serde(default)]
+    pub compressions: Vec<usize>,
+    /// What a full cache would hold per head, time-averaged over the same steps and at the end.
+    #[serde(default)]
+    pub full_mean_entries: f64,
+    #[serde(default)]
+    pub full_final_entries: usize,
+}
+
+impl CacheStats {
+    /// Largest peak over layers.
+    pub fn max_peak(&self) -> usize {
+        self.peak_entries.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Mean over layers of the time-averaged entries.
+    pub fn mean_entries(&self) -> f64 {
+        self.mean_entries.iter().sum::<f64>() / self.mean_entries.len().max(1) as f64
+    }
+
+    /// Time-averaged entries held over the full cache's, mean over layers: the achieved ratio.
+    pub fn achieved_ratio(&self) -> f64 {
+        self.mean_entries() / self.full_mean_entries.max(1e-9)
+    }
+
+    /// Compression events of the layer that compressed most often.
+    pub fn events(&self) -> usize {
+        self.compressions.iter().copied().max().unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

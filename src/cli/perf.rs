@@ -7,7 +7,7 @@ use kvbench::eval::builtin;
 use kvbench::generate::{generate_batch, Request, SamplingParams};
 use kvbench::metrics;
 use kvbench::model::{Model, SeqInput};
-use kvbench::policy::Full;
+use kvbench::policy::{Full, PolicySpec};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -33,6 +33,15 @@ pub struct PerfArgs {
     /// Unmeasured warm-up runs.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    /// Policies measured one after another in the decode measurement, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "full")]
+    pub policy: Vec<String>,
+    /// KV budget of the compressing policies (see `kvbench run --help`).
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    pub budget: f64,
+    /// A policy parameter, `key=value` (repeatable; applies to every policy that has the key).
+    #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
+    pub policy_args: Vec<String>,
 }
 
 /// A prompt of exactly `n` tokens made from built-in problem text.
@@ -67,6 +76,14 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
+    let specs = args
+        .policy
+        .iter()
+        .map(|p| {
+            let budget = if p == "full" { 1.0 } else { args.budget };
+            PolicySpec::from_args(p, budget, &args.policy_args)
+        })
+        .collect::<kvbench::Result<Vec<_>>>()?;
     let load_start = Instant::now();
     let model = args.model.load()?;
     let load_secs = load_start.elapsed().as_secs_f64();
@@ -107,15 +124,19 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     );
 
     let decode_prompt = prompt_of(&model, args.decode_prompt_tokens)?;
+    for spec in &specs {
+    let ctx = model.policy_context(spec, args.decode_tokens);
     for &b in &args.batch {
         let mut rates = Vec::new();
+        let (mut policy_share, mut ratio) = (Vec::new(), Vec::new());
         for i in 0..args.warmup + args.repeats {
             let requests = (0..b)
                 .map(|_| Request {
                     prompt: decode_prompt.clone(),
                     sampling: SamplingParams::greedy(),
                     max_new_tokens: args.decode_tokens,
-                    policy: Box::new(Full),
+                    policy: spec.build(&ctx),
+                    trace: false,
                 })
                 .collect();
             // No end tokens: every sequence decodes exactly --decode-tokens tokens.
@@ -128,14 +149,22 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             let decoded: usize = gens.iter().map(|g| g.tokens.len() - 1).sum();
             if i >= args.warmup {
                 rates.push(decoded as f64 / secs);
+                let policy: f64 = gens.iter().map(|g| g.policy_time.as_secs_f64()).sum();
+                policy_share.push(100.0 * policy / (secs * b as f64));
+                ratio.push(gens[0].cache.achieved_ratio());
             }
         }
         println!(
-            "| decode, batch {b} ({}-token prompts, {} new tokens each), aggregate | {} |",
+            "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of time, KV ratio {:.3} | {} |",
+            spec.name(),
+            spec.budget(),
             args.decode_prompt_tokens,
             args.decode_tokens,
+            metrics::median(&policy_share).unwrap_or(0.0),
+            metrics::median(&ratio).unwrap_or(1.0),
             summary(&rates)
         );
+    }
     }
     println!(
         "\npeak RSS {}",

@@ -6,6 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvbench::eval::{builtin, exact, r1_prompt};
 use kvbench::generate::{generate_batch, FinishReason, Request, SamplingParams};
 use kvbench::metrics;
+use kvbench::policy::PolicySpec;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
@@ -15,10 +16,16 @@ pub struct RunArgs {
     /// Compression policy.
     #[arg(long, default_value = "full")]
     pub policy: String,
-    /// KV budget: at most 1 is a fraction of the tokens seen so far, above 1 an absolute number of
-    /// entries per layer and KV head.
+    /// KV budget: at most 1 is a fraction of the tokens seen so far (rounded up), above 1 an absolute
+    /// number of entries per layer and KV head; each policy may exceed it by its declared buffer.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub budget: f64,
+    /// A policy parameter, `key=value` (repeatable), e.g. `--policy-arg window=16`.
+    #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
+    pub policy_args: Vec<String>,
+    /// Write every compression event (step, layer, head, original positions kept) as JSON Lines.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
     /// Take only the first N problems.
     #[arg(long)]
     pub limit: Option<usize>,
@@ -61,21 +68,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         );
     }
     // Validate the policy before loading anything.
-    kvbench::policy::build(&args.policy, args.budget)?;
+    let spec = PolicySpec::from_args(&args.policy, args.budget, &args.policy_args)?;
+    let mut trace_out = match &args.trace {
+        Some(path) => Some(TraceWriter::create(path)?),
+        None => None,
+    };
     let model = args.model.load()?;
+    let ctx = model.policy_context(&spec, args.max_new_tokens);
     let mut problems = builtin::problems(BUILTIN_PROBLEMS, args.problem_seed);
     if let Some(n) = args.limit {
         problems.truncate(n);
     }
     eprintln!(
-        "kvbench run: {} on {} problems (built-in set, seed {}), policy {} budget {}, template {:?}, weights {:?}",
+        "kvbench run: {} on {} problems (built-in set, seed {}), template {:?}, weights {:?}\npolicy: {}",
         model.name,
         problems.len(),
         args.problem_seed,
-        args.policy,
-        args.budget,
         model.template,
-        args.model.weights
+        args.model.weights,
+        spec.describe()
     );
     let total_tokens = (problems.len() * args.max_new_tokens) as u64;
     let bar = ProgressBar::new(total_tokens);
@@ -90,6 +101,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (mut prefill_tokens, mut prefill_secs, mut decode_tokens) = (0usize, 0f64, 0usize);
     let mut decode_secs = 0f64;
     let mut peak_kv = 0usize;
+    let mut kv = KvSummary::default();
     for (chunk_idx, chunk) in problems.chunks(args.batch_size).enumerate() {
         let mut requests = Vec::with_capacity(chunk.len());
         for (j, p) in chunk.iter().enumerate() {
@@ -104,7 +116,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     seed: args.seed + i as u64,
                 },
                 max_new_tokens: args.max_new_tokens,
-                policy: kvbench::policy::build(&args.policy, args.budget)?,
+                policy: spec.build(&ctx),
+                trace: trace_out.is_some(),
             });
         }
         let mut finished_len = vec![0u64; chunk.len()];
@@ -133,6 +146,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             prefill_secs += g.prefill_time.as_secs_f64();
             decode_tokens += g.tokens.len().saturating_sub(1);
             peak_kv = peak_kv.max(g.kv_bytes_peak);
+            kv.add(&g);
+            if let (Some(w), Some(events)) = (&mut trace_out, &g.trace) {
+                w.write(&p.id, events)?;
+            }
             let text = model.tokenizer.decode(&g.tokens)?;
             let answer = exact::extract_answer(&text);
             let correct = answer
@@ -192,5 +209,111 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         )),
         metrics::machine()
     );
+    kv.print(&spec, decode_secs);
+    if let (Some(w), Some(path)) = (trace_out, &args.trace) {
+        let events = w.finish()?;
+        println!("trace: {events} compression events written to {}", path.display());
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Retained-entry figures of a run, summed over its sequences.
+#[derive(Default)]
+struct KvSummary {
+    sequences: usize,
+    /// Per layer: the largest peak over sequences, and sums of time-averaged entries.
+    peak: Vec<usize>,
+    mean: Vec<f64>,
+    full_mean: f64,
+    events: usize,
+    bytes_peak: usize,
+    bytes_full: usize,
+    policy_secs: f64,
+}
+
+impl KvSummary {
+    fn add(&mut self, g: &kvbench::generate::Generation) {
+        let c = &g.cache;
+        self.peak.resize(c.peak_entries.len(), 0);
+        self.mean.resize(c.mean_entries.len(), 0.0);
+        for (p, &x) in self.peak.iter_mut().zip(&c.peak_entries) {
+            *p = (*p).max(x);
+        }
+        for (m, &x) in self.mean.iter_mut().zip(&c.mean_entries) {
+            *m += x;
+        }
+        self.full_mean += c.full_mean_entries;
+        self.events += c.events();
+        self.bytes_peak = self.bytes_peak.max(g.kv_bytes_peak);
+        self.bytes_full = self.bytes_full.max(g.kv_bytes_full);
+        self.policy_secs += g.policy_time.as_secs_f64();
+        self.sequences += 1;
+    }
+
+    fn print(&self, spec: &PolicySpec, decode_secs: f64) {
+        let n = self.sequences.max(1) as f64;
+        let layers = self.mean.len().max(1) as f64;
+        let mean = self.mean.iter().sum::<f64>() / n / layers;
+        let full = self.full_mean / n;
+        println!("budget rule: {}", spec.budget().rule());
+        println!(
+            "retained entries per layer and head: time-averaged {:.1} vs {:.1} for a full cache (achieved ratio {:.3}); peak {} (largest layer), {} compression events per sequence",
+            mean,
+            full,
+            mean / full.max(1e-9),
+            self.peak.iter().max().copied().unwrap_or(0),
+            self.events / self.sequences.max(1),
+        );
+        let per_layer: Vec<String> = self
+            .peak
+            .iter()
+            .zip(&self.mean)
+            .map(|(p, m)| format!("{p}/{:.0}", m / n))
+            .collect();
+        println!("per layer peak/mean: {}", per_layer.join(" "));
+        println!(
+            "peak KV {:.2} MiB vs {:.2} MiB full at the longest sequence's end; policy time {:.2} s ({:.1}% of decode)",
+            self.bytes_peak as f64 / (1 << 20) as f64,
+            self.bytes_full as f64 / (1 << 20) as f64,
+            self.policy_secs,
+            100.0 * self.policy_secs / decode_secs.max(1e-9)
+        );
+    }
+}
+
+/// The `--trace` file: one JSON object per compression event and head, written as sequences finish.
+struct TraceWriter {
+    file: kvbench::results::AtomicFile,
+    events: usize,
+}
+
+impl TraceWriter {
+    fn create(path: &std::path::Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            file: kvbench::results::AtomicFile::create(path)?,
+            events: 0,
+        })
+    }
+
+    fn write(&mut self, sequence: &str, events: &[kvbench::model::TraceEvent]) -> anyhow::Result<()> {
+        use std::io::Write;
+        for e in events {
+            let line = serde_json::json!({
+                "sequence": sequence,
+                "generated": e.generated,
+                "seen": e.seen,
+                "layer": e.layer,
+                "head": e.head,
+                "kept": e.kept,
+            });
+            writeln!(self.file, "{line}")?;
+        }
+        self.events += events.len();
+        Ok(())
+    }
+
+    fn finish(self) -> anyhow::Result<usize> {
+        self.file.commit()?;
+        Ok(self.events)
+    }
 }

@@ -29,6 +29,8 @@ pub struct Request {
     pub sampling: SamplingParams,
     pub max_new_tokens: usize,
     pub policy: Box<dyn Policy>,
+    /// Record every compression event (`--trace`).
+    pub trace: bool,
 }
 
 /// What one sequence produced, with its timings and cache figures.
@@ -47,6 +49,11 @@ pub struct Generation {
     /// KV bytes held at the end and at the peak.
     pub kv_bytes_final: usize,
     pub kv_bytes_peak: usize,
+    /// KV bytes a full cache would hold at the end (the peak of the full cache).
+    pub kv_bytes_full: usize,
+    /// Compression events with the positions kept, when traced.
+    #[serde(skip)]
+    pub trace: Option<Vec<crate::model::TraceEvent>>,
 }
 
 /// Per-step callback: `(sequence index, token)`.
@@ -74,6 +81,9 @@ pub fn generate_batch(
     let mut seqs = Vec::with_capacity(requests.len());
     for (i, req) in requests.into_iter().enumerate() {
         let mut state = model.new_state(req.policy)?;
+        if req.trace {
+            state.trace = Some(Vec::new());
+        }
         let mut sampler = Sampler::new(req.sampling);
         let start = Instant::now();
         let logits = model.forward(&mut [SeqInput {
@@ -165,9 +175,10 @@ pub fn generate_batch(
             }
         }
     }
+    let full_bytes_per_token = model.config.kv_bytes_per_token(4);
     Ok(seqs
         .into_iter()
-        .map(|s| {
+        .map(|mut s| {
             let stats = s.state.cache.stats();
             Generation {
                 prompt_tokens: s.state.prompt_len,
@@ -178,7 +189,9 @@ pub fn generate_batch(
                 policy_time: s.state.policy_time,
                 kv_bytes_final: s.state.cache.bytes(),
                 kv_bytes_peak: s.peak_bytes,
+                kv_bytes_full: stats.full_final_entries * full_bytes_per_token,
                 cache: stats,
+                trace: s.state.trace.take(),
             }
         })
         .collect())

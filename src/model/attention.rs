@@ -7,22 +7,8 @@
 //! of the forward pass. Other devices, and prefill, use the generic candle path in `llama.rs`.
 
 use crate::cache::LayerCache;
+use crate::policy::score::dot;
 use candle_core::{Result, Storage, Tensor};
-
-/// Dot product of two equal-length slices with eight independent accumulators (vectorises under AVX2).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
-}
 
 /// Output of [`attend_one`]: the attention output `[heads·d]` and, when asked, the probabilities
 /// `[kv_heads, group, n]`.
@@ -31,14 +17,17 @@ pub struct OneTokenAttention {
     pub probs: Option<Vec<f32>>,
 }
 
-/// Attention of one token's queries (`q`: `[heads·d]`, after RoPE) over the whole cache of `layer`.
-/// Returns `None` when the cache is not an f32 CPU tensor (the caller then uses candle ops).
+/// Attention of one token's queries (`q`: `[heads·d]`, after RoPE) over the cache of `layer`: every
+/// entry, or for each cache head only the entries `subset[h]` (sparse attention; probabilities of the
+/// others are 0). Returns `None` when the cache is not an f32 CPU tensor (the caller then uses candle
+/// ops).
 pub fn attend_one(
     layer: &LayerCache,
     q: &[f32],
     group: usize,
     scale: f32,
     want_probs: bool,
+    subset: Option<&[Vec<usize>]>,
 ) -> Option<OneTokenAttention> {
     let (k_buf, v_buf) = layer.buffers();
     let (k_store, k_layout) = k_buf.storage_and_layout();
@@ -60,6 +49,11 @@ pub fn attend_one(
         let keys = &k_all[h * cap * d..(h * cap + n) * d];
         let values = &v_all[h * cap * d..(h * cap + n) * d];
         let p_h = &mut probs[h * group * n..(h + 1) * group * n];
+        if let Some(sub) = subset {
+            let o_h = &mut out[h * group * d..(h + 1) * group * d];
+            attend_subset(q, h, group, d, scale, keys, values, &sub[h], p_h, o_h);
+            continue;
+        }
         // 1. Scores of every query head of the group, reading each key once.
         for (j, key) in keys.chunks_exact(d).enumerate() {
             for r in 0..group {
@@ -93,6 +87,54 @@ pub fn attend_one(
         out,
         probs: want_probs.then_some(probs),
     })
+}
+
+/// One cache head's attention over the entries `idx` only: scores, softmax over them, weighted values.
+/// `p_h` (`[group][n]`) receives the probabilities, zero elsewhere.
+#[allow(clippy::too_many_arguments)]
+fn attend_subset(
+    q: &[f32],
+    h: usize,
+    group: usize,
+    d: usize,
+    scale: f32,
+    keys: &[f32],
+    values: &[f32],
+    idx: &[usize],
+    p_h: &mut [f32],
+    o_h: &mut [f32],
+) {
+    let n = p_h.len() / group;
+    for r in 0..group {
+        let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
+        let mut s: Vec<f32> = idx
+            .iter()
+            .map(|&j| dot(qr, &keys[j * d..(j + 1) * d]) * scale)
+            .collect();
+        crate::policy::score::softmax(&mut s);
+        let o = &mut o_h[r * d..(r + 1) * d];
+        for (&j, &p) in idx.iter().zip(&s) {
+            p_h[r * n + j] = p;
+            for (o, v) in o.iter_mut().zip(&values[j * d..(j + 1) * d]) {
+                *o += p * v;
+            }
+        }
+    }
+}
+
+/// Keys and values of the entries `subset[h]` of every head, `[heads, m, d]` each (all heads select
+/// the same number of entries): sparse attention on devices without the CPU loop.
+pub fn gather_heads(layer: &LayerCache, subset: &[Vec<usize>]) -> Result<(Tensor, Tensor)> {
+    let (keys, values) = (layer.keys()?, layer.values()?);
+    let mut ks = Vec::with_capacity(subset.len());
+    let mut vs = Vec::with_capacity(subset.len());
+    for (h, idx) in subset.iter().enumerate() {
+        let idx: Vec<u32> = idx.iter().map(|&j| j as u32).collect();
+        let idx = Tensor::from_vec(idx.clone(), idx.len(), keys.device())?;
+        ks.push(keys.get(h)?.index_select(&idx, 0)?);
+        vs.push(values.get(h)?.index_select(&idx, 0)?);
+    }
+    Ok((Tensor::stack(&ks, 0)?, Tensor::stack(&vs, 0)?))
 }
 
 /// Wraps probabilities from [`attend_one`] as the `[kv_heads, group, 1, n]` tensor policies receive.

@@ -198,20 +198,16 @@ impl Transformer {
     /// sequence's last new token, `[batch, vocab]`. Each sequence's cache grows by its tokens and its
     /// policy runs after every layer's attention.
     pub fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor> {
-        Ok(self.forward_inner(batch, false)?)
+        self.forward_inner(batch, false)
     }
 
     /// Like [`forward`](Self::forward) but returns the logits of every new token, `[total_tokens, vocab]`
     /// (teacher forcing).
     pub fn forward_all_logits(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor> {
-        Ok(self.forward_inner(batch, true)?)
+        self.forward_inner(batch, true)
     }
 
-    fn forward_inner(
-        &self,
-        batch: &mut [SeqInput<'_>],
-        all_logits: bool,
-    ) -> candle_core::Result<Tensor> {
+    fn forward_inner(&self, batch: &mut [SeqInput<'_>], all_logits: bool) -> Result<Tensor> {
         let cfg = &self.config;
         let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
 
@@ -222,7 +218,10 @@ impl Transformer {
         let mut steps = Vec::with_capacity(batch.len());
         for s in batch.iter_mut() {
             if s.tokens.is_empty() {
-                candle_core::bail!("forward: a sequence was given no tokens");
+                return Err(candle_core::Error::Msg(
+                    "forward: a sequence was given no tokens".into(),
+                )
+                .into());
             }
             let st = &mut s.state;
             let is_prefill = st.seen == 0;
@@ -233,7 +232,7 @@ impl Transformer {
             }
             steps.push(StepInfo {
                 seen_before: st.seen,
-                new_tokens: s.tokens.len(),
+                tokens: s.tokens,
                 generated: st.generated,
                 is_prefill,
             });
@@ -331,10 +330,12 @@ impl Transformer {
             x = (x + block.down.forward(&act)?)?;
         }
 
-        // 6. Bookkeeping, final norm and logits (of each sequence's last token unless all are wanted).
+        // 6. Bookkeeping (and the budget check), final norm and logits (of each sequence's last token
+        //    unless all are wanted).
         for (s, &(_, t)) in batch.iter_mut().zip(&spans) {
             s.state.seen += t;
-            s.state.cache.end_step();
+            s.state.cache.end_step(s.state.seen);
+            s.state.check_entry_limits()?;
         }
         let x = if all_logits {
             x
@@ -344,7 +345,7 @@ impl Transformer {
             x.index_select(&Tensor::from_vec(last, n, &self.device)?, 0)?
         };
         let x = self.norm.forward(&x)?;
-        self.lm_head.forward(&x)?.to_dtype(DType::F32)?.contiguous()
+        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?.contiguous()?)
     }
 }
 
@@ -368,20 +369,40 @@ impl Transformer {
         let g = hq / hkv;
         let scale = 1.0 / (d as f64).sqrt();
         let q_s = q.narrow(1, off, t)?.contiguous()?; // [hq, t, d]
-        st.cache.layer_mut(l).append(
-            &k.narrow(1, off, t)?,
-            &v.narrow(1, off, t)?,
-            step.seen_before,
-        )?;
-        let layer = st.cache.layer(l);
-        let n = layer.len();
+        let (k_s, v_s) = (k.narrow(1, off, t)?, v.narrow(1, off, t)?);
+        // Per-query-head storage: each KV head's entries are stored once per query head of its group.
+        let cache_heads = st.cache.layer(l).kv_heads();
+        let (k_s, v_s) = if cache_heads == hkv {
+            (k_s, v_s)
+        } else {
+            let rep = |x: Tensor| -> candle_core::Result<Tensor> {
+                x.unsqueeze(1)?
+                    .broadcast_as((hkv, g, t, d))?
+                    .contiguous()?
+                    .reshape((hq, t, d))
+            };
+            (rep(k_s)?, rep(v_s)?)
+        };
+        let (hkv, g) = (cache_heads, hq / cache_heads);
+        st.cache.layer_mut(l).append(&k_s, &v_s, step.seen_before)?;
         let want_probs = st.caps.attention_probs;
-        // Decoding on the CPU reads the cache in place; everything else goes through candle ops.
-        let fast = if t == 1 && self.device.is_cpu() {
-            let q_vec = q_s.flatten_all()?.to_vec1::<f32>()?;
-            attention::attend_one(layer, &q_vec, g, scale as f32, want_probs)
+        let q_vec = if t == 1 {
+            Some(q_s.flatten_all()?.to_vec1::<f32>()?)
         } else {
             None
+        };
+        let subset = match &q_vec {
+            Some(q) if st.caps.sparse_attention => st.select_attention(step, l, q)?,
+            _ => None,
+        };
+        let layer = st.cache.layer(l);
+        let n = layer.len();
+        // Decoding on the CPU reads the cache in place; everything else goes through candle ops.
+        let fast = match &q_vec {
+            Some(q) if self.device.is_cpu() => {
+                attention::attend_one(layer, q, g, scale as f32, want_probs, subset.as_deref())
+            }
+            _ => None,
         };
         let (out, probs4) = match fast {
             Some(a) => {
@@ -392,8 +413,11 @@ impl Transformer {
                 (Tensor::from_vec(a.out, (1, hq * d), &self.device)?, probs)
             }
             None => {
-                let keys = layer.keys()?;
-                let values = layer.values()?;
+                let (keys, values) = match &subset {
+                    None => (layer.keys()?, layer.values()?),
+                    Some(sub) => attention::gather_heads(layer, sub)?,
+                };
+                let n = keys.dim(1)?;
                 let scores = (q_s.reshape((hkv, g * t, d))?.matmul(&keys.t()?)? * scale)?;
                 let scores = if t > 1 {
                     let mask = causal_mask(t, n, &self.device)?;
@@ -412,7 +436,7 @@ impl Transformer {
                     .reshape((t, hq * d))?;
                 (
                     out,
-                    if want_probs {
+                    if want_probs && subset.is_none() {
                         Some(probs.reshape((hkv, g, t, n))?)
                     } else {
                         None
@@ -454,9 +478,13 @@ impl Transformer {
             query_window: st.query_windows[l].as_ref(),
             probs,
         };
+        let events_before = st.cache.layer(l).compressions();
         st.policy
             .after_attention(step, &view, st.cache.layer_mut(l))?;
         st.policy_time += started.elapsed();
+        if st.trace.is_some() && st.cache.layer(l).compressions() != events_before {
+            st.record_event(step, l);
+        }
         Ok(())
     }
 
@@ -492,19 +520,46 @@ impl Transformer {
                 );
                 rotate(q, d, c, sn, interleaved);
                 rotate(k, d, c, sn, interleaved);
-                let (k_t, v_t) = (
-                    Tensor::from_slice(k, (hkv, 1, d), dev)?,
-                    Tensor::from_slice(v, (hkv, 1, d), dev)?,
-                );
+                // Per-query-head storage repeats each KV head for the query heads of its group.
+                let heads = st.cache.layer(l).kv_heads();
+                let (k_t, v_t) = if heads == hkv {
+                    (
+                        Tensor::from_slice(k, (hkv, 1, d), dev)?,
+                        Tensor::from_slice(v, (hkv, 1, d), dev)?,
+                    )
+                } else {
+                    let rep = |x: &[f32]| -> Vec<f32> {
+                        (0..hq)
+                            .flat_map(|r| x[(r / g) * d..(r / g + 1) * d].iter().copied())
+                            .collect()
+                    };
+                    (
+                        Tensor::from_vec(rep(k), (hq, 1, d), dev)?,
+                        Tensor::from_vec(rep(v), (hq, 1, d), dev)?,
+                    )
+                };
                 st.cache.layer_mut(l).append(&k_t, &v_t, step.seen_before)?;
+                let subset = if st.caps.sparse_attention {
+                    st.select_attention(step, l, q)?
+                } else {
+                    None
+                };
                 let layer = st.cache.layer(l);
                 let n = layer.len();
-                let a = attention::attend_one(layer, q, g, scale, st.caps.attention_probs)
-                    .ok_or_else(|| {
-                        candle_core::Error::Msg("decode fast path needs an f32 CPU cache".into())
-                    })?;
+                let gc = hq / heads;
+                let a = attention::attend_one(
+                    layer,
+                    q,
+                    gc,
+                    scale,
+                    st.caps.attention_probs,
+                    subset.as_deref(),
+                )
+                .ok_or_else(|| {
+                    candle_core::Error::Msg("decode fast path needs an f32 CPU cache".into())
+                })?;
                 let probs = match a.probs {
-                    Some(p) => Some(attention::probs_tensor(p, hkv, g, n, dev)?),
+                    Some(p) => Some(attention::probs_tensor(p, heads, gc, n, dev)?),
                     None => None,
                 };
                 let q_s = Tensor::from_slice(q, (hq, 1, d), dev)?;

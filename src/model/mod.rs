@@ -22,7 +22,7 @@ use tokenizer::Tokenizer;
 use weights::WeightFormat;
 
 pub use llama::{SeqInput, Transformer};
-pub use state::SeqState;
+pub use state::{SeqState, TraceEvent};
 
 /// A model ready to run: weights, tokenizer, chat template and where it came from.
 pub struct Model {
@@ -138,3 +138,23 @@ const EOS_NAMES: &[&str] = &[
     "<｜end▁of▁sentence｜>",
     "</s>",
 ];
+
+impl Model {
+    /// What building `spec`'s policy for this model needs (the delimiter table only for Kara).
+    pub fn policy_context(
+        &self,
+        spec: &crate::policy::PolicySpec,
+        max_new_tokens: usize,
+    ) -> crate::policy::BuildContext {
+        let cfg = &self.transformer.config;
+        crate::policy::BuildContext {
+            num_layers: cfg.num_layers,
+            head_dim: cfg.head_dim,
+            max_new_tokens,
+            qwen: matches!(cfg.arch, config::Arch::Qwen2 | config::Arch::Qwen3),
+            delimiters: spec
+                .needs_delimiters()
+                .then(|| std::sync::Arc::new(self.tokenizer.delimiter_table())),
+        }
+    }
+}

@@ -3,7 +3,7 @@
 
 use crate::cache::KvCache;
 use crate::model::config::ModelConfig;
-use crate::policy::{Capabilities, Policy};
+use crate::policy::{Capabilities, Policy, StepInfo};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// The per-sequence state the forward pass reads and updates.
@@ -21,6 +21,22 @@ pub struct SeqState {
     pub prompt_len: usize,
     /// Time spent inside policy hooks.
     pub policy_time: std::time::Duration,
+    /// Compression events with the positions kept, when tracing is on.
+    pub trace: Option<Vec<TraceEvent>>,
+}
+
+/// One layer's compression event: what each head kept.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TraceEvent {
+    /// Generated tokens fed when the event happened (0: at prefill).
+    pub generated: usize,
+    /// Tokens seen once the step finished.
+    pub seen: usize,
+    pub layer: usize,
+    /// Cache head (a KV head, or a query head under per-query-head storage).
+    pub head: usize,
+    /// Original positions of the entries kept, in storage order.
+    pub kept: Vec<u32>,
 }
 
 impl SeqState {
@@ -32,10 +48,22 @@ impl SeqState {
     ) -> Result<Self> {
         policy.reset();
         let caps = policy.capabilities();
+        if caps.sparse_attention && caps.attention_probs {
+            candle_core::bail!(
+                "policy '{}' asks for attention probabilities and sparse attention at once; the engine offers one or the other",
+                policy.name()
+            );
+        }
+        // Per-query-head policies get keys and values stored once per query head.
+        let cache_heads = if caps.per_query_head {
+            config.num_heads
+        } else {
+            config.num_kv_heads
+        };
         Ok(Self {
             cache: KvCache::new(
                 config.num_layers,
-                config.num_kv_heads,
+                cache_heads,
                 config.head_dim,
                 dtype,
                 device,
@@ -47,6 +75,72 @@ impl SeqState {
             generated: 0,
             prompt_len: 0,
             policy_time: std::time::Duration::ZERO,
+            trace: None,
         })
+    }
+}
+
+impl SeqState {
+    /// Asks the policy which entries each head of layer `l` attends to this step (timed as policy
+    /// work).
+    pub(crate) fn select_attention(
+        &mut self,
+        step: &StepInfo<'_>,
+        l: usize,
+        query: &[f32],
+    ) -> Result<Option<Vec<Vec<usize>>>> {
+        let started = std::time::Instant::now();
+        let subset = self
+            .policy
+            .select_attention(step, l, query, self.cache.layer(l))?;
+        self.policy_time += started.elapsed();
+        if let Some(sub) = &subset {
+            let (heads, n) = (self.cache.layer(l).kv_heads(), self.cache.layer(l).len());
+            if sub.len() != heads || sub.iter().flatten().any(|&j| j >= n) {
+                candle_core::bail!(
+                    "policy '{}' selected entries outside layer {l}'s cache",
+                    self.policy.name()
+                );
+            }
+        }
+        Ok(subset)
+    }
+
+    /// Records layer `l`'s compression event in the trace.
+    pub(crate) fn record_event(&mut self, step: &StepInfo<'_>, l: usize) {
+        let layer = self.cache.layer(l);
+        let events: Vec<TraceEvent> = (0..layer.kv_heads())
+            .map(|h| TraceEvent {
+                generated: step.generated,
+                seen: step.seen_after(),
+                layer: l,
+                head: h,
+                kept: layer.positions(h).to_vec(),
+            })
+            .collect();
+        if let Some(trace) = &mut self.trace {
+            trace.extend(events);
+        }
+    }
+
+    /// Fails when the policy holds more entries than it declared (budget plus buffer): compression
+    /// that silently does not happen must stop the run.
+    pub(crate) fn check_entry_limits(&self) -> crate::Result<()> {
+        for l in 0..self.cache.num_layers() {
+            let Some(limit) = self.policy.entry_limit(l, self.seen) else {
+                continue;
+            };
+            let held = self.cache.layer(l).len();
+            if held > limit {
+                return Err(crate::Error::Policy {
+                    policy: self.policy.name().to_string(),
+                    reason: format!(
+                        "layer {l} holds {held} entries per head after {} tokens, above its declared bound of {limit} (budget plus buffer)",
+                        self.seen
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 }

@@ -160,6 +160,20 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+
+    /// `table[id]`: token `id` ends a phrase: its text holds a newline, or ends (after trailing
+    /// spaces) in `.`, `,`, `;`, `:`, `!` or `?`. Kara's Token2Chunk stops chunks there.
+    pub fn delimiter_table(&self) -> Vec<bool> {
+        (0..self.vocab_size() as u32)
+            .map(|id| {
+                let text = self.decode(&[id]).unwrap_or_default();
+                text.contains('\n')
+                    || text
+                        .trim_end()
+                        .ends_with(['.', ',', ';', ':', '!', '?'])
+            })
+            .collect()
+    }
 }
 
 /// The pre-tokenizer a GGUF `tokenizer.ggml.pre` name stands for (llama.cpp's names).

@@ -1,45 +1,88 @@
-//! The contract between the engine and a KV-cache compression policy.
+//! KV-cache compression policies and their contract with the engine.
 //!
 //! A policy declares what it needs ([`Capabilities`]); the engine computes only that (no attention
-//! probabilities, no query window when nobody asks). After each layer has attended over the
-//! uncompressed cache, the engine hands the policy an [`AttentionView`] and the layer's cache, so a
-//! policy compresses *after* attention, as R-KV and LazyEviction do. State lives in the policy value,
-//! one per sequence, and [`Policy::reset`] clears it between sequences.
+//! probabilities, no query window, no per-query-head cache when nobody asks). After each layer has
+//! attended over the uncompressed cache, the engine hands the policy an [`AttentionView`] and the
+//! layer's cache, so a policy compresses *after* attention, as R-KV and LazyEviction do. A policy that
+//! attends sparsely (RocketKV's stage 2) picks the entries each head attends to before attention.
+//! State lives in the policy value, one per sequence, and [`Policy::reset`] clears it.
+//!
+//! Every policy declares the most entries it may hold ([`Policy::entry_limit`]), computed from the
+//! budget rule of [`budget`] and never from the cache itself; the engine checks it after every step
+//! and stops the run when a policy holds more (silent non-compression is this field's common bug).
+//!
+//! Policies are parsed first ([`PolicySpec`]: name, budget, `key=value` parameters, all checked before
+//! a model loads) and built per sequence from the spec.
+
+pub mod budget;
+mod h2o;
+mod kara;
+mod lazy;
+pub mod params;
+mod rocket;
+pub mod score;
+mod streaming;
+mod window;
+
+pub use budget::Budget;
+pub use h2o::H2o;
+pub use kara::Kara;
+pub use lazy::{LazyEviction, Tracker};
+pub use rocket::{RocketKv, Split as RocketBudgetSplit};
+pub use streaming::StreamingLlm;
+pub use window::WindowPolicy;
 
 use crate::cache::LayerCache;
-use candle_core::{Result, Tensor};
+use crate::error::{Error, Result};
+use candle_core::Tensor;
+use params::Params;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What a policy asks the engine to compute for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Capabilities {
-    /// Attention probabilities of this step's queries over the cache, `[kv_heads, group, t, n]`.
+    /// Attention probabilities of this step's queries over the cache, `[heads, group, t, n]`.
     pub attention_probs: bool,
     /// Keep a rolling window of the last `w` post-RoPE queries per layer (`0`: none).
     pub query_window: usize,
     /// The policy can run inside a batched decode.
     pub batch: bool,
+    /// Store keys and values once per query head (the GQA group replicated), so that each query head
+    /// selects its own entries. Multiplies KV memory by the group size, as the references do.
+    pub per_query_head: bool,
+    /// The policy chooses, before attention at each decode step, which entries each head attends to
+    /// ([`Policy::select_attention`]).
+    pub sparse_attention: bool,
 }
 
 /// Where the sequence is when a hook runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepInfo {
+pub struct StepInfo<'a> {
     /// Tokens the sequence has seen before this step (the logical position of its first new token).
     pub seen_before: usize,
-    /// Tokens fed in this step (the prompt length at prefill, 1 when decoding).
-    pub new_tokens: usize,
+    /// Tokens fed in this step (the prompt at prefill, one when decoding).
+    pub tokens: &'a [u32],
     /// Generated tokens fed so far including this step's (0 during prefill).
     pub generated: usize,
     pub is_prefill: bool,
 }
 
+impl StepInfo<'_> {
+    /// Tokens seen once this step is done.
+    pub fn seen_after(&self) -> usize {
+        self.seen_before + self.tokens.len()
+    }
+}
+
 /// What one layer computed this step, as requested by [`Capabilities`].
 pub struct AttentionView<'a> {
     pub layer: usize,
-    /// This step's queries after RoPE, `[heads, t, head_dim]`.
+    /// This step's queries after RoPE, `[query_heads, t, head_dim]`.
     pub queries: &'a Tensor,
-    /// The rolling window of recent queries after RoPE, `[heads, w', head_dim]` with `w' ≤ w`.
+    /// The rolling window of recent queries after RoPE, `[query_heads, w', head_dim]` with `w' ≤ w`.
     pub query_window: Option<&'a Tensor>,
-    /// Attention probabilities of this step's queries, `[kv_heads, group, t, n]`.
+    /// Attention probabilities of this step's queries, `[cache_heads, group, t, n]`.
     pub probs: Option<&'a Tensor>,
 }
 
@@ -56,10 +99,27 @@ pub trait Policy: Send {
     /// Called for every layer after it attended over the uncompressed cache; may evict entries.
     fn after_attention(
         &mut self,
-        step: &StepInfo,
+        step: &StepInfo<'_>,
         view: &AttentionView<'_>,
         cache: &mut LayerCache,
-    ) -> Result<()>;
+    ) -> candle_core::Result<()>;
+
+    /// At a decode step, before attention: the entries each cache head attends to (`None`: all).
+    /// `query` is this step's post-RoPE query, `[query_heads · head_dim]`. Only called when
+    /// [`Capabilities::sparse_attention`] is declared.
+    fn select_attention(
+        &mut self,
+        _step: &StepInfo<'_>,
+        _layer: usize,
+        _query: &[f32],
+        _cache: &LayerCache,
+    ) -> candle_core::Result<Option<Vec<Vec<usize>>>> {
+        Ok(None)
+    }
+
+    /// The most entries layer `layer` may hold per head at the end of a step once `seen` tokens were
+    /// fed (`None`: no bound). Derived from the budget rule, never from the cache.
+    fn entry_limit(&self, layer: usize, seen: usize) -> Option<usize>;
 }
 
 /// No compression: the baseline every report compares against.
@@ -82,30 +142,158 @@ impl Policy for Full {
 
     fn after_attention(
         &mut self,
-        _: &StepInfo,
+        _: &StepInfo<'_>,
         _: &AttentionView<'_>,
         _: &mut LayerCache,
-    ) -> Result<()> {
+    ) -> candle_core::Result<()> {
         Ok(())
+    }
+
+    fn entry_limit(&self, _: usize, _: usize) -> Option<usize> {
+        None
     }
 }
 
-/// Policy names accepted on the command line.
-pub const POLICY_NAMES: &[&str] = &["full"];
+/// Policy names accepted on the command line, with a one-line description each.
+pub const POLICIES: &[(&str, &str)] = &[
+    ("full", "no compression (the baseline)"),
+    ("streaming", "StreamingLLM: 4 sink tokens + recent window, absolute positions kept"),
+    ("h2o", "Heavy-Hitter Oracle: accumulated attention, heavy hitters + recent"),
+    ("snapkv", "SnapKV: observation-window attention, decode-time as in R-KV (mode=prefill: original)"),
+    ("pyramidkv", "PyramidKV: SnapKV scores with linearly decreasing layer budgets (beta=20)"),
+    ("rkv", "R-KV: window importance + key redundancy (lambda=0.1)"),
+    ("lazy", "LazyEviction: recurrence tracking (TS, MRI), lagged eviction every W steps"),
+    ("rocket", "RocketKV: SnapKV++ on the prompt + hybrid sparse top-k attention at decode"),
+    ("kara", "Kara (INTERPRETATION of the abstract): sliding-window compression with Token2Chunk"),
+];
 
-/// Builds a policy by name. `budget`: at most 1 is a fraction of the tokens seen, above 1 an absolute
-/// number of entries per layer and KV head.
-pub fn build(name: &str, budget: f64) -> crate::Result<Box<dyn Policy>> {
-    if !budget.is_finite() || budget <= 0.0 {
-        return Err(crate::Error::Input(format!(
-            "--budget must be a positive number, got {budget}"
-        )));
+/// Names only, for messages.
+pub fn policy_names() -> Vec<&'static str> {
+    POLICIES.iter().map(|(n, _)| *n).collect()
+}
+
+/// What building a policy needs to know about the model and the run.
+#[derive(Debug, Clone)]
+pub struct BuildContext {
+    pub num_layers: usize,
+    pub head_dim: usize,
+    pub max_new_tokens: usize,
+    /// The model is of the Qwen family (LazyEviction's threshold default differs).
+    pub qwen: bool,
+    /// `delimiters[id]`: token `id` ends a phrase (newline or punctuation); Kara's chunk boundaries.
+    pub delimiters: Option<Arc<Vec<bool>>>,
+}
+
+/// A parsed, validated policy configuration, built into one policy value per sequence.
+#[derive(Debug, Clone)]
+enum Config {
+    Full,
+    Streaming(streaming::Config),
+    H2o(h2o::Config),
+    Window(window::Config),
+    Lazy(lazy::Config),
+    Rocket(rocket::Config),
+    Kara(kara::Config),
+}
+
+/// A policy as the user named it: name, budget and parameters, checked at parse time.
+#[derive(Debug, Clone)]
+pub struct PolicySpec {
+    name: String,
+    budget: Budget,
+    config: Config,
+    /// Every parameter with its resolved value (defaults included).
+    resolved: BTreeMap<String, String>,
+}
+
+impl PolicySpec {
+    /// Parses a policy from its name, `--budget` value and `key=value` parameters.
+    pub fn new(name: &str, budget: f64, args: BTreeMap<String, String>) -> Result<Self> {
+        let budget = Budget::from_value(budget)?;
+        let mut p = Params::new(name, args);
+        let config = match name {
+            "full" => Config::Full,
+            "streaming" => Config::Streaming(streaming::Config::parse(&mut p, budget)?),
+            "h2o" => Config::H2o(h2o::Config::parse(&mut p, budget)?),
+            "snapkv" | "pyramidkv" | "rkv" => {
+                Config::Window(window::Config::parse(name, &mut p, budget)?)
+            }
+            "lazy" => Config::Lazy(lazy::Config::parse(&mut p, budget)?),
+            "rocket" => Config::Rocket(rocket::Config::parse(&mut p, budget)?),
+            "kara" => Config::Kara(kara::Config::parse(&mut p, budget)?),
+            other => {
+                return Err(Error::Input(format!(
+                    "unknown policy '{other}' (--policy); available: {}",
+                    policy_names().join(", ")
+                )))
+            }
+        };
+        let resolved = p.finish()?;
+        Ok(Self {
+            name: name.to_string(),
+            budget,
+            config,
+            resolved,
+        })
     }
-    match name {
-        "full" => Ok(Box::new(Full)),
-        other => Err(crate::Error::Input(format!(
-            "unknown policy '{other}' (--policy); available: {}",
-            POLICY_NAMES.join(", ")
-        ))),
+
+    /// Parses `--policy-arg key=value` strings.
+    pub fn from_args(name: &str, budget: f64, args: &[String]) -> Result<Self> {
+        Self::new(name, budget, Params::parse_pairs(args)?)
     }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// Every parameter and its value, defaults included.
+    pub fn resolved(&self) -> &BTreeMap<String, String> {
+        &self.resolved
+    }
+
+    /// `name budget=B key=value …`, for logs and reports.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{} budget={}", self.name, self.budget);
+        for (k, v) in &self.resolved {
+            s.push_str(&format!(" {k}={v}"));
+        }
+        s
+    }
+
+    /// Kara needs the tokenizer's delimiter table; other policies do not.
+    pub fn needs_delimiters(&self) -> bool {
+        matches!(self.config, Config::Kara(_))
+    }
+
+    /// A fresh policy value for one sequence.
+    pub fn build(&self, ctx: &BuildContext) -> Box<dyn Policy> {
+        match &self.config {
+            Config::Full => Box::new(Full),
+            Config::Streaming(c) => Box::new(StreamingLlm::new(c.clone())),
+            Config::H2o(c) => Box::new(H2o::new(c.clone())),
+            Config::Window(c) => Box::new(WindowPolicy::new(c.clone(), ctx)),
+            Config::Lazy(c) => Box::new(LazyEviction::new(c.clone(), ctx)),
+            Config::Rocket(c) => Box::new(RocketKv::new(c.clone(), ctx)),
+            Config::Kara(c) => Box::new(Kara::new(c.clone(), ctx)),
+        }
+    }
+}
+
+/// Grows a per-layer state vector so that `layer` is a valid index.
+pub(crate) fn layer_slot<T: Default>(v: &mut Vec<T>, layer: usize) -> &mut T {
+    if v.len() <= layer {
+        v.resize_with(layer + 1, T::default);
+    }
+    &mut v[layer]
+}
+
+/// A host copy of a `[heads, t, d]` query tensor.
+pub(crate) fn host_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()
 }

@@ -1,0 +1,136 @@
+//! H2O, the Heavy-Hitter Oracle (Zhang et al. 2023): every entry accumulates the attention it receives
+//! from every query (prompt rows at prefill, then each decode step); after every step the cache is
+//! trimmed to the budget: the `heavy` highest accumulators among the older entries plus the `recent`
+//! newest entries. Survivors carry their sums (never recomputed); a new entry starts with its first
+//! column sum. Kept order is positional, as in the original.
+//!
+//! Granularity: the original scores per head of MHA models. For GQA models kvbench scores per KV head
+//! by default, summing the probabilities of the group's query heads (`gqa=sum-prob`, GQA-native
+//! memory); `gqa=per-query-head` stores keys per query head and reproduces the per-head selection.
+
+use super::params::{GqaAgg, Params};
+use super::{layer_slot, AttentionView, Budget, Capabilities, Policy, StepInfo};
+use crate::cache::LayerCache;
+use crate::error::Result;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    budget: Budget,
+    /// Share of the budget given to heavy hitters (the rest is the recent window).
+    heavy_ratio: f64,
+    gqa: GqaAgg,
+}
+
+impl Config {
+    pub fn parse(p: &mut Params, budget: Budget) -> Result<Self> {
+        let heavy_ratio = p.get("heavy_ratio", 0.5f64)?;
+        if !(0.0..=1.0).contains(&heavy_ratio) {
+            return Err(p.invalid("heavy_ratio", "must be in [0, 1]"));
+        }
+        let gqa = p.get("gqa", GqaAgg::SumProb)?;
+        if gqa == GqaAgg::MaxLogit {
+            return Err(p.invalid(
+                "gqa",
+                "H2O accumulates probabilities: use sum-prob, mean-prob or per-query-head",
+            ));
+        }
+        Ok(Self {
+            budget,
+            heavy_ratio,
+            gqa,
+        })
+    }
+
+    /// `(heavy, recent)` entries for a sequence that has seen `seen` tokens.
+    fn split(&self, seen: usize) -> (usize, usize) {
+        let total = self.budget.entries(seen).max(1);
+        let heavy = ((total as f64) * self.heavy_ratio).floor() as usize;
+        let heavy = heavy.min(total - 1);
+        (heavy, total - heavy)
+    }
+}
+
+pub struct H2o {
+    config: Config,
+    /// Per layer, per cache head: accumulated attention of each entry, in storage order.
+    acc: Vec<Vec<Vec<f32>>>,
+}
+
+impl H2o {
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            acc: Vec::new(),
+        }
+    }
+}
+
+impl Policy for H2o {
+    fn name(&self) -> &str {
+        "h2o"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            attention_probs: true,
+            batch: true,
+            per_query_head: self.config.gqa == GqaAgg::PerQueryHead,
+            ..Default::default()
+        }
+    }
+
+    fn reset(&mut self) {
+        self.acc.clear();
+    }
+
+    fn after_attention(
+        &mut self,
+        step: &StepInfo<'_>,
+        view: &AttentionView<'_>,
+        cache: &mut LayerCache,
+    ) -> candle_core::Result<()> {
+        let Some(probs) = view.probs else {
+            candle_core::bail!("h2o: the engine gave no attention probabilities");
+        };
+        let (heads, g, t, n) = probs.dims4()?;
+        let p = super::host_vec(probs)?;
+        let acc = layer_slot(&mut self.acc, view.layer);
+        acc.resize(heads, Vec::new());
+        let norm = if self.config.gqa == GqaAgg::MeanProb {
+            1.0 / g as f32
+        } else {
+            1.0
+        };
+        // 1. Accumulate this step's column sums (new entries start at zero).
+        for (h, a) in acc.iter_mut().enumerate() {
+            a.resize(n, 0.0);
+            for row in p[h * g * t * n..(h + 1) * g * t * n].chunks_exact(n) {
+                a.iter_mut().zip(row).for_each(|(x, &q)| *x += q * norm);
+            }
+        }
+        // 2. Trim to heavy hitters + recent.
+        let (heavy, recent) = self.config.split(step.seen_after());
+        if n <= heavy + recent {
+            return Ok(());
+        }
+        let old = n - recent;
+        let kept: Vec<Vec<usize>> = acc
+            .iter()
+            .map(|a| {
+                let mut top = super::score::top_k(&a[..old], heavy);
+                top.sort_unstable();
+                top.extend(old..n);
+                top
+            })
+            .collect();
+        for (a, k) in acc.iter_mut().zip(&kept) {
+            *a = k.iter().map(|&j| a[j]).collect();
+        }
+        cache.gather(&kept)
+    }
+
+    fn entry_limit(&self, _layer: usize, seen: usize) -> Option<usize> {
+        let (heavy, recent) = self.config.split(seen);
+        Some(heavy + recent)
+    }
+}

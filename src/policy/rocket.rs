@@ -1,0 +1,325 @@
+//! RocketKV (arXiv 2502.14051): stage 1 evicts prompt entries once at prefill (SnapKV++: the last
+//! `window` prompt queries, softmax over all keys with a causal window, summed over queries and over
+//! the GQA group, max-pooled, kept sorted); stage 2 attends, at every decode step, only to the top-k
+//! entries of an approximate score built from chunk-wise key bounds on the query's largest dimensions
+//! (spec §3(b)). Generated entries are never evicted.
+//!
+//! The budget `B` is memory *traffic* per decode step in token equivalents: a fraction is taken of the
+//! full sequence `S = prompt + max_new_tokens`. The split (capacity `C`, prompt budget `P`, top-k,
+//! chunk size, kept dimensions) follows spec §3(f). In the reasoning regime (short prompt, long
+//! generation) `C = S` and stage 1 evicts nothing: storage is the full cache and only the bandwidth
+//! falls; the report shows this. Deviation: the reference prefills `prompt[..-1]` and feeds the last
+//! prompt token as a decode step; kvbench prefills the whole prompt.
+
+use super::params::{GqaAgg, Params, Pool, QueryReduce, RocketSplit, SoftmaxDomain};
+use super::score::{dot, pool, softmax, top_k, window_scores, GroupLogits};
+use super::{host_vec, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
+use crate::cache::LayerCache;
+use crate::error::Result;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    budget: Budget,
+    window: usize,
+    pool: Pool,
+    skip_layers: usize,
+    split: RocketSplit,
+}
+
+impl Config {
+    pub fn parse(p: &mut Params, budget: Budget) -> Result<Self> {
+        let window = p.get("window", 32usize)?;
+        if window == 0 {
+            return Err(p.invalid("window", "must be at least 1"));
+        }
+        Ok(Self {
+            budget,
+            window,
+            pool: p.get("pool", Pool::max(63))?,
+            skip_layers: p.get("skip_layers", 0usize)?,
+            split: p.get("split", RocketSplit::Hf)?,
+        })
+    }
+}
+
+/// RocketKV's budget split for one sequence (spec §3(f)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    /// Storage capacity `C`.
+    pub capacity: usize,
+    /// Prompt entries kept by stage 1, `P`.
+    pub prompt: usize,
+    /// Stage-2 top-k.
+    pub top_k: usize,
+    /// Chunk size `s`.
+    pub chunk: usize,
+    /// Head dimensions kept, `r_dims`.
+    pub dims: usize,
+}
+
+impl Split {
+    /// `s_total = prompt + max_new`, traffic budget `b`, head dim `d`.
+    pub fn compute(s_total: usize, max_new: usize, b: usize, d: usize, path: RocketSplit) -> Self {
+        let (s, b) = (s_total as f64, b.max(1) as f64);
+        let c = (s / b).max(1.0);
+        let e = (0.2 + 0.06 * c.log2()).min(0.8);
+        let mut capacity = (s / c.powf(e)).floor() as usize;
+        let prompt = match path {
+            RocketSplit::Hf => {
+                capacity = capacity.max((2 * max_new).min(s_total));
+                capacity.saturating_sub(max_new)
+            }
+            RocketSplit::GptFast => {
+                (s_total.saturating_sub(max_new)).min(capacity.saturating_sub(max_new))
+            }
+        };
+        let c2 = (capacity as f64 / b).max(1.0);
+        let root = c2.sqrt().ceil();
+        let chunk = match path {
+            RocketSplit::Hf => {
+                if root <= c2 {
+                    root as usize
+                } else {
+                    1
+                }
+            }
+            RocketSplit::GptFast => c2.floor().min(root) as usize,
+        }
+        .max(1);
+        let dims = d as f64 * chunk as f64 / c2;
+        let dims = match path {
+            RocketSplit::Hf => dims as usize,
+            RocketSplit::GptFast => dims.round() as usize,
+        }
+        .clamp(1, d);
+        Self {
+            capacity,
+            prompt,
+            top_k: (b as usize / 2).max(1),
+            chunk,
+            dims,
+        }
+    }
+}
+
+pub struct RocketKv {
+    config: Config,
+    max_new: usize,
+    head_dim: usize,
+    /// Set at prefill.
+    split: Option<Split>,
+    prompt_len: usize,
+}
+
+impl RocketKv {
+    pub fn new(config: Config, ctx: &BuildContext) -> Self {
+        Self {
+            config,
+            max_new: ctx.max_new_tokens,
+            head_dim: ctx.head_dim,
+            split: None,
+            prompt_len: 0,
+        }
+    }
+
+    /// Prompt entries stage 1 keeps.
+    fn stage1_keep(&self, split: &Split) -> usize {
+        split.prompt.max(self.config.window)
+    }
+}
+
+/// Stage 2's approximate scores of one KV head's `keys` (`[n][d]`) for its group's queries
+/// (`[g][d]`): chunk-wise sign-aware key maxima on the `dims` largest query dimensions, a SparQ
+/// temperature, softmax per query head, mean over the group.
+pub fn approximate_scores(q: &[f32], keys: &[f32], d: usize, chunk: usize, dims: usize) -> Vec<f32> {
+    let g = q.len() / d;
+    let n = keys.len() / d;
+    // 1. Sign of the group-summed query per dimension.
+    let sign: Vec<f32> = (0..d)
+        .map(|c| {
+            if (0..g).map(|r| q[r * d + c]).sum::<f32>() > 0.0 {
+                1.0
+            } else {
+                -1.0
+            }
+        })
+        .collect();
+    // 2. Dimensions with the largest mean |q| over the group.
+    let mag: Vec<f32> = (0..d)
+        .map(|c| (0..g).map(|r| q[r * d + c].abs()).sum::<f32>() / g as f32)
+        .collect();
+    let kept_dims = top_k(&mag, dims);
+    // 3. Per chunk, per kept dimension: max of sign·k.
+    let chunks = n.div_ceil(chunk);
+    let mut bound = vec![f32::NEG_INFINITY; chunks * kept_dims.len()];
+    for (j, key) in keys.chunks_exact(d).enumerate() {
+        let row = &mut bound[(j / chunk) * kept_dims.len()..(j / chunk + 1) * kept_dims.len()];
+        for (b, &c) in row.iter_mut().zip(&kept_dims) {
+            *b = b.max(sign[c] * key[c]);
+        }
+    }
+    // 4.–6. Per query head: chunk scores, broadcast to tokens, tempered softmax; mean over the group.
+    let mut mean = vec![0f32; n];
+    for r in 0..g {
+        let qr = &q[r * d..(r + 1) * d];
+        let sq: Vec<f32> = kept_dims.iter().map(|&c| sign[c] * qr[c]).collect();
+        let l1_kept: f32 = kept_dims.iter().map(|&c| qr[c].abs()).sum();
+        let l1_all: f32 = qr.iter().map(|x| x.abs()).sum();
+        let tau = (d as f32 * l1_kept / l1_all.max(f32::MIN_POSITIVE)).sqrt();
+        let chunk_scores: Vec<f32> = bound
+            .chunks_exact(kept_dims.len())
+            .map(|b| dot(&sq, b) / tau.max(f32::MIN_POSITIVE))
+            .collect();
+        let mut s: Vec<f32> = (0..n).map(|j| chunk_scores[j / chunk]).collect();
+        softmax(&mut s);
+        mean.iter_mut().zip(&s).for_each(|(m, x)| *m += x / g as f32);
+    }
+    mean
+}
+
+impl Policy for RocketKv {
+    fn name(&self) -> &str {
+        "rocket"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            batch: true,
+            sparse_attention: true,
+            ..Default::default()
+        }
+    }
+
+    fn reset(&mut self) {
+        self.split = None;
+        self.prompt_len = 0;
+    }
+
+    fn after_attention(
+        &mut self,
+        step: &StepInfo<'_>,
+        view: &AttentionView<'_>,
+        cache: &mut LayerCache,
+    ) -> candle_core::Result<()> {
+        if !step.is_prefill {
+            return Ok(());
+        }
+        let prompt = step.tokens.len();
+        let s_total = prompt + self.max_new;
+        let b = self.config.budget.entries(s_total);
+        let split = Split::compute(s_total, self.max_new, b, self.head_dim, self.config.split);
+        self.split = Some(split);
+        self.prompt_len = prompt;
+        let keep = self.stage1_keep(&split);
+        let n = cache.len();
+        if view.layer < self.config.skip_layers || n <= keep {
+            return Ok(());
+        }
+        // Stage 1, SnapKV++: the last `window` prompt queries over every prompt key.
+        let (hq, t, d) = view.queries.dims3()?;
+        let w = self.config.window.min(t);
+        let q = host_vec(&view.queries.narrow(1, t - w, w)?)?;
+        let heads = cache.kv_heads();
+        let g = hq / heads;
+        let scale = 1.0 / (d as f32).sqrt();
+        let (n_cand, pool_kind) = (n - w, self.config.pool);
+        let kept: Vec<Vec<usize>> = cache.with_host(|kv| {
+            (0..heads)
+                .map(|h| {
+                    let z = GroupLogits::compute(
+                        &q[h * g * w * d..(h + 1) * g * w * d],
+                        kv.keys(h),
+                        g,
+                        d,
+                        scale,
+                    );
+                    let s = window_scores(
+                        &z,
+                        n_cand,
+                        GqaAgg::SumProb,
+                        SoftmaxDomain::AllCausal,
+                        QueryReduce::Sum,
+                    );
+                    let mut top = top_k(&pool(&s[0], pool_kind), keep - w);
+                    top.sort_unstable();
+                    top.extend(n_cand..n);
+                    top
+                })
+                .collect()
+        })?;
+        cache.gather(&kept)
+    }
+
+    fn select_attention(
+        &mut self,
+        _step: &StepInfo<'_>,
+        layer: usize,
+        query: &[f32],
+        cache: &LayerCache,
+    ) -> candle_core::Result<Option<Vec<Vec<usize>>>> {
+        let Some(split) = self.split else {
+            return Ok(None);
+        };
+        let n = cache.len();
+        if layer < self.config.skip_layers || split.top_k >= n {
+            return Ok(None);
+        }
+        let heads = cache.kv_heads();
+        let d = cache.head_dim();
+        let g = query.len() / (heads * d);
+        let picked = cache.with_host(|kv| {
+            (0..heads)
+                .map(|h| {
+                    let q = &query[h * g * d..(h + 1) * g * d];
+                    let s = approximate_scores(q, kv.keys(h), d, split.chunk, split.dims);
+                    top_k(&s, split.top_k)
+                })
+                .collect()
+        })?;
+        Ok(Some(picked))
+    }
+
+    fn entry_limit(&self, layer: usize, seen: usize) -> Option<usize> {
+        let split = self.split?;
+        let prompt = if layer < self.config.skip_layers {
+            self.prompt_len
+        } else {
+            self.prompt_len.min(self.stage1_keep(&split))
+        };
+        Some(prompt + seen.saturating_sub(self.prompt_len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_split_matches_the_worked_examples() {
+        // S = 32768, B = 256, d = 128 (spec §3(f)), 128 new tokens.
+        let s = Split::compute(32768, 128, 256, 128, RocketSplit::Hf);
+        assert_eq!(s.capacity, 1618);
+        assert_eq!(s.prompt, 1490);
+        assert_eq!((s.top_k, s.chunk, s.dims), (128, 3, 60));
+        let s = Split::compute(32768, 128, 256, 128, RocketSplit::GptFast);
+        assert_eq!(s.dims, 61);
+        let s = Split::compute(32768, 128, 1024, 128, RocketSplit::Hf);
+        assert_eq!((s.capacity, s.prompt, s.top_k, s.chunk, s.dims), (5792, 5664, 512, 3, 67));
+        // The reasoning regime: 2·max_new ≥ S makes C = S and stage 1 keeps the whole prompt.
+        let s = Split::compute(200 + 16384, 16384, 256, 128, RocketSplit::Hf);
+        assert_eq!(s.capacity, 200 + 16384);
+        assert_eq!(s.prompt, 200);
+    }
+
+    #[test]
+    fn approximate_scores_favour_the_matching_chunk() {
+        // d = 2, one query head along +x; keys: 4 along −x, then 2 along +x. Chunk 2, both dims.
+        let q = [1.0, 0.1];
+        let keys = [-1.0, 0.0, -1.0, 0.0, -1.0, 0.0, -1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+        let s = approximate_scores(&q, &keys, 2, 2, 2);
+        assert_eq!(s.len(), 6);
+        assert!((s.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        assert_eq!(top_k(&s, 2), vec![4, 5]);
+        assert_eq!(s[0], s[1], "chunk scores are broadcast to their tokens");
+    }
+}

@@ -1,0 +1,110 @@
+//! Results on disk. Everything kvbench writes is written atomically: to a temporary file beside the
+//! target, flushed and synced, then renamed over it, so a crash never leaves a half-written file and
+//! an existing file is replaced only by a complete one.
+
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// A file that appears at its path only when [`commit`](AtomicFile::commit) succeeds.
+pub struct AtomicFile {
+    target: PathBuf,
+    temp: PathBuf,
+    out: Option<BufWriter<File>>,
+}
+
+impl AtomicFile {
+    /// Opens a temporary file beside `target` (the directory must exist).
+    pub fn create(target: &Path) -> Result<Self> {
+        let name = target
+            .file_name()
+            .ok_or_else(|| Error::Input(format!("{}: not a file path", target.display())))?;
+        let dir = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if !dir.is_dir() {
+            return Err(Error::Input(format!(
+                "{}: directory {} does not exist",
+                target.display(),
+                dir.display()
+            )));
+        }
+        let temp = dir.join(format!(
+            ".{}.tmp-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let file = File::create(&temp).map_err(|source| Error::Io {
+            path: temp.clone(),
+            source,
+        })?;
+        Ok(Self {
+            target: target.to_path_buf(),
+            temp,
+            out: Some(BufWriter::new(file)),
+        })
+    }
+
+    /// Flushes, syncs and renames the temporary file over the target.
+    pub fn commit(mut self) -> Result<()> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Io { path, source }
+        };
+        let out = self.out.take().expect("committed once");
+        let file = out.into_inner().map_err(|e| Error::Io {
+            path: self.temp.clone(),
+            source: e.into_error(),
+        })?;
+        file.sync_all().map_err(io(&self.temp))?;
+        std::fs::rename(&self.temp, &self.target).map_err(io(&self.target))?;
+        Ok(())
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.out.as_mut().expect("open until committed").write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.as_mut().expect("open until committed").flush()
+    }
+}
+
+impl Drop for AtomicFile {
+    /// An uncommitted file is removed: the target keeps its old content.
+    fn drop(&mut self) {
+        if self.out.take().is_some() {
+            let _ = std::fs::remove_file(&self.temp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_changes_only_on_commit() {
+        let dir = std::env::temp_dir().join(format!("kvbench-atomic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = dir.join("out.jsonl");
+        std::fs::write(&target, "old\n").unwrap();
+        {
+            let mut f = AtomicFile::create(&target).unwrap();
+            writeln!(f, "new").unwrap();
+            // dropped without commit
+        }
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "old\n");
+        let mut f = AtomicFile::create(&target).unwrap();
+        writeln!(f, "new").unwrap();
+        f.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new\n");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temp file left");
+        assert!(AtomicFile::create(&dir.join("missing/x")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -45,6 +45,7 @@ pub fn attend_one(
     let n = layer.len();
     let mut out = vec![0f32; hkv * group * d];
     let mut probs = vec![0f32; hkv * group * n];
+    let mut acc: Vec<f64> = Vec::with_capacity(group * d);
     for h in 0..hkv {
         let keys = &k_all[h * cap * d..(h * cap + n) * d];
         let values = &v_all[h * cap * d..(h * cap + n) * d];
@@ -61,27 +62,31 @@ pub fn attend_one(
                 p_h[r * n + j] = dot(qr, key) * scale;
             }
         }
-        // 2. Softmax per query head.
+        // 2. Softmax per query head. Sums are accumulated in f64 so that the result does not depend
+        //    on the order of the entries (policies store kept entries in score order).
         for row in p_h.chunks_exact_mut(n) {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
+            let mut sum = 0f64;
             for x in row.iter_mut() {
                 *x = (*x - max).exp();
-                sum += *x;
+                sum += *x as f64;
             }
             let inv = 1.0 / sum;
-            row.iter_mut().for_each(|x| *x *= inv);
+            row.iter_mut().for_each(|x| *x = (*x as f64 * inv) as f32);
         }
-        // 3. Weighted values, reading each value once.
-        let o_h = &mut out[h * group * d..(h + 1) * group * d];
+        // 3. Weighted values, reading each value once, accumulated in f64 (order-independent).
+        acc.clear();
+        acc.resize(group * d, 0.0);
         for (j, value) in values.chunks_exact(d).enumerate() {
             for r in 0..group {
-                let p = p_h[r * n + j];
-                for (o, v) in o_h[r * d..(r + 1) * d].iter_mut().zip(value) {
-                    *o += p * v;
+                let p = p_h[r * n + j] as f64;
+                for (o, &v) in acc[r * d..(r + 1) * d].iter_mut().zip(value) {
+                    *o += p * v as f64;
                 }
             }
         }
+        let o_h = &mut out[h * group * d..(h + 1) * group * d];
+        o_h.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a as f32);
     }
     Some(OneTokenAttention {
         out,
@@ -112,12 +117,15 @@ fn attend_subset(
             .map(|&j| dot(qr, &keys[j * d..(j + 1) * d]) * scale)
             .collect();
         crate::policy::score::softmax(&mut s);
-        let o = &mut o_h[r * d..(r + 1) * d];
+        let mut acc = vec![0f64; d];
         for (&j, &p) in idx.iter().zip(&s) {
             p_h[r * n + j] = p;
-            for (o, v) in o.iter_mut().zip(&values[j * d..(j + 1) * d]) {
-                *o += p * v;
+            for (o, &v) in acc.iter_mut().zip(&values[j * d..(j + 1) * d]) {
+                *o += p as f64 * v as f64;
             }
+        }
+        for (o, a) in o_h[r * d..(r + 1) * d].iter_mut().zip(acc) {
+            *o = a as f32;
         }
     }
 }

@@ -100,7 +100,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     let (mut prefill_tokens, mut prefill_secs, mut decode_tokens) = (0usize, 0f64, 0usize);
     let mut decode_secs = 0f64;
-    let mut peak_kv = 0usize;
     let mut kv = KvSummary::default();
     for (chunk_idx, chunk) in problems.chunks(args.batch_size).enumerate() {
         let mut requests = Vec::with_capacity(chunk.len());
@@ -145,7 +144,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             prefill_tokens += g.prompt_tokens;
             prefill_secs += g.prefill_time.as_secs_f64();
             decode_tokens += g.tokens.len().saturating_sub(1);
-            peak_kv = peak_kv.max(g.kv_bytes_peak);
             kv.add(&g);
             if let (Some(w), Some(events)) = (&mut trace_out, &g.trace) {
                 w.write(&p.id, events)?;
@@ -201,8 +199,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         wall
     );
     println!(
-        "peak KV cache {:.2} MiB per sequence, peak RSS {}, machine: {}",
-        peak_kv as f64 / (1 << 20) as f64,
+        "peak RSS {}, machine: {}",
         metrics::peak_rss_bytes().map_or("n/a".into(), |b| format!(
             "{:.0} MiB",
             b as f64 / (1 << 20) as f64
@@ -270,7 +267,9 @@ impl KvSummary {
             .zip(&self.mean)
             .map(|(p, m)| format!("{p}/{:.0}", m / n))
             .collect();
-        println!("per layer peak/mean: {}", per_layer.join(" "));
+        if per_layer.windows(2).any(|w| w[0] != w[1]) {
+            println!("per layer peak/mean: {}", per_layer.join(" "));
+        }
         println!(
             "peak KV {:.2} MiB vs {:.2} MiB full at the longest sequence's end; policy time {:.2} s ({:.1}% of decode)",
             self.bytes_peak as f64 / (1 << 20) as f64,

@@ -12,7 +12,7 @@
 //! prompt token as a decode step; kvbench prefills the whole prompt.
 
 use super::params::{GqaAgg, Params, Pool, QueryReduce, RocketSplit, SoftmaxDomain};
-use super::score::{dot, pool, softmax, top_k, window_scores, GroupLogits};
+use super::score::{pool, top_k, window_scores, GroupLogits};
 use super::{host_vec, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
 use crate::cache::LayerCache;
 use crate::error::Result;
@@ -109,6 +109,8 @@ pub struct RocketKv {
     /// Set at prefill.
     split: Option<Split>,
     prompt_len: usize,
+    /// Per layer, per KV head: the chunk summaries of stage 2.
+    summaries: Vec<Vec<ChunkSummary>>,
 }
 
 impl RocketKv {
@@ -119,6 +121,7 @@ impl RocketKv {
             head_dim: ctx.head_dim,
             split: None,
             prompt_len: 0,
+            summaries: Vec::new(),
         }
     }
 
@@ -128,53 +131,126 @@ impl RocketKv {
     }
 }
 
-/// Stage 2's approximate scores of one KV head's `keys` (`[n][d]`) for its group's queries
-/// (`[g][d]`): chunk-wise sign-aware key maxima on the `dims` largest query dimensions, a SparQ
-/// temperature, softmax per query head, mean over the group.
-pub fn approximate_scores(q: &[f32], keys: &[f32], d: usize, chunk: usize, dims: usize) -> Vec<f32> {
-    let g = q.len() / d;
-    let n = keys.len() / d;
-    // 1. Sign of the group-summed query per dimension.
-    let sign: Vec<f32> = (0..d)
-        .map(|c| {
-            if (0..g).map(|r| q[r * d + c]).sum::<f32>() > 0.0 {
-                1.0
-            } else {
-                -1.0
-            }
-        })
-        .collect();
-    // 2. Dimensions with the largest mean |q| over the group.
-    let mag: Vec<f32> = (0..d)
-        .map(|c| (0..g).map(|r| q[r * d + c].abs()).sum::<f32>() / g as f32)
-        .collect();
-    let kept_dims = top_k(&mag, dims);
-    // 3. Per chunk, per kept dimension: max of sign·k.
-    let chunks = n.div_ceil(chunk);
-    let mut bound = vec![f32::NEG_INFINITY; chunks * kept_dims.len()];
-    for (j, key) in keys.chunks_exact(d).enumerate() {
-        let row = &mut bound[(j / chunk) * kept_dims.len()..(j / chunk + 1) * kept_dims.len()];
-        for (b, &c) in row.iter_mut().zip(&kept_dims) {
-            *b = b.max(sign[c] * key[c]);
+/// Per-chunk, per-dimension maxima and minima of one cache head's keys, kept up to date as entries
+/// are appended (stage 2 runs after stage 1, when storage only grows), so that a decode step reads
+/// `n / chunk` summaries instead of every key. The sign-aware bound `max_j σ_c·k[j,c]` is the maximum
+/// for a positive sign and minus the minimum for a negative one.
+#[derive(Debug, Clone, Default)]
+pub struct ChunkSummary {
+    chunk: usize,
+    d: usize,
+    max: Vec<f32>,
+    min: Vec<f32>,
+    /// Entries summarised so far.
+    covered: usize,
+}
+
+impl ChunkSummary {
+    pub fn new(chunk: usize, d: usize) -> Self {
+        Self {
+            chunk: chunk.max(1),
+            d,
+            ..Default::default()
         }
     }
-    // 4.–6. Per query head: chunk scores, broadcast to tokens, tempered softmax; mean over the group.
-    let mut mean = vec![0f32; n];
-    for r in 0..g {
-        let qr = &q[r * d..(r + 1) * d];
-        let sq: Vec<f32> = kept_dims.iter().map(|&c| sign[c] * qr[c]).collect();
-        let l1_kept: f32 = kept_dims.iter().map(|&c| qr[c].abs()).sum();
-        let l1_all: f32 = qr.iter().map(|x| x.abs()).sum();
-        let tau = (d as f32 * l1_kept / l1_all.max(f32::MIN_POSITIVE)).sqrt();
-        let chunk_scores: Vec<f32> = bound
-            .chunks_exact(kept_dims.len())
-            .map(|b| dot(&sq, b) / tau.max(f32::MIN_POSITIVE))
-            .collect();
-        let mut s: Vec<f32> = (0..n).map(|j| chunk_scores[j / chunk]).collect();
-        softmax(&mut s);
-        mean.iter_mut().zip(&s).for_each(|(m, x)| *m += x / g as f32);
+
+    /// Adds entries `covered..` of `keys` (`[n][d]`).
+    pub fn update(&mut self, keys: &[f32]) {
+        let (s, d) = (self.chunk, self.d);
+        let n = keys.len() / d;
+        for j in self.covered..n {
+            let b = j / s;
+            if b * d >= self.max.len() {
+                self.max.resize((b + 1) * d, f32::NEG_INFINITY);
+                self.min.resize((b + 1) * d, f32::INFINITY);
+            }
+            let key = &keys[j * d..(j + 1) * d];
+            for c in 0..d {
+                self.max[b * d + c] = self.max[b * d + c].max(key[c]);
+                self.min[b * d + c] = self.min[b * d + c].min(key[c]);
+            }
+        }
+        self.covered = n;
     }
-    mean
+
+    /// Stage 2's approximate attention of the group's queries (`[g][d]`) per chunk: scores on the
+    /// `dims` largest mean-|q| dimensions against the sign-aware chunk bounds, a SparQ temperature,
+    /// softmax per query head over all tokens (a chunk's score counts once per token it holds), mean
+    /// over the group. Returns the probability of each token of each chunk.
+    pub fn chunk_probs(&self, q: &[f32], dims: usize) -> Vec<f32> {
+        let d = self.d;
+        let g = q.len() / d;
+        let n = self.covered;
+        let chunks = n.div_ceil(self.chunk);
+        // 1. Sign of the group-summed query; 2. dimensions with the largest mean |q|.
+        let positive: Vec<bool> = (0..d)
+            .map(|c| (0..g).map(|r| q[r * d + c]).sum::<f32>() > 0.0)
+            .collect();
+        let mag: Vec<f32> = (0..d)
+            .map(|c| (0..g).map(|r| q[r * d + c].abs()).sum::<f32>() / g as f32)
+            .collect();
+        let kept = top_k(&mag, dims);
+        let count = |b: usize| (n - b * self.chunk).min(self.chunk) as f32;
+        let mut mean = vec![0f32; chunks];
+        for r in 0..g {
+            let qr = &q[r * d..(r + 1) * d];
+            let l1_kept: f32 = kept.iter().map(|&c| qr[c].abs()).sum();
+            let l1_all: f32 = qr.iter().map(|x| x.abs()).sum();
+            let tau = (d as f32 * l1_kept / l1_all.max(f32::MIN_POSITIVE))
+                .sqrt()
+                .max(f32::MIN_POSITIVE);
+            // 3.–4. Chunk scores: Σ_c (σ_c q_c) · max_j σ_c k_jc = Σ_c q_c · (max or min).
+            let z: Vec<f32> = (0..chunks)
+                .map(|b| {
+                    kept.iter()
+                        .map(|&c| {
+                            let bound = if positive[c] {
+                                self.max[b * d + c]
+                            } else {
+                                self.min[b * d + c]
+                            };
+                            qr[c] * bound
+                        })
+                        .sum::<f32>()
+                        / tau
+                })
+                .collect();
+            // 5. Softmax over tokens, each chunk's score repeated for its tokens.
+            let top = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = z.iter().map(|x| (x - top).exp()).collect();
+            let total: f32 = e.iter().enumerate().map(|(b, x)| x * count(b)).sum();
+            for (m, x) in mean.iter_mut().zip(&e) {
+                *m += x / total / g as f32;
+            }
+        }
+        mean
+    }
+
+    /// The `k` tokens with the highest probability (ties: lower index), from the chunk probabilities.
+    pub fn top_tokens(&self, probs: &[f32], k: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(k);
+        // Every chunk holds at least one token: the best k chunks cover k tokens.
+        for b in top_k(probs, k.min(probs.len())) {
+            let end = ((b + 1) * self.chunk).min(self.covered);
+            for j in b * self.chunk..end {
+                if out.len() == k {
+                    return out;
+                }
+                out.push(j);
+            }
+        }
+        out
+    }
+}
+
+/// Stage 2's approximate probability of every token of one KV head's `keys` (`[n][d]`) for its
+/// group's queries (`[g][d]`); see [`ChunkSummary::chunk_probs`].
+#[cfg(test)]
+pub fn approximate_scores(q: &[f32], keys: &[f32], d: usize, chunk: usize, dims: usize) -> Vec<f32> {
+    let mut summary = ChunkSummary::new(chunk, d);
+    summary.update(keys);
+    let per_chunk = summary.chunk_probs(q, dims);
+    (0..keys.len() / d).map(|j| per_chunk[j / chunk]).collect()
 }
 
 impl Policy for RocketKv {
@@ -193,6 +269,7 @@ impl Policy for RocketKv {
     fn reset(&mut self) {
         self.split = None;
         self.prompt_len = 0;
+        self.summaries.clear();
     }
 
     fn after_attention(
@@ -267,12 +344,18 @@ impl Policy for RocketKv {
         let heads = cache.kv_heads();
         let d = cache.head_dim();
         let g = query.len() / (heads * d);
+        let summaries = super::layer_slot(&mut self.summaries, layer);
+        if summaries.len() != heads || summaries.iter().any(|s| s.covered > n) {
+            *summaries = vec![ChunkSummary::new(split.chunk, d); heads];
+        }
         let picked = cache.with_host(|kv| {
-            (0..heads)
-                .map(|h| {
-                    let q = &query[h * g * d..(h + 1) * g * d];
-                    let s = approximate_scores(q, kv.keys(h), d, split.chunk, split.dims);
-                    top_k(&s, split.top_k)
+            summaries
+                .iter_mut()
+                .enumerate()
+                .map(|(h, summary)| {
+                    summary.update(kv.keys(h));
+                    let probs = summary.chunk_probs(&query[h * g * d..(h + 1) * g * d], split.dims);
+                    summary.top_tokens(&probs, split.top_k)
                 })
                 .collect()
         })?;
@@ -321,5 +404,12 @@ mod tests {
         assert!((s.iter().sum::<f32>() - 1.0).abs() < 1e-5);
         assert_eq!(top_k(&s, 2), vec![4, 5]);
         assert_eq!(s[0], s[1], "chunk scores are broadcast to their tokens");
+        // Incremental summaries equal a fresh one, and token top-k expands chunks in index order.
+        let mut inc = ChunkSummary::new(2, 2);
+        inc.update(&keys[..6]);
+        inc.update(&keys);
+        let probs = inc.chunk_probs(&q, 2);
+        assert_eq!(inc.top_tokens(&probs, 3), vec![4, 5, 0]);
+        assert_eq!(top_k(&s, 3), vec![4, 5, 0]);
     }
 }

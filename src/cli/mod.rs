@@ -29,6 +29,8 @@ enum Command {
     Run(run::RunArgs),
     /// Benchmark the engine: prefill and decode throughput at several batch sizes, and peak RSS.
     Perf(perf::PerfArgs),
+    /// List the compression policies with every parameter and its default.
+    Policies,
 }
 
 /// Which model to load and how.
@@ -74,6 +76,22 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Command::Perf(args) => {
             kvbench::init_threads(args.model.threads);
             perf::run(args)
+        }
+        Command::Policies => {
+            for (name, about) in kvbench::policy::POLICIES {
+                // Defaults as resolved at a fractional budget (every policy accepts one).
+                let spec = kvbench::policy::PolicySpec::new(name, 0.1, Default::default())?;
+                let params: Vec<String> = spec
+                    .resolved()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                println!("{name:<10} {about}");
+                if !params.is_empty() {
+                    println!("{:<10} --policy-arg {}", "", params.join(" "));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

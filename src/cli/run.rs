@@ -3,7 +3,8 @@
 use super::{ModelArgs, UsageError};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvbench::eval::{builtin, exact, r1_prompt};
+use kvbench::eval::grade::{grade_output, Verdict};
+use kvbench::eval::{builtin, r1_prompt};
 use kvbench::generate::{generate_batch, FinishReason, Request, SamplingParams};
 use kvbench::metrics;
 use kvbench::policy::PolicySpec;
@@ -13,7 +14,8 @@ use std::process::ExitCode;
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Compression policy.
+    /// Compression policy: full, streaming, h2o, snapkv, pyramidkv, rkv, lazy, rocket, kara (an
+    /// interpretation of the paper's abstract). `kvbench policies` lists their parameters.
     #[arg(long, default_value = "full")]
     pub policy: String,
     /// KV budget: at most 1 is a fraction of the tokens seen so far (rounded up), above 1 an absolute
@@ -101,6 +103,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (mut prefill_tokens, mut prefill_secs, mut decode_tokens) = (0usize, 0f64, 0usize);
     let mut decode_secs = 0f64;
     let mut kv = KvSummary::default();
+    let mut truncated = 0usize;
     for (chunk_idx, chunk) in problems.chunks(args.batch_size).enumerate() {
         let mut requests = Vec::with_capacity(chunk.len());
         for (j, p) in chunk.iter().enumerate() {
@@ -149,10 +152,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 w.write(&p.id, events)?;
             }
             let text = model.tokenizer.decode(&g.tokens)?;
-            let answer = exact::extract_answer(&text);
-            let correct = answer
-                .as_deref()
-                .is_some_and(|a| exact::is_correct(a, &p.answer));
+            let (answer, verdict) =
+                grade_output(&text, &p.answer, model.template.opens_thinking());
+            let correct = verdict.is_correct();
+            truncated += usize::from(verdict == Verdict::Truncated);
             if args.show_output {
                 bar.suspend(|| println!("--- {} ---\n{text}\n", p.id));
             }
@@ -185,10 +188,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let n_correct = rows.iter().filter(|r| r.3).count();
     println!();
     println!(
-        "accuracy {}/{} = {:.1}% (exact match)",
+        "accuracy {}/{} = {:.1}% (grader {}), {} truncated (thinking never closed)",
         n_correct,
         rows.len(),
-        100.0 * n_correct as f64 / rows.len().max(1) as f64
+        100.0 * n_correct as f64 / rows.len().max(1) as f64,
+        kvbench::eval::grade::GRADER_VERSION,
+        truncated
     );
     println!(
         "prefill {:.1} tokens/s, decode {:.1} tokens/s (batch {}), {} generated tokens in {:.1} s wall",

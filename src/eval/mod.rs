@@ -1,7 +1,7 @@
 //! Evaluation: problem sets, prompts and grading.
 
 pub mod builtin;
-pub mod exact;
+pub mod grade;
 
 /// One problem with its reference answer.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -1,0 +1,217 @@
+//! Isolating the answer region of an output and extracting the answer string (grading spec §1–§2).
+
+/// What extraction found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extracted {
+    Answer(String),
+    /// A thinking block was opened and never closed: cut at the token limit or never finished.
+    Truncated,
+    /// No box, no "answer is" phrase, or a box whose braces never close.
+    NoAnswer,
+}
+
+/// The answer region: after the last `</think>`; the whole output when no thinking block was opened;
+/// `None` (truncated) when a block was opened (by the prompt, or by a `<think>` in the output) and
+/// never closed.
+pub fn answer_region(output: &str, prompt_opened_thinking: bool) -> Option<&str> {
+    if let Some(i) = output.rfind("</think>") {
+        return Some(&output[i + "</think>".len()..]);
+    }
+    if prompt_opened_thinking || output.contains("<think>") {
+        return None;
+    }
+    Some(output)
+}
+
+/// Extracts the final answer from a whole output (spec §1–§2).
+pub fn extract(output: &str, prompt_opened_thinking: bool) -> Extracted {
+    let Some(region) = answer_region(output, prompt_opened_thinking) else {
+        return Extracted::Truncated;
+    };
+    let found = match boxed(region) {
+        BoxResult::Found(s) => Some(s),
+        BoxResult::Unbalanced => return Extracted::NoAnswer,
+        BoxResult::None => phrase(region),
+    };
+    match found.map(|s| tidy(&s)) {
+        Some(s) if !s.is_empty() => Extracted::Answer(s),
+        _ => Extracted::NoAnswer,
+    }
+}
+
+enum BoxResult {
+    Found(String),
+    Unbalanced,
+    None,
+}
+
+/// Start offsets of every `\boxed` / `\fbox` macro, with the offset right after its name.
+fn box_starts(text: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for name in ["\\boxed", "\\fbox"] {
+        let mut from = 0;
+        while let Some(i) = text[from..].find(name) {
+            let at = from + i;
+            out.push((at, at + name.len()));
+            from = at + name.len();
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The content of one box starting right after its macro name, and where the box ends.
+fn box_content(text: &str, after: usize) -> Option<(String, usize)> {
+    let rest = &text[after..];
+    let skipped = rest.len() - rest.trim_start().len();
+    let rest = rest.trim_start();
+    if let Some(body) = rest.strip_prefix('{') {
+        let mut depth = 1usize;
+        let mut prev_backslash = false;
+        for (i, c) in body.char_indices() {
+            if prev_backslash {
+                prev_backslash = false;
+                continue;
+            }
+            match c {
+                '\\' => prev_backslash = true,
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some((body[..i].to_string(), after + skipped + 1 + i + 1));
+                    }
+                }
+                _ => {}
+            }
+        }
+        return None;
+    }
+    let token: String = rest
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != '$')
+        .collect();
+    let end = after + skipped + token.len();
+    (!token.is_empty()).then_some((token, end))
+}
+
+/// The last box, joined with the boxes just before it when only short glue separates them.
+fn boxed(region: &str) -> BoxResult {
+    let starts = box_starts(region);
+    let Some(&(_, after)) = starts.last() else {
+        return BoxResult::None;
+    };
+    let Some((last, _)) = box_content(region, after) else {
+        return BoxResult::Unbalanced;
+    };
+    let mut parts = vec![last];
+    let mut next_start = starts.last().map(|s| s.0).unwrap_or(0);
+    for &(start, after) in starts.iter().rev().skip(1) {
+        let Some((content, end)) = box_content(region, after) else {
+            break;
+        };
+        if end > next_start {
+            break;
+        }
+        let glue = region[end..next_start].trim().trim_matches('$').trim();
+        let joins = glue.chars().count() < 10
+            || (glue.chars().count() < 70
+                && [",", ";", "and", "or"]
+                    .iter()
+                    .any(|w| glue.split_whitespace().any(|t| t.trim_matches('$') == *w)));
+        if !joins {
+            break;
+        }
+        parts.push(content);
+        next_start = start;
+    }
+    parts.reverse();
+    BoxResult::Found(parts.join(","))
+}
+
+/// The "final answer is X", "The answer is X", "answer: X" and Minerva fallbacks (last occurrence).
+fn phrase(region: &str) -> Option<String> {
+    let lower = region.to_lowercase();
+    for key in ["final answer is", "the answer is", "answer:"] {
+        if let Some(i) = lower.rfind(key) {
+            let tail = &region[i + key.len()..];
+            let line = tail.lines().next().unwrap_or("").trim();
+            // The sentence ends at ". " or at "I hope it is correct" (Minerva).
+            let line = line.split("I hope it is correct").next().unwrap_or(line);
+            let line = match line.find(". ") {
+                Some(j) => &line[..j],
+                None => line,
+            };
+            let s = unwrap_math(line.trim());
+            if !s.is_empty() {
+                return Some(s);
+            }
+        }
+    }
+    None
+}
+
+/// Removes one level of `$…$`, `\(…\)` or `\[…\]` around the whole string.
+fn unwrap_math(s: &str) -> String {
+    let s = s.trim().trim_end_matches(['.', ',', ';']).trim();
+    for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
+        if let Some(inner) = s.strip_prefix(open).and_then(|r| r.strip_suffix(close)) {
+            return inner.trim().to_string();
+        }
+    }
+    s.to_string()
+}
+
+/// Spec §2.5: one trailing `.`, `,` or `;`, a leading `:`, surrounding whitespace, `\displaystyle`,
+/// and a nested `\boxed{…}`.
+pub fn tidy(s: &str) -> String {
+    let mut s = s.trim().to_string();
+    if let Some(rest) = s.strip_prefix(':') {
+        s = rest.trim().to_string();
+    }
+    if s.ends_with(['.', ',', ';']) {
+        s.pop();
+    }
+    s = s.replace("\\displaystyle", "");
+    if let BoxResult::Found(inner) = boxed(&s) {
+        if s.trim_start().starts_with("\\boxed") || s.trim_start().starts_with("\\fbox") {
+            s = inner;
+        }
+    }
+    s.trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(s: &str) -> Option<String> {
+        match extract(s, false) {
+            Extracted::Answer(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn boxes_and_fallbacks() {
+        assert_eq!(
+            answer("a \\boxed{3} was my first guess but it is \\boxed{4}.").as_deref(),
+            Some("4")
+        );
+        assert_eq!(
+            answer("the roots are \\boxed{1} and \\boxed{-2}").as_deref(),
+            Some("1,-2")
+        );
+        assert_eq!(answer("so $\\boxed 5$.").as_deref(), Some("5"));
+        assert_eq!(answer("\\boxed{\\{1,2\\}}").as_deref(), Some("\\{1,2\\}"));
+        assert_eq!(answer("x \\boxed{\\frac{1}{2}"), None);
+        assert_eq!(answer("The answer is $7$.").as_deref(), Some("7"));
+        assert_eq!(
+            answer("Final Answer: The final answer is $12$. I hope it is correct.").as_deref(),
+            Some("12")
+        );
+        assert_eq!(answer("we get 17 apples"), None, "no last-number fallback");
+        assert_eq!(extract("<think>\nhmm 4", false), Extracted::Truncated);
+        assert_eq!(extract("hmm 4", true), Extracted::Truncated);
+    }
+}

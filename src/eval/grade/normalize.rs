@@ -1,0 +1,238 @@
+//! String normalisation of an answer, gold and prediction alike (grading spec §3, steps in order).
+
+use regex::Regex;
+use std::sync::LazyLock;
+
+fn re(pattern: &str) -> Regex {
+    Regex::new(pattern).expect("static pattern")
+}
+
+static UNIT_TEXT: LazyLock<Regex> =
+    LazyLock::new(|| re(r"\\(?:text|mbox)\{\s[^{}]*\}(?:\^\{?[23]\}?)?\s*$"));
+static UNIT_WORD: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"([0-9}\s])\s*(?:square\s+)?(?:cm|mm|km|m|meters?|metres?|inches|inch|in|feet|foot|ft|yards?|miles?|mph|units?|degrees?|cents?|dollars?|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|years?|pounds?|lbs?|ounces?|oz|grams?|kg|liters?|litres?|gallons?|people|students|ways|sq)(?:\^\{?[23]\}?)?\s*$")
+});
+static WRAPPER: LazyLock<Regex> =
+    LazyLock::new(|| re(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\{([^{}]*)\}"));
+static THOUSANDS: LazyLock<Regex> = LazyLock::new(|| re(r"(\d),(\d\d\d)($|\D)"));
+static ASSIGN: LazyLock<Regex> =
+    LazyLock::new(|| re(r"^\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*=\s*(.*)$"));
+static IN_PREFIX: LazyLock<Regex> = LazyLock::new(|| re(r"^\s*[a-zA-Z]\s*\\in\s*"));
+static INT_SLASH: LazyLock<Regex> = LazyLock::new(|| re(r"^(-?\d+)/(\d+)$"));
+static MIXED_SLASH: LazyLock<Regex> = LazyLock::new(|| re(r"^(-?\d+)\s+(\d+)/(\d+)$"));
+static LEADING_DOT: LazyLock<Regex> = LazyLock::new(|| re(r"(^|[^\d])\.(\d)"));
+static INF_WORD: LazyLock<Regex> = LazyLock::new(|| re(r"\b(?:infinity|inf)\b"));
+static SUB_BRACE: LazyLock<Regex> = LazyLock::new(|| re(r"_\{([a-zA-Z0-9])\}"));
+static MACRO: LazyLock<Regex> = LazyLock::new(|| re(r"\\[a-zA-Z]+"));
+static REL_LE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:leq|le)\b"));
+static REL_GE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:geq|ge)\b"));
+static REL_NE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:neq|ne)\b"));
+static BACKSLASH_SPACE: LazyLock<Regex> = LazyLock::new(|| re(r"(^|[^\\])\\ "));
+static DOUBLE_BACKSLASH: LazyLock<Regex> = LazyLock::new(|| re(r"\\\\([a-zA-Z])"));
+
+/// Normalises an answer string (spec §3). The result is compared as a string first, then parsed.
+pub fn normalize(s: &str) -> String {
+    let mut s = s.to_string();
+    let in_matrix = s.contains("\\begin{");
+    // 1. Delimiters: the currency sign first, then math delimiters, newlines and tabs.
+    s = s.replace("\\$", "");
+    for d in ["$", "\\(", "\\)", "\\[", "\\]", "\n", "\t", "\r"] {
+        s = s.replace(d, if d.len() == 1 && d != "$" { " " } else { "" });
+    }
+    if !in_matrix {
+        s = DOUBLE_BACKSLASH.replace_all(&s, "\\$1").into_owned();
+    }
+    // 2. Spacing macros (a thousands `,\!` becomes `,` and is handled in step 11).
+    for m in ["\\qquad", "\\quad", "\\!", "\\,", "\\;", "\\:", "~"] {
+        s = s.replace(m, "");
+    }
+    // `\ ` (backslash-space), but not the second backslash of a row break `\\`.
+    s = BACKSLASH_SPACE.replace_all(&s, "$1 ").into_owned();
+    // 3. Sizing.
+    for m in [
+        "\\left.", "\\right.", "\\left", "\\right", "\\Biggl", "\\Biggr", "\\biggl", "\\biggr",
+        "\\Bigg", "\\bigg", "\\Bigl", "\\Bigr", "\\bigl", "\\bigr", "\\Big", "\\big",
+    ] {
+        s = s.replace(m, "");
+    }
+    // 4. Fraction macros and relations.
+    for m in ["\\dfrac", "\\tfrac", "\\cfrac"] {
+        s = s.replace(m, "\\frac");
+    }
+    s = REL_LE.replace_all(&s, "\\le").into_owned();
+    s = REL_GE.replace_all(&s, "\\ge").into_owned();
+    s = REL_NE.replace_all(&s, "\\ne").into_owned();
+    s = s.replace("\\lt", "<").replace("\\gt", ">");
+    // 5. Matrices: bmatrix and array are pmatrix.
+    s = s.replace("bmatrix", "pmatrix");
+    if let Some(i) = s.find("\\begin{array}") {
+        let after = i + "\\begin{array}".len();
+        let spec_end = if s[after..].starts_with('{') {
+            s[after..].find('}').map(|j| after + j + 1).unwrap_or(after)
+        } else {
+            after
+        };
+        s = format!("{}\\begin{{pmatrix}}{}", &s[..i], &s[spec_end..]);
+        s = s.replace("\\end{array}", "\\end{pmatrix}");
+    }
+    // 7. Units on the right (before the text wrappers are unwrapped).
+    s = UNIT_TEXT.replace(&s, "").into_owned();
+    // 8. Degrees.
+    for m in ["^{\\circ}", "^\\circ", "\\circ", "°", "\\degree"] {
+        s = s.replace(m, "");
+    }
+    // 6. Text wrappers.
+    loop {
+        let next = WRAPPER.replace_all(&s, "$1").into_owned();
+        if next == s {
+            break;
+        }
+        s = next;
+    }
+    s = UNIT_WORD.replace(&s, "$1").into_owned();
+    // 9. Percent; 10. currency.
+    for m in ["\\%", "%", " percentage", " percent", "¥", "€", "dollars"] {
+        s = s.replace(m, "");
+    }
+    // 11. Thousands separators, outside tuples and intervals.
+    s = s.replace("{,}", "");
+    let t = s.trim();
+    let bracketed = t.starts_with(['(', '[']) && t.ends_with([')', ']']);
+    if !bracketed {
+        loop {
+            let next = THOUSANDS.replace_all(&s, "$1$2$3").into_owned();
+            if next == s {
+                break;
+            }
+            s = next;
+        }
+    }
+    // 12. Prefixes: `v =` when the right side is a value, `v \in`.
+    if s.matches('=').count() == 1 {
+        if let Some(c) = ASSIGN.captures(&s) {
+            let rhs = c[1].to_string();
+            let bare = MACRO.replace_all(&rhs, "");
+            if !bare.chars().any(|ch| ch.is_ascii_alphabetic()) {
+                s = rhs;
+            }
+        }
+    }
+    s = IN_PREFIX.replace(&s, "").into_owned();
+    // 13. Shorthand arguments, integer slashes, mixed numbers written with a space.
+    s = brace_shorthand(&s);
+    if let Some(c) = MIXED_SLASH.captures(s.trim()) {
+        s = format!("{}\\frac{{{}}}{{{}}}", &c[1], &c[2], &c[3]);
+    }
+    if let Some(c) = INT_SLASH.captures(s.trim()) {
+        s = format!("\\frac{{{}}}{{{}}}", &c[1], &c[2]);
+    }
+    s = SUB_BRACE.replace_all(&s, "_$1").into_owned();
+    // 14. Decimals; 15. infinity.
+    s = LEADING_DOT.replace_all(&s, "${1}0.$2").into_owned();
+    s = INF_WORD.replace_all(&s, "\\infty").into_owned();
+    s = s.replace('∞', "\\infty").replace("+\\infty", "\\infty");
+    // 16. Whitespace.
+    s.retain(|c| !c.is_whitespace());
+    s
+}
+
+/// `\frac12` → `\frac{1}{2}`, `\sqrt2` → `\sqrt{2}`: each braceless argument is one token (one digit,
+/// one letter or one macro).
+fn brace_shorthand(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    let mut rest = s;
+    while let Some(i) = [rest.find("\\frac"), rest.find("\\sqrt")]
+        .into_iter()
+        .flatten()
+        .min()
+    {
+        let args = if rest[i..].starts_with("\\frac") { 2 } else { 1 };
+        out.push_str(&rest[..i + 5]);
+        rest = &rest[i + 5..];
+        // A following letter means another macro (`\fracs`): leave it.
+        if rest.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            continue;
+        }
+        if args == 1 && rest.trim_start().starts_with('[') {
+            let t = rest.trim_start();
+            let end = t.find(']').map_or(t.len(), |j| j + 1);
+            out.push_str(&t[..end]);
+            rest = &t[end..];
+        }
+        for _ in 0..args {
+            let Some((arg, tail)) = take_arg(rest) else {
+                break;
+            };
+            out.push_str(&arg);
+            rest = tail;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// One macro argument: a braced group as written, or one token wrapped in braces.
+pub(crate) fn take_arg(rest: &str) -> Option<(String, &str)> {
+    let t = rest.trim_start();
+    if t.starts_with('{') {
+        let end = matching(t, '{', '}')?;
+        return Some((t[..=end].to_string(), &t[end + 1..]));
+    }
+    let len = if let Some(m) = t.strip_prefix('\\') {
+        1 + m.chars().take_while(|c| c.is_ascii_alphabetic()).count()
+    } else {
+        t.chars().next()?.len_utf8()
+    };
+    Some((format!("{{{}}}", &t[..len]), &t[len..]))
+}
+
+/// Byte index of the bracket closing the one `s` starts with.
+pub(crate) fn matching(s: &str, open: char, close: char) -> Option<usize> {
+    let mut depth = 0i32;
+    for (i, c) in s.char_indices() {
+        if c == open {
+            depth += 1;
+        } else if c == close {
+            depth -= 1;
+            if depth == 0 {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalisation_steps() {
+        assert_eq!(normalize("\\$18.90"), "18.90");
+        assert_eq!(normalize("10,\\!080"), "10080");
+        assert_eq!(normalize("1,234,567"), "1234567");
+        assert_eq!(normalize("1,-2"), "1,-2");
+        assert_eq!(normalize("(1,234)"), "(1,234)");
+        assert_eq!(normalize("\\frac12"), "\\frac{1}{2}");
+        assert_eq!(normalize("\\frac1{72}"), "\\frac{1}{72}");
+        assert_eq!(normalize("\\frac 59"), "\\frac{5}{9}");
+        assert_eq!(normalize("\\sqrt13"), "\\sqrt{1}3");
+        assert_eq!(normalize("\\dfrac{\\sqrt{3}}{3}"), "\\frac{\\sqrt{3}}{3}");
+        assert_eq!(normalize("864 \\mbox{ inches}^2"), "864");
+        assert_eq!(normalize("\\frac{270}7\\text{ degrees}"), "\\frac{270}{7}");
+        assert_eq!(normalize("(a+5)(b+2)"), "(a+5)(b+2)");
+        assert_eq!(normalize("90^\\circ"), "90");
+        assert_eq!(normalize("10\\%"), "10");
+        assert_eq!(normalize("x = 5"), "5");
+        assert_eq!(normalize("y = 2x + 3"), "y=2x+3");
+        assert_eq!(normalize("x \\in [-2,7]"), "[-2,7]");
+        assert_eq!(normalize("1/2"), "\\frac{1}{2}");
+        assert_eq!(normalize("-.5"), "-0.5");
+        assert_eq!(normalize("\\left( \\frac{3}{2}, -13 \\right)"), "(\\frac{3}{2},-13)");
+        assert_eq!(normalize("52_{8}"), "52_8");
+        assert_eq!(normalize("\\text{(C)}"), "(C)");
+        assert_eq!(normalize("137 1/2"), "137\\frac{1}{2}");
+        assert_eq!(normalize("x \\leq 3"), "x\\le3");
+        assert_eq!(normalize("+\\infty"), "\\infty");
+    }
+}

@@ -129,7 +129,10 @@ fn every_policy_equals_full_when_the_budget_covers_the_sequence() {
 #[test]
 fn every_policy_stays_within_its_bound_at_a_small_budget() {
     let m = model(WeightFormat::Auto);
-    let p = prompt(&m, "List the prime numbers below fifty and explain how you found them.");
+    let p = prompt(
+        &m,
+        "List the prime numbers below fifty and explain how you found them.",
+    );
     let steps = 96;
     let forced = greedy_tokens(&m, &p, steps);
     let cases = [
@@ -205,11 +208,7 @@ fn rkv_trigger_cadence_and_bounds() {
         }
         // lens[k] is the size after generated step k (k = 0: prefill).
         for (g, &n) in run.lens.iter().enumerate() {
-            let expect = if g < 64 {
-                10 + g
-            } else {
-                64 + (g - 64) % 16
-            };
+            let expect = if g < 64 { 10 + g } else { 64 + (g - 64) % 16 };
             assert_eq!(n, expect, "entries after generated step {g}");
         }
         // The compressing step attended over 64 + 16 entries.
@@ -264,7 +263,10 @@ fn kept_order_follows_the_parameter() {
     );
     for e in trace(&score) {
         let tail = &e.kept[e.kept.len() - 8..];
-        assert!(tail.windows(2).all(|w| w[0] + 1 == w[1]), "window stays last");
+        assert!(
+            tail.windows(2).all(|w| w[0] + 1 == w[1]),
+            "window stays last"
+        );
     }
     let positional = run_forced(
         &m,

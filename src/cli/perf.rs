@@ -125,36 +125,36 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
 
     let decode_prompt = prompt_of(&model, args.decode_prompt_tokens)?;
     for spec in &specs {
-    let ctx = model.policy_context(spec, args.decode_tokens);
-    for &b in &args.batch {
-        let mut rates = Vec::new();
-        let (mut policy_share, mut ratio) = (Vec::new(), Vec::new());
-        for i in 0..args.warmup + args.repeats {
-            let requests = (0..b)
-                .map(|_| Request {
-                    prompt: decode_prompt.clone(),
-                    sampling: SamplingParams::greedy(),
-                    max_new_tokens: args.decode_tokens,
-                    policy: spec.build(&ctx),
-                    trace: false,
-                })
-                .collect();
-            // No end tokens: every sequence decodes exactly --decode-tokens tokens.
-            let gens = generate_batch(&model.transformer, requests, &[], &mut |_, _| {})?;
-            let secs = gens
-                .iter()
-                .map(|g| g.decode_time.as_secs_f64())
-                .fold(0.0, f64::max);
-            // The first token comes from the prefill logits; decode steps produce the rest.
-            let decoded: usize = gens.iter().map(|g| g.tokens.len() - 1).sum();
-            if i >= args.warmup {
-                rates.push(decoded as f64 / secs);
-                let policy: f64 = gens.iter().map(|g| g.policy_time.as_secs_f64()).sum();
-                policy_share.push(100.0 * policy / (secs * b as f64));
-                ratio.push(gens[0].cache.achieved_ratio());
+        let ctx = model.policy_context(spec, args.decode_tokens);
+        for &b in &args.batch {
+            let mut rates = Vec::new();
+            let (mut policy_share, mut ratio) = (Vec::new(), Vec::new());
+            for i in 0..args.warmup + args.repeats {
+                let requests = (0..b)
+                    .map(|_| Request {
+                        prompt: decode_prompt.clone(),
+                        sampling: SamplingParams::greedy(),
+                        max_new_tokens: args.decode_tokens,
+                        policy: spec.build(&ctx),
+                        trace: false,
+                    })
+                    .collect();
+                // No end tokens: every sequence decodes exactly --decode-tokens tokens.
+                let gens = generate_batch(&model.transformer, requests, &[], &mut |_, _| {})?;
+                let secs = gens
+                    .iter()
+                    .map(|g| g.decode_time.as_secs_f64())
+                    .fold(0.0, f64::max);
+                // The first token comes from the prefill logits; decode steps produce the rest.
+                let decoded: usize = gens.iter().map(|g| g.tokens.len() - 1).sum();
+                if i >= args.warmup {
+                    rates.push(decoded as f64 / secs);
+                    let policy: f64 = gens.iter().map(|g| g.policy_time.as_secs_f64()).sum();
+                    policy_share.push(100.0 * policy / (secs * b as f64));
+                    ratio.push(gens[0].cache.achieved_ratio());
+                }
             }
-        }
-        println!(
+            println!(
             "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of time, KV ratio {:.3} | {} |",
             spec.name(),
             spec.budget(),
@@ -164,7 +164,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             metrics::median(&ratio).unwrap_or(1.0),
             summary(&rates)
         );
-    }
+        }
     }
     println!(
         "\npeak RSS {}",

@@ -152,8 +152,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 w.write(&p.id, events)?;
             }
             let text = model.tokenizer.decode(&g.tokens)?;
-            let (answer, verdict) =
-                grade_output(&text, &p.answer, model.template.opens_thinking());
+            let (answer, verdict) = grade_output(&text, &p.answer, model.template.opens_thinking());
             let correct = verdict.is_correct();
             truncated += usize::from(verdict == Verdict::Truncated);
             if args.show_output {
@@ -214,7 +213,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     kv.print(&spec, decode_secs);
     if let (Some(w), Some(path)) = (trace_out, &args.trace) {
         let events = w.finish()?;
-        println!("trace: {events} compression events written to {}", path.display());
+        println!(
+            "trace: {events} compression events written to {}",
+            path.display()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -299,7 +301,11 @@ impl TraceWriter {
         })
     }
 
-    fn write(&mut self, sequence: &str, events: &[kvbench::model::TraceEvent]) -> anyhow::Result<()> {
+    fn write(
+        &mut self,
+        sequence: &str,
+        events: &[kvbench::model::TraceEvent],
+    ) -> anyhow::Result<()> {
         use std::io::Write;
         for e in events {
             let line = serde_json::json!({

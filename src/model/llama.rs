@@ -345,7 +345,11 @@ impl Transformer {
             x.index_select(&Tensor::from_vec(last, n, &self.device)?, 0)?
         };
         let x = self.norm.forward(&x)?;
-        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?.contiguous()?)
+        Ok(self
+            .lm_head
+            .forward(&x)?
+            .to_dtype(DType::F32)?
+            .contiguous()?)
     }
 }
 

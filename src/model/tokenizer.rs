@@ -167,10 +167,7 @@ impl Tokenizer {
         (0..self.vocab_size() as u32)
             .map(|id| {
                 let text = self.decode(&[id]).unwrap_or_default();
-                text.contains('\n')
-                    || text
-                        .trim_end()
-                        .ends_with(['.', ',', ';', ':', '!', '?'])
+                text.contains('\n') || text.trim_end().ends_with(['.', ',', ';', ':', '!', '?'])
             })
             .collect()
     }

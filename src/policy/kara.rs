@@ -14,7 +14,9 @@
 
 use super::params::Params;
 use super::score::{softmax, top_k, GroupLogits};
-use super::{host_vec, layer_slot, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
+use super::{
+    host_vec, layer_slot, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo,
+};
 use crate::cache::LayerCache;
 use crate::error::Result;
 use std::sync::Arc;
@@ -207,8 +209,13 @@ impl Policy for Kara {
             (0..heads)
                 .map(|h| {
                     let keys = &kv.keys(h)[start * d..];
-                    let mut z =
-                        GroupLogits::compute(&q[h * g * ws * d..(h + 1) * g * ws * d], keys, g, d, scale);
+                    let mut z = GroupLogits::compute(
+                        &q[h * g * ws * d..(h + 1) * g * ws * d],
+                        keys,
+                        g,
+                        d,
+                        scale,
+                    );
                     // Non-causal: every window query sees every window key.
                     let mut u = vec![0f32; ws];
                     for (row_idx, row) in z.z.chunks_exact_mut(ws).enumerate() {
@@ -220,8 +227,7 @@ impl Policy for Kara {
                             }
                         }
                     }
-                    let delim: Vec<bool> = cache
-                        .positions(h)[start..n]
+                    let delim: Vec<bool> = cache.positions(h)[start..n]
                         .iter()
                         .map(|&pos| {
                             delimiters.is_some_and(|t| {
@@ -232,7 +238,9 @@ impl Policy for Kara {
                         })
                         .collect();
                     let chosen = token_to_chunk(&u, &delim, keep, c.gamma, c.tau, c.max_chunk);
-                    (0..start).chain(chosen.into_iter().map(|j| start + j)).collect()
+                    (0..start)
+                        .chain(chosen.into_iter().map(|j| start + j))
+                        .collect()
                 })
                 .collect::<Vec<Vec<usize>>>()
         })?;
@@ -270,7 +278,10 @@ mod tests {
         // τ above every neighbour ratio: no growth, only isolated tokens.
         let kept = token_to_chunk(&u, &[false; 8], 3, 0.3, 2.0, 8);
         assert_eq!(kept, vec![3, 4, 5]);
-        assert_eq!(token_to_chunk(&u, &delim, 0, 0.5, 0.5, 8), Vec::<usize>::new());
+        assert_eq!(
+            token_to_chunk(&u, &delim, 0, 0.5, 0.5, 8),
+            Vec::<usize>::new()
+        );
         // A delimiter to the left stops leftward growth: the slot goes to the best isolated token.
         let u = [0.1, 0.2, 0.6, 1.0, 0.3, 0.1, 0.05, 0.7];
         assert_eq!(token_to_chunk(&u, &[false; 8], 2, 0.5, 0.5, 8), vec![2, 3]);

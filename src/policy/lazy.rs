@@ -15,7 +15,9 @@
 //! kvbench's default runs are shorter): a documented deviation, set `window=` to reproduce.
 
 use super::params::{GqaAgg, KeptOrder, LazyInit, Params};
-use super::{host_vec, layer_slot, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
+use super::{
+    host_vec, layer_slot, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo,
+};
 use crate::cache::LayerCache;
 use crate::error::Result;
 
@@ -39,7 +41,9 @@ impl Config {
                 v.parse::<f32>()
                     .ok()
                     .filter(|a| (0.0..=1.0).contains(a))
-                    .ok_or_else(|| p.invalid("alpha", "expected auto or a probability in [0, 1]"))?,
+                    .ok_or_else(|| {
+                        p.invalid("alpha", "expected auto or a probability in [0, 1]")
+                    })?,
             ),
         };
         let window = p.get("window", 32usize)?;
@@ -127,9 +131,7 @@ pub struct LazyEviction {
 
 impl LazyEviction {
     pub fn new(config: Config, ctx: &BuildContext) -> Self {
-        let alpha = config
-            .alpha
-            .unwrap_or(if ctx.qwen { 1e-4 } else { 5e-4 });
+        let alpha = config.alpha.unwrap_or(if ctx.qwen { 1e-4 } else { 5e-4 });
         Self {
             config,
             alpha,
@@ -181,7 +183,9 @@ impl Policy for LazyEviction {
             // Mean over the group (a group of one under per-query-head storage).
             let mut mean = vec![0f32; n];
             for row in p[h * g * n..(h + 1) * g * n].chunks_exact(n) {
-                mean.iter_mut().zip(row).for_each(|(m, &x)| *m += x / g as f32);
+                mean.iter_mut()
+                    .zip(row)
+                    .for_each(|(m, &x)| *m += x / g as f32);
             }
             tr.observe(t, &mean, alpha, init);
         }

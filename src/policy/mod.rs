@@ -157,14 +157,38 @@ impl Policy for Full {
 /// Policy names accepted on the command line, with a one-line description each.
 pub const POLICIES: &[(&str, &str)] = &[
     ("full", "no compression (the baseline)"),
-    ("streaming", "StreamingLLM: 4 sink tokens + recent window, absolute positions kept"),
-    ("h2o", "Heavy-Hitter Oracle: accumulated attention, heavy hitters + recent"),
-    ("snapkv", "SnapKV: observation-window attention, decode-time as in R-KV (mode=prefill: original)"),
-    ("pyramidkv", "PyramidKV: SnapKV scores with linearly decreasing layer budgets (beta=20)"),
-    ("rkv", "R-KV: window importance + key redundancy (lambda=0.1)"),
-    ("lazy", "LazyEviction: recurrence tracking (TS, MRI), lagged eviction every W steps"),
-    ("rocket", "RocketKV: SnapKV++ on the prompt + hybrid sparse top-k attention at decode"),
-    ("kara", "Kara (INTERPRETATION of the abstract): sliding-window compression with Token2Chunk"),
+    (
+        "streaming",
+        "StreamingLLM: 4 sink tokens + recent window, absolute positions kept",
+    ),
+    (
+        "h2o",
+        "Heavy-Hitter Oracle: accumulated attention, heavy hitters + recent",
+    ),
+    (
+        "snapkv",
+        "SnapKV: observation-window attention, decode-time as in R-KV (mode=prefill: original)",
+    ),
+    (
+        "pyramidkv",
+        "PyramidKV: SnapKV scores with linearly decreasing layer budgets (beta=20)",
+    ),
+    (
+        "rkv",
+        "R-KV: window importance + key redundancy (lambda=0.1)",
+    ),
+    (
+        "lazy",
+        "LazyEviction: recurrence tracking (TS, MRI), lagged eviction every W steps",
+    ),
+    (
+        "rocket",
+        "RocketKV: SnapKV++ on the prompt + hybrid sparse top-k attention at decode",
+    ),
+    (
+        "kara",
+        "Kara (INTERPRETATION of the abstract): sliding-window compression with Token2Chunk",
+    ),
 ];
 
 /// Names only, for messages.

@@ -284,7 +284,10 @@ mod tests {
         let err = p.finish().unwrap_err().to_string();
         assert!(err.contains("'lamda'") && err.contains("window"), "{err}");
 
-        let mut p = Params::new("rkv", Params::parse_pairs(&["window=eight".into()]).unwrap());
+        let mut p = Params::new(
+            "rkv",
+            Params::parse_pairs(&["window=eight".into()]).unwrap(),
+        );
         let err = p.get("window", 4usize).unwrap_err().to_string();
         assert!(err.contains("window=eight"), "{err}");
         assert!(Params::parse_pairs(&["window".into()]).is_err());

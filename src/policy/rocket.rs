@@ -246,7 +246,13 @@ impl ChunkSummary {
 /// Stage 2's approximate probability of every token of one KV head's `keys` (`[n][d]`) for its
 /// group's queries (`[g][d]`); see [`ChunkSummary::chunk_probs`].
 #[cfg(test)]
-pub fn approximate_scores(q: &[f32], keys: &[f32], d: usize, chunk: usize, dims: usize) -> Vec<f32> {
+pub fn approximate_scores(
+    q: &[f32],
+    keys: &[f32],
+    d: usize,
+    chunk: usize,
+    dims: usize,
+) -> Vec<f32> {
     let mut summary = ChunkSummary::new(chunk, d);
     summary.update(keys);
     let per_chunk = summary.chunk_probs(q, dims);
@@ -387,7 +393,10 @@ mod tests {
         let s = Split::compute(32768, 128, 256, 128, RocketSplit::GptFast);
         assert_eq!(s.dims, 61);
         let s = Split::compute(32768, 128, 1024, 128, RocketSplit::Hf);
-        assert_eq!((s.capacity, s.prompt, s.top_k, s.chunk, s.dims), (5792, 5664, 512, 3, 67));
+        assert_eq!(
+            (s.capacity, s.prompt, s.top_k, s.chunk, s.dims),
+            (5792, 5664, 512, 3, 67)
+        );
         // The reasoning regime: 2·max_new ≥ S makes C = S and stage 1 keeps the whole prompt.
         let s = Split::compute(200 + 16384, 16384, 256, 128, RocketSplit::Hf);
         assert_eq!(s.capacity, 200 + 16384);
@@ -398,7 +407,9 @@ mod tests {
     fn approximate_scores_favour_the_matching_chunk() {
         // d = 2, one query head along +x; keys: 4 along −x, then 2 along +x. Chunk 2, both dims.
         let q = [1.0, 0.1];
-        let keys = [-1.0, 0.0, -1.0, 0.0, -1.0, 0.0, -1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+        let keys = [
+            -1.0, 0.0, -1.0, 0.0, -1.0, 0.0, -1.0, 0.0, 1.0, 0.0, 1.0, 0.0,
+        ];
         let s = approximate_scores(&q, &keys, 2, 2, 2);
         assert_eq!(s.len(), 6);
         assert!((s.iter().sum::<f32>() - 1.0).abs() < 1e-5);

@@ -311,7 +311,11 @@ mod tests {
         let s = [1.0, 0.0, 0.0, 0.0, 2.0];
         assert_eq!(pool(&s, Pool::max(3)), vec![1.0, 1.0, 0.0, 2.0, 2.0]);
         let avg = pool(&s, "avg:3".parse().unwrap());
-        close(&avg, &[1.0 / 3.0, 1.0 / 3.0, 0.0, 2.0 / 3.0, 2.0 / 3.0], 1e-6);
+        close(
+            &avg,
+            &[1.0 / 3.0, 1.0 / 3.0, 0.0, 2.0 / 3.0, 2.0 / 3.0],
+            1e-6,
+        );
         assert_eq!(pool(&s, Pool::NONE), s.to_vec());
     }
 

@@ -253,8 +253,8 @@ impl Policy for WindowPolicy {
             self.prompt_len = step.tokens.len();
         }
         let c = &self.config;
-        let due = step.is_prefill
-            || (c.mode == WindowMode::Decode && step.generated % c.buffer == 0);
+        let due =
+            step.is_prefill || (c.mode == WindowMode::Decode && step.generated % c.buffer == 0);
         if !due {
             return Ok(());
         }
@@ -312,6 +312,9 @@ mod tests {
         assert_eq!(pyramid_budget(1024, 8, 20, 0, 32, 2100), 1990);
         // Clamped (β large, so b_max ≥ n − w): b_max = n − w, b_min = 2(B−w) − b_max.
         assert_eq!(pyramid_budget(1024, 8, 1000, 0, 32, 2035), 2035);
-        assert_eq!(pyramid_budget(1024, 8, 1000, 31, 32, 2035), 5 + 8 + (2027 - 5) % 31);
+        assert_eq!(
+            pyramid_budget(1024, 8, 1000, 31, 32, 2035),
+            5 + 8 + (2027 - 5) % 31
+        );
     }
 }

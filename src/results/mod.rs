@@ -103,7 +103,11 @@ mod tests {
         writeln!(f, "new").unwrap();
         f.commit().unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "new\n");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temp file left");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temp file left"
+        );
         assert!(AtomicFile::create(&dir.join("missing/x")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }

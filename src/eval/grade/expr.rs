@@ -275,7 +275,8 @@ impl Parser<'_> {
         while self.peek().is_some_and(|c| c.is_ascii_digit()) {
             self.pos += 1;
         }
-        if self.peek() == Some(b'.') && self.s.get(self.pos + 1).is_some_and(|c| c.is_ascii_digit()) {
+        if self.peek() == Some(b'.') && self.s.get(self.pos + 1).is_some_and(|c| c.is_ascii_digit())
+        {
             self.pos += 1;
             while self.peek().is_some_and(|c| c.is_ascii_digit()) {
                 self.pos += 1;
@@ -414,14 +415,24 @@ mod tests {
         assert_eq!(val("2^{10}"), Complex64::new(1024.0, 0.0));
         assert_eq!(val("5!"), Complex64::new(120.0, 0.0));
         assert!((val("\\sqrt[3]{-8}").re + 2.0).abs() < 1e-12);
-        assert!((val("\\log_28").re - 3.0).abs() < 1e-12, "normalised: no spaces");
+        assert!(
+            (val("\\log_28").re - 3.0).abs() < 1e-12,
+            "normalised: no spaces"
+        );
         assert!((val("\\sin^2(1)+\\cos^2(1)").re - 1.0).abs() < 1e-12);
         assert_eq!(
-            Expr::parse("(a+5)(b+2)").unwrap().vars().into_iter().collect::<Vec<_>>(),
+            Expr::parse("(a+5)(b+2)")
+                .unwrap()
+                .vars()
+                .into_iter()
+                .collect::<Vec<_>>(),
             vec!["a", "b"]
         );
         assert!(Expr::parse("2^{100000}").unwrap().eval(&|_| None).is_none());
-        assert!(Expr::parse("Evelyn").is_some(), "a product of letters parses");
+        assert!(
+            Expr::parse("Evelyn").is_some(),
+            "a product of letters parses"
+        );
         assert!(Expr::parse("(1,2)").is_none());
     }
 }

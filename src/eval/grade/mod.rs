@@ -40,7 +40,11 @@ impl Verdict {
 }
 
 /// Grades a whole model output against a gold answer.
-pub fn grade_output(output: &str, gold: &str, prompt_opened_thinking: bool) -> (Option<String>, Verdict) {
+pub fn grade_output(
+    output: &str,
+    gold: &str,
+    prompt_opened_thinking: bool,
+) -> (Option<String>, Verdict) {
     match extract(output, prompt_opened_thinking) {
         Extracted::Truncated => (None, Verdict::Truncated),
         Extracted::NoAnswer => (None, Verdict::NoAnswer),
@@ -105,7 +109,9 @@ fn values_equal(p: &Value, g: &Value) -> bool {
     use Value::*;
     match (p, g) {
         (Num { .. } | Expr(_), Num { .. } | Expr(_)) => scalars_equal(p, g),
-        (Tuple(a), Tuple(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| values_equal(x, y)),
+        (Tuple(a), Tuple(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| values_equal(x, y))
+        }
         (Interval(a), Interval(b)) => intervals_equal(a, b),
         // "(a,b)" is ambiguous: a 2-tuple prediction against an open interval compares element-wise.
         (Tuple(t), Interval(iv)) if t.len() == 2 && !iv.lo_closed && !iv.hi_closed => {
@@ -124,18 +130,40 @@ fn values_equal(p: &Value, g: &Value) -> bool {
                     r.len() == s.len() && r.iter().zip(s).all(|(x, y)| values_equal(x, y))
                 })
         }
-        (Relation { lhs, op, rhs }, Relation { lhs: l2, op: o2, rhs: r2 }) => {
-            relations_equal((lhs, *op, rhs), (l2, *o2, r2))
-        }
+        (
+            Relation { lhs, op, rhs },
+            Relation {
+                lhs: l2,
+                op: o2,
+                rhs: r2,
+            },
+        ) => relations_equal((lhs, *op, rhs), (l2, *o2, r2)),
         // Exactly one side an assignment `v = value`: compare the value.
-        (Relation { lhs, op: Rel::Eq, rhs }, other) | (other, Relation { lhs, op: Rel::Eq, rhs })
-            if is_variable(lhs) =>
-        {
-            values_equal(rhs, other)
-        }
+        (
+            Relation {
+                lhs,
+                op: Rel::Eq,
+                rhs,
+            },
+            other,
+        )
+        | (
+            other,
+            Relation {
+                lhs,
+                op: Rel::Eq,
+                rhs,
+            },
+        ) if is_variable(lhs) => values_equal(rhs, other),
         (Based(d, b), Based(d2, b2)) => d == d2 && b == b2,
         // Dropping the base is accepted; the base-10 value is not.
-        (Num { value, decimal: false }, Based(d, _)) => value.to_string() == *d,
+        (
+            Num {
+                value,
+                decimal: false,
+            },
+            Based(d, _),
+        ) => value.to_string() == *d,
         (Text(a), Text(b)) => a.eq_ignore_ascii_case(b),
         _ => false,
     }
@@ -186,7 +214,10 @@ fn intervals_equal(a: &Interval, b: &Interval) -> bool {
 
 fn relations_equal(a: (&Value, Rel, &Value), b: (&Value, Rel, &Value)) -> bool {
     let diff = |l: &Value, r: &Value| -> Option<expr::Expr> {
-        Some(expr::Expr::Sub(Box::new(as_expr(l)?), Box::new(as_expr(r)?)))
+        Some(expr::Expr::Sub(
+            Box::new(as_expr(l)?),
+            Box::new(as_expr(r)?),
+        ))
     };
     if a.1 == Rel::Eq && b.1 == Rel::Eq {
         // Equations equal up to sign: L−R against ±(L'−R').
@@ -280,7 +311,8 @@ fn exprs_equal(a: &expr::Expr, b: &expr::Expr, tol: f64) -> bool {
         let point: Vec<Complex64> = names
             .iter()
             .map(|_| {
-                let re: f64 = rng.random_range(0.5..2.0) * if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+                let re: f64 =
+                    rng.random_range(0.5..2.0) * if rng.random_bool(0.5) { 1.0 } else { -1.0 };
                 Complex64::new(re, rng.random_range(-0.5..0.5))
             })
             .collect();

@@ -10,7 +10,9 @@ fn re(pattern: &str) -> Regex {
 static UNIT_TEXT: LazyLock<Regex> =
     LazyLock::new(|| re(r"\\(?:text|mbox)\{\s[^{}]*\}(?:\^\{?[23]\}?)?\s*$"));
 static UNIT_WORD: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"([0-9}\s])\s*(?:square\s+)?(?:cm|mm|km|m|meters?|metres?|inches|inch|in|feet|foot|ft|yards?|miles?|mph|units?|degrees?|cents?|dollars?|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|years?|pounds?|lbs?|ounces?|oz|grams?|kg|liters?|litres?|gallons?|people|students|ways|sq)(?:\^\{?[23]\}?)?\s*$")
+    re(
+        r"([0-9}\s])\s*(?:square\s+)?(?:cm|mm|km|m|meters?|metres?|inches|inch|in|feet|foot|ft|yards?|miles?|mph|units?|degrees?|cents?|dollars?|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|years?|pounds?|lbs?|ounces?|oz|grams?|kg|liters?|litres?|gallons?|people|students|ways|sq)(?:\^\{?[23]\}?)?\s*$",
+    )
 });
 static WRAPPER: LazyLock<Regex> =
     LazyLock::new(|| re(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\{([^{}]*)\}"));
@@ -146,7 +148,11 @@ fn brace_shorthand(s: &str) -> String {
         .flatten()
         .min()
     {
-        let args = if rest[i..].starts_with("\\frac") { 2 } else { 1 };
+        let args = if rest[i..].starts_with("\\frac") {
+            2
+        } else {
+            1
+        };
         out.push_str(&rest[..i + 5]);
         rest = &rest[i + 5..];
         // A following letter means another macro (`\fracs`): leave it.
@@ -228,7 +234,10 @@ mod tests {
         assert_eq!(normalize("x \\in [-2,7]"), "[-2,7]");
         assert_eq!(normalize("1/2"), "\\frac{1}{2}");
         assert_eq!(normalize("-.5"), "-0.5");
-        assert_eq!(normalize("\\left( \\frac{3}{2}, -13 \\right)"), "(\\frac{3}{2},-13)");
+        assert_eq!(
+            normalize("\\left( \\frac{3}{2}, -13 \\right)"),
+            "(\\frac{3}{2},-13)"
+        );
         assert_eq!(normalize("52_{8}"), "52_8");
         assert_eq!(normalize("\\text{(C)}"), "(C)");
         assert_eq!(normalize("137 1/2"), "137\\frac{1}{2}");

@@ -12,14 +12,21 @@ use std::sync::LazyLock;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// An exact rational, or a decimal literal (`decimal`: written with a point).
-    Num { value: BigRational, decimal: bool },
+    Num {
+        value: BigRational,
+        decimal: bool,
+    },
     Expr(Expr),
     Tuple(Vec<Value>),
     Interval(Interval),
     Union(Vec<Interval>),
     Set(Vec<Value>),
     Matrix(Vec<Vec<Value>>),
-    Relation { lhs: Box<Value>, op: Rel, rhs: Box<Value> },
+    Relation {
+        lhs: Box<Value>,
+        op: Rel,
+        rhs: Box<Value>,
+    },
     /// A number with a base subscript, `52_8`: digits and base.
     Based(String, String),
     Text(String),
@@ -63,8 +70,10 @@ static FRACTION: LazyLock<Regex> = LazyLock::new(|| {
 });
 static BASED: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^([0-9A-Za-z]+)_(\d+)$").expect("static pattern"));
-static WORD: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"[A-Za-z]{3,}").expect("static pattern"));
-static MACRO: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\\[A-Za-z]+").expect("static pattern"));
+static WORD: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"[A-Za-z]{3,}").expect("static pattern"));
+static MACRO: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\\[A-Za-z]+").expect("static pattern"));
 
 /// Splits `s` at top-level occurrences of `sep` (outside (), [], {}).
 pub fn split_top(s: &str, sep: &str) -> Vec<String> {
@@ -187,7 +196,12 @@ impl Value {
                 });
             }
             if parts.len() >= 2 && open == '(' && close == ')' && wraps_all {
-                return Value::Tuple(parts.iter().map(|x| Self::parse_depth(x, depth + 1)).collect());
+                return Value::Tuple(
+                    parts
+                        .iter()
+                        .map(|x| Self::parse_depth(x, depth + 1))
+                        .collect(),
+                );
             }
         }
         if let Some(inner) = s
@@ -204,7 +218,12 @@ impl Value {
         // Bare comma lists and ±.
         let parts = split_top(s, ",");
         if parts.len() > 1 {
-            return Value::Set(parts.iter().map(|x| Self::parse_depth(x, depth + 1)).collect());
+            return Value::Set(
+                parts
+                    .iter()
+                    .map(|x| Self::parse_depth(x, depth + 1))
+                    .collect(),
+            );
         }
         if let Some((a, b)) = s.split_once("\\pm") {
             let a = if a.is_empty() { "0" } else { a };
@@ -277,8 +296,14 @@ mod tests {
 
     #[test]
     fn parses_types() {
-        assert!(matches!(Value::parse("025"), Value::Num { decimal: false, .. }));
-        assert!(matches!(Value::parse("0.5"), Value::Num { decimal: true, .. }));
+        assert!(matches!(
+            Value::parse("025"),
+            Value::Num { decimal: false, .. }
+        ));
+        assert!(matches!(
+            Value::parse("0.5"),
+            Value::Num { decimal: true, .. }
+        ));
         assert!(matches!(Value::parse("(3,4]"), Value::Interval(_)));
         assert!(matches!(Value::parse("(3,4)"), Value::Tuple(_)));
         assert!(matches!(Value::parse("3,5,7"), Value::Set(_)));

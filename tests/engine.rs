@@ -159,7 +159,7 @@ impl Policy for ForcedGather {
         };
         cache.gather(&vec![keep; cache.kv_heads()])
     }
-    fn entry_limit(&self, _: usize, _: usize) -> Option<usize> {
+    fn entry_limit(&self, _: usize, _: usize, _: usize) -> Option<usize> {
         None
     }
 }
@@ -170,21 +170,7 @@ fn run_with(
     policy: Box<dyn Policy>,
     steps: usize,
 ) -> (Vec<Vec<f32>>, kvbench::model::SeqState) {
-    let mut state = m.transformer.new_state(policy).unwrap();
-    let mut logits = Vec::new();
-    let mut next = prompt.to_vec();
-    for _ in 0..steps {
-        let l = m
-            .transformer
-            .forward(&mut [SeqInput {
-                tokens: &next,
-                state: &mut state,
-            }])
-            .unwrap();
-        let l = l.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
-        next = vec![kvbench::model::llama::argmax(&l)];
-        logits.push(l);
-    }
+    let (_, logits, state) = common::run_greedy(m, prompt, policy, steps);
     (logits, state)
 }
 

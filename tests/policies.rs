@@ -58,22 +58,7 @@ fn run_forced(m: &Model, prompt: &[u32], forced: &[u32], policy: Box<dyn Policy>
 
 /// Greedy tokens of the full-cache run.
 fn greedy_tokens(m: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut state = m.transformer.new_state(Box::new(Full)).unwrap();
-    let mut out = Vec::new();
-    let mut next = prompt.to_vec();
-    for _ in 0..n {
-        let l = m
-            .transformer
-            .forward(&mut [SeqInput {
-                tokens: &next,
-                state: &mut state,
-            }])
-            .unwrap();
-        let t = kvbench::model::llama::argmax(&l.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
-        out.push(t);
-        next = vec![t];
-    }
-    out
+    common::run_greedy(m, prompt, Box::new(Full), n).0
 }
 
 fn build(m: &Model, s: &PolicySpec, max_new: usize) -> Box<dyn Policy> {
@@ -172,7 +157,10 @@ fn every_policy_stays_within_its_bound_at_a_small_budget() {
             stats.achieved_ratio()
         );
         for l in 0..run.state.cache.num_layers() {
-            let limit = run.state.policy.entry_limit(l, run.state.seen);
+            let limit = run
+                .state
+                .policy
+                .entry_limit(l, run.state.seen, run.state.prompt_len);
             if let Some(limit) = limit {
                 assert!(run.state.cache.layer(l).len() <= limit);
             }
@@ -326,7 +314,7 @@ impl Policy for NeverCompresses {
     ) -> candle_core::Result<()> {
         Ok(())
     }
-    fn entry_limit(&self, _: usize, seen: usize) -> Option<usize> {
+    fn entry_limit(&self, _: usize, seen: usize, _: usize) -> Option<usize> {
         Some(seen / 2)
     }
 }

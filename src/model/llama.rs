@@ -234,6 +234,7 @@ impl Transformer {
                 seen_before: st.seen,
                 tokens: s.tokens,
                 generated: st.generated,
+                prompt_len: st.prompt_len,
                 is_prefill,
             });
             spans.push((ids.len(), s.tokens.len()));

@@ -127,7 +127,7 @@ impl SeqState {
     /// that silently does not happen must stop the run.
     pub(crate) fn check_entry_limits(&self) -> crate::Result<()> {
         for l in 0..self.cache.num_layers() {
-            let Some(limit) = self.policy.entry_limit(l, self.seen) else {
+            let Some(limit) = self.policy.entry_limit(l, self.seen, self.prompt_len) else {
                 continue;
             };
             let held = self.cache.layer(l).len();

@@ -89,11 +89,7 @@ impl Policy for H2o {
         view: &AttentionView<'_>,
         cache: &mut LayerCache,
     ) -> candle_core::Result<()> {
-        let Some(probs) = view.probs else {
-            candle_core::bail!("h2o: the engine gave no attention probabilities");
-        };
-        let (heads, g, t, n) = probs.dims4()?;
-        let p = super::host_vec(probs)?;
+        let ((heads, g, t, n), p) = super::host_probs(view, "h2o")?;
         let acc = layer_slot(&mut self.acc, view.layer);
         acc.resize(heads, Vec::new());
         let norm = if self.config.gqa == GqaAgg::MeanProb {
@@ -129,7 +125,7 @@ impl Policy for H2o {
         cache.gather(&kept)
     }
 
-    fn entry_limit(&self, _layer: usize, seen: usize) -> Option<usize> {
+    fn entry_limit(&self, _layer: usize, seen: usize, _prompt_len: usize) -> Option<usize> {
         let (heavy, recent) = self.config.split(seen);
         Some(heavy + recent)
     }

@@ -38,18 +38,12 @@ impl Config {
                 "policy 'kara' takes a fractional --budget (its retention ratio ρ, at most 1), got {budget}"
             )));
         };
-        let window = p.get("window", 128usize)?;
-        if window == 0 {
-            return Err(p.invalid("window", "must be at least 1"));
-        }
+        let window = p.positive("window", 128)?;
         let gamma = p.get("gamma", 0.5f64)?;
         if !(0.0..=1.0).contains(&gamma) {
             return Err(p.invalid("gamma", "must be in [0, 1]"));
         }
-        let max_chunk = p.get("max_chunk", 8usize)?;
-        if max_chunk == 0 {
-            return Err(p.invalid("max_chunk", "must be at least 1"));
-        }
+        let max_chunk = p.positive("max_chunk", 8)?;
         Ok(Self {
             rho,
             window,
@@ -134,7 +128,6 @@ pub struct Kara {
     delimiters: Option<Arc<Vec<bool>>>,
     /// Token id at every logical position of the sequence.
     tokens: Vec<u32>,
-    prompt_len: usize,
     /// Per layer: entries in the frozen history.
     history: Vec<usize>,
 }
@@ -145,7 +138,6 @@ impl Kara {
             config,
             delimiters: ctx.delimiters.clone(),
             tokens: Vec::new(),
-            prompt_len: 0,
             history: Vec::new(),
         }
     }
@@ -166,7 +158,6 @@ impl Policy for Kara {
 
     fn reset(&mut self) {
         self.tokens.clear();
-        self.prompt_len = 0;
         self.history.clear();
     }
 
@@ -180,12 +171,11 @@ impl Policy for Kara {
             self.tokens.extend_from_slice(step.tokens);
         }
         if step.is_prefill {
-            self.prompt_len = step.tokens.len();
             return Ok(());
         }
         let ws = self.config.window;
         let n = cache.len();
-        let frozen = self.prompt_len + *layer_slot(&mut self.history, view.layer);
+        let frozen = step.prompt_len + *layer_slot(&mut self.history, view.layer);
         if n - frozen < ws {
             return Ok(());
         }
@@ -248,13 +238,13 @@ impl Policy for Kara {
         cache.gather(&kept)
     }
 
-    fn entry_limit(&self, _layer: usize, seen: usize) -> Option<usize> {
-        if self.prompt_len == 0 {
+    fn entry_limit(&self, _layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
+        if prompt_len == 0 {
             return None;
         }
-        let generated = seen.saturating_sub(self.prompt_len);
+        let generated = seen.saturating_sub(prompt_len);
         let c = &self.config;
-        Some(self.prompt_len + c.keep() * (generated / c.window) + c.window)
+        Some(prompt_len + c.keep() * (generated / c.window) + c.window)
     }
 }
 

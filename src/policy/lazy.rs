@@ -15,9 +15,7 @@
 //! kvbench's default runs are shorter): a documented deviation, set `window=` to reproduce.
 
 use super::params::{GqaAgg, KeptOrder, LazyInit, Params};
-use super::{
-    host_vec, layer_slot, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo,
-};
+use super::{layer_slot, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
 use crate::cache::LayerCache;
 use crate::error::Result;
 
@@ -46,10 +44,7 @@ impl Config {
                     })?,
             ),
         };
-        let window = p.get("window", 32usize)?;
-        if window == 0 {
-            return Err(p.invalid("window", "must be at least 1"));
-        }
+        let window = p.positive("window", 32)?;
         let gqa = p.get("gqa", GqaAgg::PerQueryHead)?;
         if !matches!(gqa, GqaAgg::PerQueryHead | GqaAgg::MeanProb) {
             return Err(p.invalid("gqa", "LazyEviction takes per-query-head or mean-prob"));
@@ -126,7 +121,6 @@ pub struct LazyEviction {
     alpha: f32,
     /// Per layer, per cache head.
     trackers: Vec<Vec<Tracker>>,
-    prompt_len: usize,
 }
 
 impl LazyEviction {
@@ -136,7 +130,6 @@ impl LazyEviction {
             config,
             alpha,
             trackers: Vec::new(),
-            prompt_len: 0,
         }
     }
 }
@@ -157,7 +150,6 @@ impl Policy for LazyEviction {
 
     fn reset(&mut self) {
         self.trackers.clear();
-        self.prompt_len = 0;
     }
 
     fn after_attention(
@@ -167,14 +159,9 @@ impl Policy for LazyEviction {
         cache: &mut LayerCache,
     ) -> candle_core::Result<()> {
         if step.is_prefill {
-            self.prompt_len = step.tokens.len();
             return Ok(());
         }
-        let Some(probs) = view.probs else {
-            candle_core::bail!("lazy: the engine gave no attention probabilities");
-        };
-        let (heads, g, _, n) = probs.dims4()?;
-        let p = host_vec(probs)?;
+        let ((heads, g, _, n), p) = super::host_probs(view, "lazy")?;
         let t = step.generated as u64;
         let (alpha, init) = (self.alpha, self.config.init);
         let trackers = layer_slot(&mut self.trackers, view.layer);
@@ -191,7 +178,7 @@ impl Policy for LazyEviction {
         }
         let c = &self.config;
         let cap = c.cap(step.seen_after());
-        if n <= cap || t % c.window as u64 != 0 {
+        if n <= cap || !t.is_multiple_of(c.window as u64) {
             return Ok(());
         }
         let old = n - c.window;
@@ -210,10 +197,10 @@ impl Policy for LazyEviction {
         cache.gather(&kept)
     }
 
-    fn entry_limit(&self, _layer: usize, seen: usize) -> Option<usize> {
+    fn entry_limit(&self, _layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         // Nothing is evicted before decode step W (the lag is the method): no bound until then.
-        let generated = seen.saturating_sub(self.prompt_len);
-        (self.prompt_len > 0 && generated >= self.config.window)
+        let generated = seen.saturating_sub(prompt_len);
+        (prompt_len > 0 && generated >= self.config.window)
             .then(|| self.config.cap(seen) + self.config.window)
     }
 }

@@ -65,6 +65,8 @@ pub struct StepInfo<'a> {
     pub tokens: &'a [u32],
     /// Generated tokens fed so far including this step's (0 during prefill).
     pub generated: usize,
+    /// Prompt tokens of the sequence.
+    pub prompt_len: usize,
     pub is_prefill: bool,
 }
 
@@ -117,9 +119,10 @@ pub trait Policy: Send {
         Ok(None)
     }
 
-    /// The most entries layer `layer` may hold per head at the end of a step once `seen` tokens were
-    /// fed (`None`: no bound). Derived from the budget rule, never from the cache.
-    fn entry_limit(&self, layer: usize, seen: usize) -> Option<usize>;
+    /// The most entries layer `layer` may hold per head at the end of a step once `seen` tokens
+    /// were fed, `prompt_len` of them the prompt (`None`: no bound). Derived from the budget rule,
+    /// never from the cache.
+    fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize>;
 }
 
 /// No compression: the baseline every report compares against.
@@ -149,7 +152,7 @@ impl Policy for Full {
         Ok(())
     }
 
-    fn entry_limit(&self, _: usize, _: usize) -> Option<usize> {
+    fn entry_limit(&self, _: usize, _: usize, _: usize) -> Option<usize> {
         None
     }
 }
@@ -313,6 +316,17 @@ pub(crate) fn layer_slot<T: Default>(v: &mut Vec<T>, layer: usize) -> &mut T {
         v.resize_with(layer + 1, T::default);
     }
     &mut v[layer]
+}
+
+/// The attention probabilities of a view as host f32 values with their shape `(heads, group, t, n)`.
+pub(crate) fn host_probs(
+    view: &AttentionView<'_>,
+    policy: &str,
+) -> candle_core::Result<((usize, usize, usize, usize), Vec<f32>)> {
+    let Some(probs) = view.probs else {
+        candle_core::bail!("{policy}: the engine gave no attention probabilities");
+    };
+    Ok((probs.dims4()?, host_vec(probs)?))
 }
 
 /// A host copy of a `[heads, t, d]` query tensor.

@@ -72,6 +72,15 @@ impl Params {
         Ok(value)
     }
 
+    /// Reads a count that must be at least 1.
+    pub fn positive(&mut self, key: &str, default: usize) -> Result<usize> {
+        let v = self.get(key, default)?;
+        if v == 0 {
+            return Err(self.invalid(key, "must be at least 1"));
+        }
+        Ok(v)
+    }
+
     /// An error about a key's value (for checks across keys).
     pub fn invalid(&self, key: &str, why: &str) -> Error {
         Error::Input(format!(
@@ -256,7 +265,7 @@ impl FromStr for Pool {
         let kernel: usize = k
             .parse()
             .map_err(|_| format!("kernel '{k}' is not a whole number"))?;
-        if kernel == 0 || kernel % 2 == 0 {
+        if kernel == 0 || kernel.is_multiple_of(2) {
             return Err(format!("kernel {kernel} must be odd (padding is kernel/2)"));
         }
         Ok(Pool { kind, kernel })

@@ -28,10 +28,7 @@ pub struct Config {
 
 impl Config {
     pub fn parse(p: &mut Params, budget: Budget) -> Result<Self> {
-        let window = p.get("window", 32usize)?;
-        if window == 0 {
-            return Err(p.invalid("window", "must be at least 1"));
-        }
+        let window = p.positive("window", 32)?;
         Ok(Self {
             budget,
             window,
@@ -108,7 +105,6 @@ pub struct RocketKv {
     head_dim: usize,
     /// Set at prefill.
     split: Option<Split>,
-    prompt_len: usize,
     /// Per layer, per KV head: the chunk summaries of stage 2.
     summaries: Vec<Vec<ChunkSummary>>,
 }
@@ -120,7 +116,6 @@ impl RocketKv {
             max_new: ctx.max_new_tokens,
             head_dim: ctx.head_dim,
             split: None,
-            prompt_len: 0,
             summaries: Vec::new(),
         }
     }
@@ -165,9 +160,13 @@ impl ChunkSummary {
                 self.min.resize((b + 1) * d, f32::INFINITY);
             }
             let key = &keys[j * d..(j + 1) * d];
-            for c in 0..d {
-                self.max[b * d + c] = self.max[b * d + c].max(key[c]);
-                self.min[b * d + c] = self.min[b * d + c].min(key[c]);
+            let (mx, mn) = (
+                &mut self.max[b * d..(b + 1) * d],
+                &mut self.min[b * d..(b + 1) * d],
+            );
+            for ((hi, lo), &k) in mx.iter_mut().zip(mn.iter_mut()).zip(key) {
+                *hi = hi.max(k);
+                *lo = lo.min(k);
             }
         }
         self.covered = n;
@@ -274,7 +273,6 @@ impl Policy for RocketKv {
 
     fn reset(&mut self) {
         self.split = None;
-        self.prompt_len = 0;
         self.summaries.clear();
     }
 
@@ -292,7 +290,6 @@ impl Policy for RocketKv {
         let b = self.config.budget.entries(s_total);
         let split = Split::compute(s_total, self.max_new, b, self.head_dim, self.config.split);
         self.split = Some(split);
-        self.prompt_len = prompt;
         let keep = self.stage1_keep(&split);
         let n = cache.len();
         if view.layer < self.config.skip_layers || n <= keep {
@@ -368,14 +365,14 @@ impl Policy for RocketKv {
         Ok(Some(picked))
     }
 
-    fn entry_limit(&self, layer: usize, seen: usize) -> Option<usize> {
+    fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         let split = self.split?;
         let prompt = if layer < self.config.skip_layers {
-            self.prompt_len
+            prompt_len
         } else {
-            self.prompt_len.min(self.stage1_keep(&split))
+            prompt_len.min(self.stage1_keep(&split))
         };
-        Some(prompt + seen.saturating_sub(self.prompt_len))
+        Some(prompt + seen.saturating_sub(prompt_len))
     }
 }
 

@@ -23,10 +23,7 @@ impl Config {
     pub fn parse(p: &mut Params, budget: Budget) -> Result<Self> {
         let sinks = p.get("sinks", 4usize)?;
         let trigger = p.get("trigger", Trigger::EveryN)?;
-        let buffer = p.get("buffer", 128usize)?;
-        if buffer == 0 {
-            return Err(p.invalid("buffer", "must be at least 1"));
-        }
+        let buffer = p.positive("buffer", 128)?;
         Ok(Self {
             budget,
             sinks,
@@ -74,7 +71,7 @@ impl Policy for StreamingLlm {
         let c = &self.config;
         let due = match c.trigger {
             Trigger::EveryStep => true,
-            Trigger::EveryN => step.is_prefill || step.generated % c.buffer == 0,
+            Trigger::EveryN => step.is_prefill || step.generated.is_multiple_of(c.buffer),
         };
         let keep = c.keep(step.seen_after());
         let n = cache.len();
@@ -86,7 +83,7 @@ impl Policy for StreamingLlm {
         cache.gather(&vec![kept; cache.kv_heads()])
     }
 
-    fn entry_limit(&self, _layer: usize, seen: usize) -> Option<usize> {
+    fn entry_limit(&self, _layer: usize, seen: usize, _prompt_len: usize) -> Option<usize> {
         let slack = match self.config.trigger {
             Trigger::EveryStep => 0,
             Trigger::EveryN => self.config.buffer,

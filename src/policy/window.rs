@@ -71,8 +71,8 @@ impl Config {
                 QueryReduce::Mean,
             ),
         };
-        let window = p.get("window", window)?;
-        let buffer = p.get("buffer", 128usize)?;
+        let window = p.positive("window", window)?;
+        let buffer = p.positive("buffer", 128)?;
         let gqa = p.get("gqa", gqa)?;
         let domain = p.get("softmax", domain)?;
         let reduce = p.get("reduce", reduce)?;
@@ -96,20 +96,11 @@ impl Config {
             None
         };
         let pyramid = if name == "pyramidkv" {
-            let beta = p.get("beta", 20usize)?;
-            if beta == 0 {
-                return Err(p.invalid("beta", "must be at least 1"));
-            }
+            let beta = p.positive("beta", 20)?;
             Some(beta)
         } else {
             None
         };
-        if window == 0 {
-            return Err(p.invalid("window", "must be at least 1"));
-        }
-        if buffer == 0 {
-            return Err(p.invalid("buffer", "must be at least 1"));
-        }
         Ok(Self {
             name,
             budget,
@@ -170,8 +161,6 @@ pub fn pyramid_budget(b: usize, w: usize, beta: usize, l: usize, layers: usize, 
 pub struct WindowPolicy {
     config: Config,
     layers: usize,
-    /// Prompt tokens of the current sequence (0 before its prefill).
-    prompt_len: usize,
 }
 
 impl WindowPolicy {
@@ -179,7 +168,6 @@ impl WindowPolicy {
         Self {
             config,
             layers: ctx.num_layers,
-            prompt_len: 0,
         }
     }
 
@@ -239,9 +227,7 @@ impl Policy for WindowPolicy {
         }
     }
 
-    fn reset(&mut self) {
-        self.prompt_len = 0;
-    }
+    fn reset(&mut self) {}
 
     fn after_attention(
         &mut self,
@@ -249,12 +235,9 @@ impl Policy for WindowPolicy {
         view: &AttentionView<'_>,
         cache: &mut LayerCache,
     ) -> candle_core::Result<()> {
-        if step.is_prefill {
-            self.prompt_len = step.tokens.len();
-        }
         let c = &self.config;
-        let due =
-            step.is_prefill || (c.mode == WindowMode::Decode && step.generated % c.buffer == 0);
+        let due = step.is_prefill
+            || (c.mode == WindowMode::Decode && step.generated.is_multiple_of(c.buffer));
         if !due {
             return Ok(());
         }
@@ -269,7 +252,7 @@ impl Policy for WindowPolicy {
         cache.gather(&kept)
     }
 
-    fn entry_limit(&self, layer: usize, seen: usize) -> Option<usize> {
+    fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         let c = &self.config;
         let per_layer = |seen: usize| {
             let total = c.total(seen);
@@ -285,9 +268,7 @@ impl Policy for WindowPolicy {
         match c.mode {
             WindowMode::Decode => Some(per_layer(seen) + c.buffer),
             // Generated tokens are never evicted: only the prompt is bounded.
-            WindowMode::Prefill => {
-                Some(per_layer(self.prompt_len) + seen.saturating_sub(self.prompt_len))
-            }
+            WindowMode::Prefill => Some(per_layer(prompt_len) + seen.saturating_sub(prompt_len)),
         }
     }
 }

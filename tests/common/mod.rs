@@ -42,3 +42,31 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// Greedy decoding of `steps` forward passes (the prompt, then each chosen token) with `policy`:
+/// the tokens chosen, the logits of every step and the final state.
+pub fn run_greedy(
+    m: &Model,
+    prompt: &[u32],
+    policy: Box<dyn kvbench::policy::Policy>,
+    steps: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>, kvbench::model::SeqState) {
+    let mut state = m.transformer.new_state(policy).unwrap();
+    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+    let mut next = prompt.to_vec();
+    for _ in 0..steps {
+        let l = m
+            .transformer
+            .forward(&mut [kvbench::model::SeqInput {
+                tokens: &next,
+                state: &mut state,
+            }])
+            .unwrap();
+        let l = l.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+        let t = kvbench::model::llama::argmax(&l);
+        tokens.push(t);
+        next = vec![t];
+        logits.push(l);
+    }
+    (tokens, logits, state)
+}

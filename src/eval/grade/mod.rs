@@ -304,7 +304,7 @@ fn exprs_equal(a: &expr::Expr, b: &expr::Expr, tol: f64) -> bool {
             _ => false,
         };
     }
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x6b76_6265_6e63_68);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x006b_7662_656e_6368);
     let names: Vec<&String> = vars.iter().collect();
     let mut agreed = 0;
     for _ in 0..10 {

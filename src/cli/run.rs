@@ -259,7 +259,11 @@ impl KvSummary {
         let layers = self.mean.len().max(1) as f64;
         let mean = self.mean.iter().sum::<f64>() / n / layers;
         let full = self.full_mean / n;
-        println!("budget rule: {}", spec.budget().rule());
+        if spec.name() == "full" {
+            println!("budget rule: none (full cache)");
+        } else {
+            println!("budget rule: {}", spec.budget().rule());
+        }
         println!(
             "retained entries per layer and head: time-averaged {:.1} vs {:.1} for a full cache (achieved ratio {:.3}); peak {} (largest layer), {} compression events per sequence",
             mean,

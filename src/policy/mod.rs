@@ -284,6 +284,9 @@ impl PolicySpec {
 
     /// `name budget=B key=value …`, for logs and reports.
     pub fn describe(&self) -> String {
+        if matches!(self.config, Config::Full) {
+            return "full (no compression; the budget does not apply)".into();
+        }
         let mut s = format!("{} budget={}", self.name, self.budget);
         for (k, v) in &self.resolved {
             s.push_str(&format!(" {k}={v}"));

@@ -138,7 +138,9 @@ impl Config {
 
 /// PyramidKV's layer budget (KVCache-Factory, integer arithmetic): `b_min = (B−w)/β`,
 /// `b_max = 2(B−w) − b_min`, clamped to `n − w`, `b_l = b_max − l·⌊(b_max − b_min)/(L−1)⌋`; layer `l`
-/// keeps `b_l + w`. Below `2(B−w)` entries every layer keeps `B`.
+/// keeps `b_l + w`. Below `2(B−w)` entries every layer keeps `B`. When `b_max − b_min < L − 1` the
+/// integer step is 0 and every layer keeps `b_max + w`, about `2B`: the reference's arithmetic, kept
+/// (the achieved ratio in every report shows it).
 pub fn pyramid_budget(b: usize, w: usize, beta: usize, l: usize, layers: usize, n: usize) -> usize {
     let span = b.saturating_sub(w) as i64;
     if (n as i64) < 2 * span {
@@ -252,15 +254,16 @@ impl Policy for WindowPolicy {
         cache.gather(&kept)
     }
 
-    fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
+    fn entry_limit(&self, _layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         let c = &self.config;
         let per_layer = |seen: usize| {
             let total = c.total(seen);
             match c.pyramid {
-                // The unclamped pyramid budget bounds the clamped one.
+                // Every layer keeps at most what layer 0 keeps, and layer 0 at most its unclamped
+                // budget (clamping lowers the top and raises the bottom of the pyramid, so per-layer
+                // unclamped budgets are not bounds for the upper layers).
                 Some(beta) => {
-                    pyramid_budget(total, c.window, beta, layer, self.layers, usize::MAX / 4)
-                        .max(total)
+                    pyramid_budget(total, c.window, beta, 0, self.layers, usize::MAX / 4).max(total)
                 }
                 None => total,
             }

@@ -321,11 +321,14 @@ pub(crate) fn layer_slot<T: Default>(v: &mut Vec<T>, layer: usize) -> &mut T {
     &mut v[layer]
 }
 
-/// The attention probabilities of a view as host f32 values with their shape `(heads, group, t, n)`.
+/// Shape `(heads, group, t, n)` of attention probabilities.
+pub(crate) type ProbShape = (usize, usize, usize, usize);
+
+/// The attention probabilities of a view as host f32 values with their shape.
 pub(crate) fn host_probs(
     view: &AttentionView<'_>,
     policy: &str,
-) -> candle_core::Result<((usize, usize, usize, usize), Vec<f32>)> {
+) -> candle_core::Result<(ProbShape, Vec<f32>)> {
     let Some(probs) = view.probs else {
         candle_core::bail!("{policy}: the engine gave no attention probabilities");
     };

@@ -22,6 +22,8 @@ pub mod params;
 mod rocket;
 pub mod score;
 mod streaming;
+#[cfg(test)]
+mod tests;
 mod window;
 
 pub use budget::Budget;

@@ -1,10 +1,12 @@
 //! `kvbench run`: one policy at one budget on a problem set, with answers, grades and speed.
 
+use super::DataArgs;
 use super::{ModelArgs, UsageError};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use kvbench::eval::accuracy::{accuracy, ProblemSamples};
 use kvbench::eval::grade::{grade_output, Verdict};
-use kvbench::eval::{builtin, r1_prompt};
+use kvbench::eval::prompt::DecodingPreset;
 use kvbench::generate::{generate_batch, FinishReason, Request, SamplingParams};
 use kvbench::metrics;
 use kvbench::policy::PolicySpec;
@@ -28,25 +30,28 @@ pub struct RunArgs {
     /// Write every compression event (step, layer, head, original positions kept) as JSON Lines.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<std::path::PathBuf>,
-    /// Take only the first N problems.
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Maximum new tokens per sample (default: 512 on the built-in set, the dataset manifest's value
+    /// otherwise).
     #[arg(long)]
-    pub limit: Option<usize>,
-    /// Seed of the built-in problem set.
-    #[arg(long, default_value_t = builtin::DEFAULT_SEED)]
-    pub problem_seed: u64,
-    /// Maximum new tokens per problem.
-    #[arg(long, default_value_t = 512)]
-    pub max_new_tokens: usize,
+    pub max_new_tokens: Option<usize>,
     /// Sequences decoded together.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
-    /// Sampling temperature (0: greedy).
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Nucleus sampling threshold.
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// Base seed; problem i samples with seed + i.
+    /// Samples per problem (pass@1 is their mean; cons@n their majority vote).
+    #[arg(long, default_value_t = 1)]
+    pub samples: usize,
+    /// Decoding preset: `greedy`, or `r1` (temperature 0.6, top-p 0.95).
+    #[arg(long, value_enum, default_value_t = DecodingPreset::Greedy)]
+    pub preset: DecodingPreset,
+    /// Sampling temperature (overrides the preset; 0: greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling threshold (overrides the preset).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Base seed; sample s of problem i uses seed + i·samples + s.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Print each full output.
@@ -54,17 +59,19 @@ pub struct RunArgs {
     pub show_output: bool,
 }
 
-/// Size of the built-in problem set `run` uses.
-const BUILTIN_PROBLEMS: usize = 30;
-
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    if args.batch_size == 0 {
-        return Err(UsageError("--batch-size must be at least 1".into()).into());
+    if args.batch_size == 0 || args.samples == 0 || args.max_new_tokens == Some(0) {
+        return Err(UsageError(
+            "--batch-size, --samples and --max-new-tokens must be at least 1".into(),
+        )
+        .into());
     }
-    if args.max_new_tokens == 0 {
-        return Err(UsageError("--max-new-tokens must be at least 1".into()).into());
-    }
-    if !(args.top_p > 0.0 && args.top_p <= 1.0) || args.temperature < 0.0 {
+    let (preset_t, preset_p) = args.preset.sampling();
+    let (temperature, top_p) = (
+        args.temperature.unwrap_or(preset_t),
+        args.top_p.unwrap_or(preset_p),
+    );
+    if !(top_p > 0.0 && top_p <= 1.0) || temperature < 0.0 {
         return Err(
             UsageError("--top-p must be in (0, 1] and --temperature at least 0".into()).into(),
         );
@@ -75,22 +82,29 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(TraceWriter::create(path)?),
         None => None,
     };
+    let set = args.data.load()?;
+    let max_new = args.max_new_tokens.unwrap_or(set.max_new_tokens);
     let model = args.model.load()?;
-    let ctx = model.policy_context(&spec, args.max_new_tokens);
-    let mut problems = builtin::problems(BUILTIN_PROBLEMS, args.problem_seed);
-    if let Some(n) = args.limit {
-        problems.truncate(n);
-    }
+    let ctx = model.policy_context(&spec, max_new);
+    let problems = &set.problems;
     eprintln!(
-        "kvbench run: {} on {} problems (built-in set, seed {}), template {:?}, weights {:?}\npolicy: {}",
+        "kvbench run: {} on {} problems × {} samples ({}), template {:?} (prompt {:?}, hash {}), weights {:?}\npolicy: {}\ndecoding: temperature {temperature}, top-p {top_p}, max {max_new} new tokens, seed {}",
         model.name,
         problems.len(),
-        args.problem_seed,
+        args.samples,
+        set.source,
         model.template,
+        args.data.prompt,
+        args.data.prompt.template_hash(model.template),
         args.model.weights,
-        spec.describe()
+        spec.describe(),
+        args.seed
     );
-    let total_tokens = (problems.len() * args.max_new_tokens) as u64;
+    // Work units: every (problem, sample), in order.
+    let units: Vec<(usize, usize)> = (0..problems.len())
+        .flat_map(|i| (0..args.samples).map(move |s| (i, s)))
+        .collect();
+    let total_tokens = (units.len() * max_new) as u64;
     let bar = ProgressBar::new(total_tokens);
     bar.set_style(
         ProgressStyle::with_template(
@@ -104,20 +118,29 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut decode_secs = 0f64;
     let mut kv = KvSummary::default();
     let mut truncated = 0usize;
-    for (chunk_idx, chunk) in problems.chunks(args.batch_size).enumerate() {
+    let mut per_problem: Vec<ProblemSamples> = problems
+        .iter()
+        .map(|p| ProblemSamples {
+            gold: p.answer.clone(),
+            ..Default::default()
+        })
+        .collect();
+    for chunk in units.chunks(args.batch_size) {
         let mut requests = Vec::with_capacity(chunk.len());
-        for (j, p) in chunk.iter().enumerate() {
-            let text = model.template.render(&r1_prompt(&p.problem), None);
+        for &(i, s) in chunk {
+            let text = args
+                .data
+                .prompt
+                .render(model.template, &problems[i].problem);
             let prompt = model.tokenizer.encode(&text)?;
-            let i = chunk_idx * args.batch_size + j;
             requests.push(Request {
                 prompt,
                 sampling: SamplingParams {
-                    temperature: args.temperature,
-                    top_p: args.top_p,
-                    seed: args.seed + i as u64,
+                    temperature,
+                    top_p,
+                    seed: args.seed + (i * args.samples + s) as u64,
                 },
-                max_new_tokens: args.max_new_tokens,
+                max_new_tokens: max_new,
                 policy: spec.build(&ctx),
                 trace: trace_out.is_some(),
             });
@@ -133,33 +156,33 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             },
         )?;
         // Count the unused token allowance of sequences that stopped early as done.
-        let unused: u64 = gens
-            .iter()
-            .map(|g| (args.max_new_tokens - g.tokens.len()) as u64)
-            .sum();
+        let unused: u64 = gens.iter().map(|g| (max_new - g.tokens.len()) as u64).sum();
         bar.inc(unused);
         let batch_decode = gens
             .iter()
             .map(|g| g.decode_time.as_secs_f64())
             .fold(0.0, f64::max);
         decode_secs += batch_decode;
-        for (p, g) in chunk.iter().zip(gens) {
+        for (&(i, s), g) in chunk.iter().zip(gens) {
+            let p = &problems[i];
             prefill_tokens += g.prompt_tokens;
             prefill_secs += g.prefill_time.as_secs_f64();
             decode_tokens += g.tokens.len().saturating_sub(1);
             kv.add(&g);
             if let (Some(w), Some(events)) = (&mut trace_out, &g.trace) {
-                w.write(&p.id, events)?;
+                w.write(&format!("{}#{s}", p.id), events)?;
             }
             let text = model.tokenizer.decode(&g.tokens)?;
             let (answer, verdict) = grade_output(&text, &p.answer, model.template.opens_thinking());
             let correct = verdict.is_correct();
             truncated += usize::from(verdict == Verdict::Truncated);
             if args.show_output {
-                bar.suspend(|| println!("--- {} ---\n{text}\n", p.id));
+                bar.suspend(|| println!("--- {} sample {s} ---\n{text}\n", p.id));
             }
+            per_problem[i].answers.push(answer.clone());
+            per_problem[i].correct.push(correct);
             rows.push((
-                p.id.clone(),
+                format!("{} #{s}", p.id),
                 answer,
                 p.answer.clone(),
                 correct,
@@ -185,12 +208,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let n_correct = rows.iter().filter(|r| r.3).count();
+    let acc = accuracy(&per_problem);
     println!();
     println!(
-        "accuracy {}/{} = {:.1}% (grader {}), {} truncated (thinking never closed)",
+        "accuracy: pass@1 {:.1}% ± {:.1} (standard error over {} problems; {}/{} samples correct){}; grader {}; {} truncated (thinking never closed)",
+        100.0 * acc.pass_at_1,
+        100.0 * acc.stderr,
+        acc.problems,
         n_correct,
         rows.len(),
-        100.0 * n_correct as f64 / rows.len().max(1) as f64,
+        if args.samples > 1 {
+            format!(", cons@{} {:.1}%", args.samples, 100.0 * acc.cons)
+        } else {
+            String::new()
+        },
         kvbench::eval::grade::GRADER_VERSION,
         truncated
     );

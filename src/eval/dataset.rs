@@ -1,0 +1,310 @@
+//! Evaluation datasets: the built-in manifests (`datasets/*.toml`), JSON Lines loading with field names
+//! that can be overridden, resolution (`--data PATH`, then the hub through hf-hub, then kvbench's
+//! cache), and subset selection (`--ids`, `--shuffle-seed`, `--limit`).
+//!
+//! A row without a problem or an answer is an error naming the file and line; a row count or sha256
+//! that differs from the manifest is a warning naming the file (the data may be a newer revision).
+
+use super::Problem;
+use crate::error::{Error, Result};
+use rand::{RngCore, SeedableRng};
+use std::path::{Path, PathBuf};
+
+/// A dataset's manifest, from `datasets/NAME.toml`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Manifest {
+    pub name: String,
+    pub description: String,
+    pub rows: usize,
+    /// sha256 of the JSON Lines file in kvbench's layout.
+    pub sha256: String,
+    /// The max-new-tokens default for this dataset.
+    pub max_new_tokens: usize,
+    pub hub: Option<HubSource>,
+}
+
+/// Where the dataset lives on the Hugging Face hub.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct HubSource {
+    pub repo: String,
+    pub file: String,
+    pub id_field: String,
+    pub problem_field: String,
+    pub answer_field: String,
+}
+
+const MANIFESTS: [&str; 4] = [
+    include_str!("../../datasets/math500.toml"),
+    include_str!("../../datasets/aime24.toml"),
+    include_str!("../../datasets/aime25.toml"),
+    include_str!("../../datasets/amc23.toml"),
+];
+
+/// The built-in dataset names.
+pub fn names() -> Vec<String> {
+    manifests().into_iter().map(|m| m.name).collect()
+}
+
+fn manifests() -> Vec<Manifest> {
+    MANIFESTS
+        .iter()
+        .map(|t| toml::from_str(t).expect("built-in manifests parse (a unit test checks)"))
+        .collect()
+}
+
+/// The manifest of a built-in dataset.
+pub fn manifest(name: &str) -> Option<Manifest> {
+    manifests().into_iter().find(|m| m.name == name)
+}
+
+/// Field names of a JSON Lines file.
+#[derive(Debug, Clone)]
+pub struct Fields {
+    pub id: String,
+    pub problem: String,
+    pub answer: String,
+}
+
+impl Default for Fields {
+    fn default() -> Self {
+        Self {
+            id: "id".into(),
+            problem: "problem".into(),
+            answer: "answer".into(),
+        }
+    }
+}
+
+/// A loaded dataset with where it came from.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    pub name: String,
+    pub problems: Vec<Problem>,
+    pub path: PathBuf,
+    pub sha256: String,
+    /// Mismatches with the manifest, each naming the file.
+    pub warnings: Vec<String>,
+}
+
+/// Reads a JSON Lines file of problems. A missing id becomes `line-N`; a missing or empty problem or
+/// answer is an error naming the line. Numeric answers are written as text.
+pub fn load_jsonl(path: &Path, fields: &Fields) -> Result<Vec<Problem>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{}:{}", path.display(), i + 1);
+        let row: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| Error::Input(format!("{}: not a JSON object: {e}", at())))?;
+        let text_of = |key: &str| -> Option<String> {
+            match row.get(key)? {
+                serde_json::Value::String(s) if !s.trim().is_empty() => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(match n.as_f64() {
+                    Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+                    _ => n.to_string(),
+                }),
+                _ => None,
+            }
+        };
+        let problem = text_of(&fields.problem).ok_or_else(|| {
+            Error::Input(format!("{}: no '{}' (problem) field", at(), fields.problem))
+        })?;
+        let answer = text_of(&fields.answer).ok_or_else(|| {
+            Error::Input(format!("{}: no '{}' (answer) field", at(), fields.answer))
+        })?;
+        let id = text_of(&fields.id).unwrap_or_else(|| format!("line-{}", i + 1));
+        out.push(Problem {
+            id,
+            problem,
+            answer,
+        });
+    }
+    if out.is_empty() {
+        return Err(Error::Input(format!("{}: no problems", path.display())));
+    }
+    Ok(out)
+}
+
+/// kvbench's dataset cache: `$KVBENCH_CACHE/datasets` or `~/.cache/kvbench/datasets`.
+pub fn cache_dir() -> PathBuf {
+    crate::model::resolve::cache_dir().join("datasets")
+}
+
+/// Resolves a dataset: `data` when given (with `fields`), else the built-in `name` from the hub
+/// (hf-hub, which reads its own cache first) or kvbench's cache.
+pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields) -> Result<Dataset> {
+    let manifest = manifest(name);
+    let (path, problems, own_layout) = match data {
+        Some(p) => (p.to_path_buf(), load_jsonl(p, fields)?, true),
+        None => {
+            let m = manifest.as_ref().ok_or_else(|| {
+                Error::Input(format!(
+                    "unknown dataset '{name}' (--dataset); built in: builtin, {}; or pass --data FILE.jsonl",
+                    names().join(", ")
+                ))
+            })?;
+            fetch(m)?
+        }
+    };
+    let sha256 = crate::model::resolve::sha256_file(&path)?;
+    let mut warnings = Vec::new();
+    if let Some(m) = &manifest {
+        if problems.len() != m.rows {
+            warnings.push(format!(
+                "{}: {} rows, the {} manifest expects {}",
+                path.display(),
+                problems.len(),
+                m.name,
+                m.rows
+            ));
+        }
+        // The manifest's hash is of kvbench's layout; a hub file has the upstream layout.
+        if own_layout && sha256 != m.sha256 {
+            warnings.push(format!(
+                "{}: sha256 {sha256} differs from the {} manifest's {} (another revision or layout?)",
+                path.display(),
+                m.name,
+                m.sha256
+            ));
+        }
+    }
+    Ok(Dataset {
+        name: name.to_string(),
+        problems,
+        path,
+        sha256,
+        warnings,
+    })
+}
+
+/// The hub first (when the manifest names a JSON Lines source), then kvbench's cache. The flag says
+/// whether the file is in kvbench's layout (the cache) rather than the upstream one (the hub).
+fn fetch(m: &Manifest) -> Result<(PathBuf, Vec<Problem>, bool)> {
+    let cached = cache_dir().join(format!("{}.jsonl", m.name));
+    let hub_error = match &m.hub {
+        Some(h) => match fetch_hub(h) {
+            Ok(path) => {
+                let fields = Fields {
+                    id: h.id_field.clone(),
+                    problem: h.problem_field.clone(),
+                    answer: h.answer_field.clone(),
+                };
+                let problems = load_jsonl(&path, &fields)?;
+                return Ok((path, problems, false));
+            }
+            Err(e) => e.to_string(),
+        },
+        None => "the manifest names no hub source".to_string(),
+    };
+    if cached.is_file() {
+        let problems = load_jsonl(&cached, &Fields::default())?;
+        return Ok((cached, problems, true));
+    }
+    Err(Error::Input(format!(
+        "dataset '{}': hub: {hub_error}; not in kvbench's cache ({}); pass --data FILE.jsonl (fields id, problem, answer)",
+        m.name,
+        cached.display()
+    )))
+}
+
+#[cfg(feature = "hub")]
+fn fetch_hub(h: &HubSource) -> Result<PathBuf> {
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(false)
+        .build()
+        .map_err(|e| Error::Input(format!("cannot start the hub client: {e}")))?;
+    let path = api
+        .dataset(h.repo.clone())
+        .get(&h.file)
+        .map_err(|e| Error::Input(format!("{}/{}: {e}", h.repo, h.file)))?;
+    crate::model::hub::verify_blob(&path)?;
+    Ok(path)
+}
+
+#[cfg(not(feature = "hub"))]
+fn fetch_hub(_: &HubSource) -> Result<PathBuf> {
+    Err(Error::Input("built without the `hub` feature".into()))
+}
+
+/// Takes a subset: the listed ids (in the order given; an unknown id is an error), else all rows, then
+/// a deterministic shuffle (Fisher–Yates on a ChaCha8 stream), then the first `limit`.
+pub fn select(
+    problems: Vec<Problem>,
+    ids: &[String],
+    shuffle_seed: Option<u64>,
+    limit: Option<usize>,
+) -> Result<Vec<Problem>> {
+    let mut chosen = if ids.is_empty() {
+        problems
+    } else {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let p = problems.iter().find(|p| &p.id == id).ok_or_else(|| {
+                Error::Input(format!("--ids: no problem with id '{id}' in the dataset"))
+            })?;
+            out.push(p.clone());
+        }
+        out
+    };
+    if let Some(seed) = shuffle_seed {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        for i in (1..chosen.len()).rev() {
+            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+            chosen.swap(i, j);
+        }
+    }
+    if let Some(n) = limit {
+        chosen.truncate(n);
+    }
+    Ok(chosen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifests_parse() {
+        assert_eq!(names(), vec!["math500", "aime24", "aime25", "amc23"]);
+        assert_eq!(manifest("math500").unwrap().rows, 500);
+        assert!(manifest("math500").unwrap().hub.is_some());
+    }
+
+    #[test]
+    fn loading_names_the_bad_line_and_selection_is_deterministic() {
+        let dir = std::env::temp_dir().join(format!("kvbench-ds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.jsonl");
+        let rows: String = (0..10)
+            .map(|i| {
+                format!("{{\"id\": \"p{i}\", \"problem\": \"What is {i}?\", \"answer\": {i}}}\n")
+            })
+            .collect();
+        std::fs::write(&good, rows).unwrap();
+        let ps = load_jsonl(&good, &Fields::default()).unwrap();
+        assert_eq!(ps.len(), 10);
+        assert_eq!(ps[3].answer, "3");
+        let bad = dir.join("bad.jsonl");
+        std::fs::write(&bad, "{\"id\": \"a\", \"problem\": \"x\", \"answer\": \"1\"}\n{\"id\": \"b\", \"problem\": \"y\"}\n").unwrap();
+        let err = load_jsonl(&bad, &Fields::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bad.jsonl:2") && err.contains("answer"),
+            "{err}"
+        );
+        let a = select(ps.clone(), &[], Some(7), Some(4)).unwrap();
+        let b = select(ps.clone(), &[], Some(7), Some(4)).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, ps[..4].to_vec(), "shuffled");
+        let picked = select(ps.clone(), &["p5".into(), "p1".into()], None, None).unwrap();
+        assert_eq!(
+            picked.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+            ["p5", "p1"]
+        );
+        assert!(select(ps, &["nope".into()], None, None).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -9,6 +9,14 @@ fn main() -> ExitCode {
     match cli::run() {
         Ok(code) => code,
         Err(err) => {
+            // A closed pipe (`kvbench grade … | head`) is the reader's choice, not a failure.
+            let broken_pipe = err.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            });
+            if broken_pipe {
+                return ExitCode::SUCCESS;
+            }
             eprintln!("error: {err:#}");
             let input = err.chain().any(|c| {
                 c.downcast_ref::<kvbench::Error>()

@@ -118,7 +118,7 @@ fn run_prints_answers_grades_and_speed() {
     );
     assert_eq!(text.matches("| builtin-").count(), 2, "{text}");
     assert!(
-        text.contains("accuracy ") && text.contains("decode ") && text.contains("tokens/s"),
+        text.contains("accuracy: pass@1") && text.contains("decode ") && text.contains("tokens/s"),
         "{text}"
     );
 }

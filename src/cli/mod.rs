@@ -1,5 +1,6 @@
 //! The command line: argument definitions (their doc comments are the `--help`) and dispatch.
 
+mod grade;
 mod perf;
 mod run;
 
@@ -32,6 +33,8 @@ enum Command {
     Perf(perf::PerfArgs),
     /// List the compression policies with every parameter and its default.
     Policies,
+    /// Grade one prediction against a gold answer, or a JSON Lines file of cases, printing JSON.
+    Grade(grade::GradeArgs),
 }
 
 /// Which model to load and how.
@@ -161,6 +164,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
             kvbench::init_threads(args.model.threads);
             perf::run(args)
         }
+        Command::Grade(args) => grade::run(args),
         Command::Policies => {
             for (name, about) in kvbench::policy::POLICIES {
                 // Defaults as resolved at a fractional budget (every policy accepts one).

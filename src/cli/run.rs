@@ -4,7 +4,7 @@ use super::DataArgs;
 use super::{ModelArgs, UsageError};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvbench::eval::accuracy::{accuracy, ProblemSamples};
+use kvbench::eval::accuracy::{accuracy, mean_pass_at_k, ProblemSamples};
 use kvbench::eval::grade::{grade_output, Verdict};
 use kvbench::eval::prompt::DecodingPreset;
 use kvbench::generate::{generate_batch, FinishReason, Request, SamplingParams};
@@ -218,7 +218,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         n_correct,
         rows.len(),
         if args.samples > 1 {
-            format!(", cons@{} {:.1}%", args.samples, 100.0 * acc.cons)
+            format!(
+                ", pass@{n} {:.1}%, cons@{n} {:.1}%",
+                100.0 * mean_pass_at_k(&per_problem, args.samples),
+                100.0 * acc.cons,
+                n = args.samples
+            )
         } else {
             String::new()
         },

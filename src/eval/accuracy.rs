@@ -41,6 +41,27 @@ fn majority(answers: &[Option<String>]) -> Option<&str> {
     best.map(|(a, _)| a)
 }
 
+/// The unbiased pass@k of one problem with `n` samples of which `c` are correct (Codex paper):
+/// `1 − C(n−c, k) / C(n, k)`, computed as a running product.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    if k == 0 || k > n {
+        return f64::NAN;
+    }
+    if n - c < k {
+        return 1.0;
+    }
+    1.0 - (n - c + 1..=n).fold(1.0, |acc, i| acc * (1.0 - k as f64 / i as f64))
+}
+
+/// Mean over problems of the unbiased pass@k.
+pub fn mean_pass_at_k(problems: &[ProblemSamples], k: usize) -> f64 {
+    let sum: f64 = problems
+        .iter()
+        .map(|p| pass_at_k(p.correct.len(), p.correct.iter().filter(|&&c| c).count(), k))
+        .sum();
+    sum / problems.len().max(1) as f64
+}
+
 pub fn accuracy(problems: &[ProblemSamples]) -> Accuracy {
     let n = problems.len().max(1) as f64;
     let rates: Vec<f64> = problems
@@ -79,6 +100,16 @@ mod tests {
                 .map(|a| a.is_some_and(|a| equivalent(a, gold)))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn unbiased_pass_at_k() {
+        assert!((pass_at_k(4, 2, 1) - 0.5).abs() < 1e-12);
+        // 1 − C(2,2)/C(4,2) = 1 − 1/6
+        assert!((pass_at_k(4, 2, 2) - 5.0 / 6.0).abs() < 1e-12);
+        assert_eq!(pass_at_k(4, 0, 2), 0.0);
+        assert_eq!(pass_at_k(4, 3, 2), 1.0);
+        assert!(pass_at_k(2, 1, 3).is_nan());
     }
 
     #[test]

@@ -40,6 +40,7 @@ impl Expr {
         let mut p = Parser {
             s: s.as_bytes(),
             pos: 0,
+            depth: 0,
         };
         let e = p.expr()?;
         (p.pos == p.s.len()).then_some(e)
@@ -149,7 +150,12 @@ impl Expr {
 struct Parser<'a> {
     s: &'a [u8],
     pos: usize,
+    /// Nesting depth, capped so that adversarial input cannot exhaust the stack.
+    depth: usize,
 }
+
+/// Deepest nesting of groups the parser follows.
+const MAX_DEPTH: usize = 64;
 
 impl Parser<'_> {
     fn peek(&self) -> Option<u8> {
@@ -177,6 +183,10 @@ impl Parser<'_> {
     }
 
     fn expr(&mut self) -> Option<Expr> {
+        self.nested(Self::expr_inner)
+    }
+
+    fn expr_inner(&mut self) -> Option<Expr> {
         let mut lhs = self.term()?;
         loop {
             if self.eat("+") {
@@ -204,12 +214,25 @@ impl Parser<'_> {
         }
     }
 
+    /// Runs `f` one level deeper, or fails beyond [`MAX_DEPTH`].
+    fn nested(&mut self, f: impl FnOnce(&mut Self) -> Option<Expr>) -> Option<Expr> {
+        self.depth += 1;
+        let e = if self.depth > MAX_DEPTH {
+            None
+        } else {
+            f(self)
+        };
+        self.depth -= 1;
+        e
+    }
+
     fn unary(&mut self) -> Option<Expr> {
+        // Runs of signs and of function names recurse too, so they count as nesting.
         if self.eat("-") {
-            return Some(Expr::Neg(Box::new(self.unary()?)));
+            return Some(Expr::Neg(Box::new(self.nested(Self::unary)?)));
         }
         if self.eat("+") {
-            return self.unary();
+            return self.nested(Self::unary);
         }
         self.power()
     }
@@ -326,7 +349,7 @@ impl Parser<'_> {
                 };
                 Some(e)
             }
-            b'\\' => self.command(),
+            b'\\' => self.nested(Self::command),
             _ => None,
         }
     }

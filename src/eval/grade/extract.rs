@@ -131,7 +131,8 @@ fn boxed(region: &str) -> BoxResult {
 
 /// The "final answer is X", "The answer is X", "answer: X" and Minerva fallbacks (last occurrence).
 fn phrase(region: &str) -> Option<String> {
-    let lower = region.to_lowercase();
+    // ASCII lowering keeps byte offsets valid in `region`.
+    let lower = region.to_ascii_lowercase();
     for key in ["final answer is", "the answer is", "answer:"] {
         if let Some(i) = lower.rfind(key) {
             let tail = &region[i + key.len()..];

@@ -59,6 +59,10 @@ pub fn grade_output(
     }
 }
 
+/// Answers longer than this (after normalisation) are compared as strings only (spec §4.5: give up
+/// beyond a cap, which scores as incorrect unless the strings are equal).
+pub const MAX_TYPED_LEN: usize = 4096;
+
 /// Whether an extracted answer equals the gold answer (spec §3–§4).
 pub fn equivalent(pred: &str, gold: &str) -> bool {
     let (p, g) = (
@@ -71,6 +75,9 @@ pub fn equivalent(pred: &str, gold: &str) -> bool {
     // 1. String.
     if p == g {
         return true;
+    }
+    if p.len() > MAX_TYPED_LEN || g.len() > MAX_TYPED_LEN {
+        return false;
     }
     // 2. Multiple choice.
     if let Some(letter) = choice_letter(&g, true) {

@@ -83,8 +83,8 @@ pub fn normalize(s: &str) -> String {
     for m in ["^{\\circ}", "^\\circ", "\\circ", "°", "\\degree"] {
         s = s.replace(m, "");
     }
-    // 6. Text wrappers.
-    loop {
+    // 6. Text wrappers (innermost first; nesting deeper than 16 is left).
+    for _ in 0..16 {
         let next = WRAPPER.replace_all(&s, "$1").into_owned();
         if next == s {
             break;
@@ -101,7 +101,7 @@ pub fn normalize(s: &str) -> String {
     let t = s.trim();
     let bracketed = t.starts_with(['(', '[']) && t.ends_with([')', ']']);
     if !bracketed {
-        loop {
+        for _ in 0..8 {
             let next = THOUSANDS.replace_all(&s, "$1$2$3").into_owned();
             if next == s {
                 break;
@@ -143,15 +143,16 @@ pub fn normalize(s: &str) -> String {
 fn brace_shorthand(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 8);
     let mut rest = s;
-    while let Some(i) = [rest.find("\\frac"), rest.find("\\sqrt")]
-        .into_iter()
-        .flatten()
-        .min()
-    {
+    // Scan macro by macro (linear: each step moves past one backslash).
+    while let Some(i) = rest.find('\\') {
         let args = if rest[i..].starts_with("\\frac") {
             2
-        } else {
+        } else if rest[i..].starts_with("\\sqrt") {
             1
+        } else {
+            out.push_str(&rest[..i + 1]);
+            rest = &rest[i + 1..];
+            continue;
         };
         out.push_str(&rest[..i + 5]);
         rest = &rest[i + 5..];

@@ -86,7 +86,8 @@ pub fn split_top(s: &str, sep: &str) -> Vec<String> {
             b')' | b']' | b'}' => depth -= 1,
             _ => {}
         }
-        if depth == 0 && s[i..].starts_with(sep) {
+        // Byte comparison: `i` may sit inside a multi-byte character; an ASCII separator never does.
+        if depth == 0 && b[i..].starts_with(sep.as_bytes()) {
             // `\\{` and `\\}` are set braces, not separators' concern; keep scanning.
             parts.push(s[start..i].to_string());
             i += sep.len();

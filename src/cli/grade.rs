@@ -1,0 +1,109 @@
+//! `kvbench grade`: one grader decision, or a file of them, as JSON objects, so that users can check
+//! what the grader extracted, how it normalised both sides, and its verdict.
+
+use super::UsageError;
+use clap::{Args, ValueEnum};
+use kvbench::eval::grade::{self, Extracted};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    /// An already extracted answer.
+    Answer,
+    /// A whole model output (the answer is extracted first).
+    Output,
+}
+
+#[derive(Args, Debug)]
+pub struct GradeArgs {
+    /// The prediction (with --gold).
+    #[arg(long, requires = "gold", conflicts_with = "cases")]
+    pub pred: Option<String>,
+    /// The gold answer.
+    #[arg(long, requires = "pred")]
+    pub gold: Option<String>,
+    #[arg(long, value_enum, default_value_t = Kind::Answer)]
+    pub kind: Kind,
+    /// The prompt opened a thinking block (an R1-style template): without `</think>` the output is
+    /// truncated.
+    #[arg(long)]
+    pub thinking: bool,
+    /// A JSON Lines file of cases: `id`, `kind` (answer | output), `pred`, `gold`.
+    #[arg(long, value_name = "FILE")]
+    pub cases: Option<PathBuf>,
+}
+
+fn decide(id: &str, kind: Kind, pred: &str, gold: &str, thinking: bool) -> serde_json::Value {
+    let (extracted, verdict) = match kind {
+        Kind::Answer => {
+            let ok = grade::equivalent(pred, gold);
+            (
+                Some(pred.to_string()),
+                if ok { "correct" } else { "incorrect" },
+            )
+        }
+        Kind::Output => match grade::extract(pred, thinking) {
+            Extracted::Answer(a) => {
+                let ok = grade::equivalent(&a, gold);
+                (Some(a), if ok { "correct" } else { "incorrect" })
+            }
+            Extracted::Truncated => (None, "truncated"),
+            Extracted::NoAnswer => (None, "no_answer"),
+        },
+    };
+    serde_json::json!({
+        "id": id,
+        "correct": verdict == "correct",
+        "verdict": verdict,
+        "extracted": extracted,
+        "normalized_pred": extracted.as_deref().map(|a| grade::normalize(&grade::extract::tidy(a))),
+        "normalized_gold": grade::normalize(&grade::extract::tidy(gold)),
+        "grader": grade::GRADER_VERSION,
+    })
+}
+
+pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    if let (Some(pred), Some(gold)) = (&args.pred, &args.gold) {
+        writeln!(out, "{}", decide("-", args.kind, pred, gold, args.thinking))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(path) = &args.cases else {
+        return Err(UsageError("give --pred and --gold, or --cases FILE".into()).into());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| kvbench::Error::io(path, e))?;
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let at = format!("{}:{}", path.display(), i + 1);
+        let row: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| kvbench::Error::Input(format!("{at}: not a JSON object: {e}")))?;
+        let field = |k: &str| -> anyhow::Result<String> {
+            row.get(k)
+                .and_then(|v| v.as_str())
+                .map(String::from)
+                .ok_or_else(|| kvbench::Error::Input(format!("{at}: no string field '{k}'")).into())
+        };
+        let kind = match row.get("kind").and_then(|v| v.as_str()).unwrap_or("answer") {
+            "answer" => Kind::Answer,
+            "output" => Kind::Output,
+            other => {
+                return Err(kvbench::Error::Input(format!(
+                    "{at}: kind '{other}' (expected answer or output)"
+                ))
+                .into())
+            }
+        };
+        let id = row
+            .get("id")
+            .map(|v| v.as_str().map_or(v.to_string(), String::from))
+            .unwrap_or_else(|| format!("line-{}", i + 1));
+        let v = decide(&id, kind, &field("pred")?, &field("gold")?, args.thinking);
+        writeln!(out, "{v}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -117,7 +117,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (mut prefill_tokens, mut prefill_secs, mut decode_tokens) = (0usize, 0f64, 0usize);
     let mut decode_secs = 0f64;
     let mut kv = KvSummary::default();
-    let mut truncated = 0usize;
+    let (mut truncated, mut unanswered) = (0usize, 0usize);
     let mut per_problem: Vec<ProblemSamples> = problems
         .iter()
         .map(|p| ProblemSamples {
@@ -176,6 +176,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let (answer, verdict) = grade_output(&text, &p.answer, model.template.opens_thinking());
             let correct = verdict.is_correct();
             truncated += usize::from(verdict == Verdict::Truncated);
+            unanswered += usize::from(verdict == Verdict::NoAnswer);
             if args.show_output {
                 bar.suspend(|| println!("--- {} sample {s} ---\n{text}\n", p.id));
             }
@@ -211,7 +212,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let acc = accuracy(&per_problem);
     println!();
     println!(
-        "accuracy: pass@1 {:.1}% ± {:.1} (standard error over {} problems; {}/{} samples correct){}; grader {}; {} truncated (thinking never closed)",
+        "accuracy: pass@1 {:.1}% ± {:.1} (standard error over {} problems; {}/{} samples correct){}; grader {}; {} truncated (thinking never closed), {} without an answer",
         100.0 * acc.pass_at_1,
         100.0 * acc.stderr,
         acc.problems,
@@ -228,7 +229,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             String::new()
         },
         kvbench::eval::grade::GRADER_VERSION,
-        truncated
+        truncated,
+        unanswered
     );
     println!(
         "prefill {:.1} tokens/s, decode {:.1} tokens/s (batch {}), {} generated tokens in {:.1} s wall",

@@ -122,3 +122,36 @@ fn run_prints_answers_grades_and_speed() {
         "{text}"
     );
 }
+
+#[test]
+fn stored_samples_regrade_without_generating() {
+    common::model(kvbench::model::weights::WeightFormat::Native);
+    let dir = std::env::temp_dir().join(format!("kvbench-regrade-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let samples = dir.join("samples.jsonl");
+    let s = samples.to_str().unwrap();
+    let out = kvbench(&["run", "--limit", "2", "--max-new-tokens", "8", "--out", s]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = kvbench::results::sample::read_records(&samples).unwrap();
+    assert_eq!(records.len(), 2);
+    assert!(!records[0].output.is_empty() && records[0].grader.starts_with("kvbench-grader"));
+    // The same grader changes nothing.
+    let out = kvbench(&["regrade", s]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 verdicts changed"));
+    // A corrupt line is named, and the file is left as it was.
+    let before = std::fs::read_to_string(&samples).unwrap();
+    std::fs::write(&samples, format!("{before}{{not json\n")).unwrap();
+    let out = kvbench(&["regrade", s, "--in-place"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("samples.jsonl:3"));
+    assert!(std::fs::read_to_string(&samples)
+        .unwrap()
+        .starts_with(&before));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -30,12 +30,16 @@ pub struct GradeArgs {
     /// truncated.
     #[arg(long)]
     pub thinking: bool,
+    /// Lenient extraction (never the default): search unclosed thinking blocks, fall back to the last
+    /// number.
+    #[arg(long)]
+    pub lenient: bool,
     /// A JSON Lines file of cases: `id`, `kind` (answer | output), `pred`, `gold`.
     #[arg(long, value_name = "FILE")]
     pub cases: Option<PathBuf>,
 }
 
-fn decide(id: &str, kind: Kind, pred: &str, gold: &str, thinking: bool) -> serde_json::Value {
+fn decide(id: &str, kind: Kind, pred: &str, gold: &str, args: &GradeArgs) -> serde_json::Value {
     let (extracted, verdict) = match kind {
         Kind::Answer => {
             let ok = grade::equivalent(pred, gold);
@@ -44,7 +48,7 @@ fn decide(id: &str, kind: Kind, pred: &str, gold: &str, thinking: bool) -> serde
                 if ok { "correct" } else { "incorrect" },
             )
         }
-        Kind::Output => match grade::extract(pred, thinking) {
+        Kind::Output => match grade::extract::extract_with(pred, args.thinking, args.lenient) {
             Extracted::Answer(a) => {
                 let ok = grade::equivalent(&a, gold);
                 (Some(a), if ok { "correct" } else { "incorrect" })
@@ -67,7 +71,7 @@ fn decide(id: &str, kind: Kind, pred: &str, gold: &str, thinking: bool) -> serde
 pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if let (Some(pred), Some(gold)) = (&args.pred, &args.gold) {
-        writeln!(out, "{}", decide("-", args.kind, pred, gold, args.thinking))?;
+        writeln!(out, "{}", decide("-", args.kind, pred, gold, &args))?;
         return Ok(ExitCode::SUCCESS);
     }
     let Some(path) = &args.cases else {
@@ -102,7 +106,7 @@ pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
             .get("id")
             .map(|v| v.as_str().map_or(v.to_string(), String::from))
             .unwrap_or_else(|| format!("line-{}", i + 1));
-        let v = decide(&id, kind, &field("pred")?, &field("gold")?, args.thinking);
+        let v = decide(&id, kind, &field("pred")?, &field("gold")?, &args);
         writeln!(out, "{v}")?;
     }
     Ok(ExitCode::SUCCESS)

@@ -2,6 +2,7 @@
 
 mod grade;
 mod perf;
+mod regrade;
 mod run;
 
 use clap::{Args, Parser, Subcommand};
@@ -35,6 +36,8 @@ enum Command {
     Policies,
     /// Grade one prediction against a gold answer, or a JSON Lines file of cases, printing JSON.
     Grade(grade::GradeArgs),
+    /// Grade stored samples (`run --out`) again with this grader, without generating.
+    Regrade(regrade::RegradeArgs),
 }
 
 /// Which model to load and how.
@@ -165,6 +168,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
             perf::run(args)
         }
         Command::Grade(args) => grade::run(args),
+        Command::Regrade(args) => regrade::run(args),
         Command::Policies => {
             for (name, about) in kvbench::policy::POLICIES {
                 // Defaults as resolved at a fractional budget (every policy accepts one).

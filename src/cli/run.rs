@@ -5,11 +5,12 @@ use super::{ModelArgs, UsageError};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvbench::eval::accuracy::{accuracy, mean_pass_at_k, ProblemSamples};
-use kvbench::eval::grade::{grade_output, Verdict};
+use kvbench::eval::grade::Verdict;
 use kvbench::eval::prompt::DecodingPreset;
 use kvbench::generate::{generate_batch, FinishReason, Request, SamplingParams};
 use kvbench::metrics;
 use kvbench::policy::PolicySpec;
+use kvbench::results::sample::SampleRecord;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
@@ -54,6 +55,14 @@ pub struct RunArgs {
     /// Base seed; sample s of problem i uses seed + i·samples + s.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Write every sample (raw output, extracted answer, normalised forms, verdict) as JSON Lines, for
+    /// `kvbench regrade`.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<std::path::PathBuf>,
+    /// Lenient extraction (never the default): search unclosed thinking blocks, fall back to the
+    /// last number.
+    #[arg(long)]
+    pub lenient: bool,
     /// Print each full output.
     #[arg(long)]
     pub show_output: bool,
@@ -75,6 +84,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return Err(
             UsageError("--top-p must be in (0, 1] and --temperature at least 0".into()).into(),
         );
+    }
+    if let Some(path) = &args.out {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        if dir.is_some_and(|d| !d.is_dir()) {
+            return Err(UsageError(format!(
+                "--out {}: the directory does not exist",
+                path.display()
+            ))
+            .into());
+        }
     }
     // Validate the policy before loading anything.
     let spec = PolicySpec::from_args(&args.policy, args.budget, &args.policy_args)?;
@@ -118,6 +137,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut decode_secs = 0f64;
     let mut kv = KvSummary::default();
     let (mut truncated, mut unanswered) = (0usize, 0usize);
+    let mut records = Vec::new();
+    let template_hash = args.data.prompt.template_hash(model.template);
     let mut per_problem: Vec<ProblemSamples> = problems
         .iter()
         .map(|p| ProblemSamples {
@@ -173,8 +194,34 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 w.write(&format!("{}#{s}", p.id), events)?;
             }
             let text = model.tokenizer.decode(&g.tokens)?;
-            let (answer, verdict) = grade_output(&text, &p.answer, model.template.opens_thinking());
-            let correct = verdict.is_correct();
+            let mut record = SampleRecord {
+                problem_id: p.id.clone(),
+                sample: s,
+                seed: args.seed + (i * args.samples + s) as u64,
+                gold: p.answer.clone(),
+                output: text.clone(),
+                thinking: model.template.opens_thinking(),
+                extracted: None,
+                normalized_pred: None,
+                normalized_gold: String::new(),
+                verdict: Verdict::NoAnswer,
+                correct: false,
+                grader: String::new(),
+                lenient: false,
+                tokens: g.tokens.len(),
+                finish: g.finish,
+                policy: spec.describe(),
+                prompt: format!("{:?}", args.data.prompt),
+                template_hash: template_hash.clone(),
+                dataset: set.source.clone(),
+            };
+            record.grade(args.lenient);
+            let (answer, verdict, correct) = (
+                record.extracted.clone(),
+                record.verdict.clone(),
+                record.correct,
+            );
+            records.push(record);
             truncated += usize::from(verdict == Verdict::Truncated);
             unanswered += usize::from(verdict == Verdict::NoAnswer);
             if args.show_output {
@@ -249,6 +296,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         metrics::machine()
     );
     kv.print(&spec, decode_secs);
+    if let Some(path) = &args.out {
+        kvbench::results::sample::write_records(path, &records)?;
+        println!(
+            "samples: {} records written to {}",
+            records.len(),
+            path.display()
+        );
+    }
     if let (Some(w), Some(path)) = (trace_out, &args.trace) {
         let events = w.finish()?;
         println!(

@@ -2,6 +2,8 @@
 //! target, flushed and synced, then renamed over it, so a crash never leaves a half-written file and
 //! an existing file is replaced only by a complete one.
 
+pub mod sample;
+
 use crate::error::{Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, Write};

@@ -25,13 +25,24 @@ pub fn answer_region(output: &str, prompt_opened_thinking: bool) -> Option<&str>
 
 /// Extracts the final answer from a whole output (spec §1–§2).
 pub fn extract(output: &str, prompt_opened_thinking: bool) -> Extracted {
-    let Some(region) = answer_region(output, prompt_opened_thinking) else {
-        return Extracted::Truncated;
+    extract_with(output, prompt_opened_thinking, false)
+}
+
+/// [`extract`], or in `lenient` mode (never the default) what Qwen's and Math-Verify's evaluators
+/// do: an unclosed thinking block is searched as it is, and with no box or phrase the last number
+/// of the region is taken.
+pub fn extract_with(output: &str, prompt_opened_thinking: bool, lenient: bool) -> Extracted {
+    let region = match answer_region(output, prompt_opened_thinking) {
+        Some(r) => r,
+        None if lenient => output,
+        None => return Extracted::Truncated,
     };
     let found = match boxed(region) {
         BoxResult::Found(s) => Some(s),
-        BoxResult::Unbalanced => return Extracted::NoAnswer,
-        BoxResult::None => phrase(region),
+        BoxResult::Unbalanced if !lenient => return Extracted::NoAnswer,
+        BoxResult::Unbalanced | BoxResult::None => {
+            phrase(region).or_else(|| lenient.then(|| last_number(region)).flatten())
+        }
     };
     match found.map(|s| tidy(&s)) {
         Some(s) if !s.is_empty() => Extracted::Answer(s),
@@ -152,6 +163,17 @@ fn phrase(region: &str) -> Option<String> {
     None
 }
 
+/// The last number in the text (lenient mode only).
+fn last_number(text: &str) -> Option<String> {
+    static NUMBER: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"-?\d+(?:,\d{3})*(?:\.\d+)?").expect("static pattern")
+    });
+    NUMBER
+        .find_iter(text)
+        .last()
+        .map(|m| m.as_str().to_string())
+}
+
 /// Removes one level of `$…$`, `\(…\)` or `\[…\]` around the whole string.
 fn unwrap_math(s: &str) -> String {
     let s = s.trim().trim_end_matches(['.', ',', ';']).trim();
@@ -214,5 +236,14 @@ mod tests {
         assert_eq!(answer("we get 17 apples"), None, "no last-number fallback");
         assert_eq!(extract("<think>\nhmm 4", false), Extracted::Truncated);
         assert_eq!(extract("hmm 4", true), Extracted::Truncated);
+        // Lenient mode: inside an unclosed block, and the last number.
+        assert_eq!(
+            extract_with("<think>\nso 3 then 17 apples", false, true),
+            Extracted::Answer("17".into())
+        );
+        assert_eq!(
+            extract_with("<think>\n\\boxed{5", false, true),
+            Extracted::Answer("5".into())
+        );
     }
 }

@@ -45,7 +45,17 @@ pub fn grade_output(
     gold: &str,
     prompt_opened_thinking: bool,
 ) -> (Option<String>, Verdict) {
-    match extract(output, prompt_opened_thinking) {
+    grade_output_with(output, gold, prompt_opened_thinking, false)
+}
+
+/// [`grade_output`], optionally in the lenient extraction mode ([`extract::extract_with`]).
+pub fn grade_output_with(
+    output: &str,
+    gold: &str,
+    prompt_opened_thinking: bool,
+    lenient: bool,
+) -> (Option<String>, Verdict) {
+    match extract::extract_with(output, prompt_opened_thinking, lenient) {
         Extracted::Truncated => (None, Verdict::Truncated),
         Extracted::NoAnswer => (None, Verdict::NoAnswer),
         Extracted::Answer(a) => {

@@ -35,7 +35,7 @@ pub enum Error {
     #[error("policy '{policy}': {reason}")]
     Policy { policy: String, reason: String },
 
-    #[error("i/o error on {path}: {source}")]
+    #[error("i/o error on {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod results;
+pub mod sweep;
 
 pub use error::{Error, Result};
 

@@ -155,3 +155,65 @@ fn stored_samples_regrade_without_generating() {
         .starts_with(&before));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bad_sweep_configs_give_one_clear_error_each() {
+    let dir = std::env::temp_dir().join(format!("kvbench-sweepcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = "name = \"t\"\nlimit = 2\nbudgets = [0.1]\n";
+    let cases = [
+        (
+            "unknown-key",
+            format!("{base}colour = 3\n[[policy]]\nname = \"rkv\"\n"),
+            "colour",
+        ),
+        (
+            "unknown-policy",
+            format!("{base}[[policy]]\nname = \"magic\"\n"),
+            "magic",
+        ),
+        (
+            "zero-budget",
+            format!("{base}[[policy]]\nname = \"rkv\"\nbudgets = [0.0]\n"),
+            "budget",
+        ),
+        (
+            "negative-budget",
+            format!("{base}[[policy]]\nname = \"rkv\"\nbudgets = [-1.0]\n"),
+            "budget",
+        ),
+        (
+            "bad-arg",
+            format!("{base}[[policy]]\nname = \"rkv\"\nargs = {{ lamda = 1 }}\n"),
+            "lamda",
+        ),
+        (
+            "missing-model",
+            format!("model = \"/nope/model.gguf\"\n{base}[[policy]]\nname = \"full\"\n"),
+            "/nope/model.gguf",
+        ),
+        (
+            "unreadable-data",
+            format!("data = \"missing.jsonl\"\n{base}[[policy]]\nname = \"full\"\n"),
+            "missing.jsonl",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let out = kvbench(&["sweep", path.to_str().unwrap(), "--dry-run"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(needle), "{name}: {err}");
+        assert_eq!(err.matches("error:").count(), 1, "{name}: one error: {err}");
+    }
+    let out = kvbench(&["sweep", "configs/smoke.toml", "--dry-run"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("28 work units"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,6 +4,7 @@ mod grade;
 mod perf;
 mod regrade;
 mod run;
+mod sweep;
 
 use clap::{Args, Parser, Subcommand};
 use kvbench::eval::prompt::PromptVariant;
@@ -38,6 +39,8 @@ enum Command {
     Grade(grade::GradeArgs),
     /// Grade stored samples (`run --out`) again with this grader, without generating.
     Regrade(regrade::RegradeArgs),
+    /// Expand a sweep configuration (TOML) into its work units and print the plan (`--dry-run`).
+    Sweep(sweep::SweepArgs),
 }
 
 /// Which model to load and how.
@@ -169,6 +172,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         }
         Command::Grade(args) => grade::run(args),
         Command::Regrade(args) => regrade::run(args),
+        Command::Sweep(args) => sweep::run(args),
         Command::Policies => {
             for (name, about) in kvbench::policy::POLICIES {
                 // Defaults as resolved at a fractional budget (every policy accepts one).

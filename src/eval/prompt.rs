@@ -54,7 +54,10 @@ impl PromptVariant {
 }
 
 /// Sampling presets (grading spec, "Decoding settings").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum DecodingPreset {
     /// Temperature 0.6, top-p 0.95 (DeepSeek-R1's evaluation setting).
     R1,

@@ -22,7 +22,7 @@ impl Budget {
     pub fn from_value(value: f64) -> Result<Self> {
         if !value.is_finite() || value <= 0.0 {
             return Err(Error::Input(format!(
-                "--budget must be a positive number, got {value}"
+                "budget must be a positive number (--budget, or `budgets` in a sweep config), got {value}"
             )));
         }
         if value <= 1.0 {

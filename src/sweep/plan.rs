@@ -1,0 +1,142 @@
+//! Parse, plan, execute: a sweep config expands into work units with stable content-hash ids before
+//! anything runs, so that a rerun recognises the units it already finished and shards split the same
+//! list the same way.
+
+use crate::eval::Problem;
+use crate::policy::PolicySpec;
+use sha2::{Digest, Sha256};
+
+/// Decoding settings shared by every unit of a sweep.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Decoding {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub max_new_tokens: usize,
+    pub seed: u64,
+    pub prompt: String,
+}
+
+/// One (policy, budget, problem, sample).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkUnit {
+    /// 16 hex digits of the sha256 of everything that determines the unit's result.
+    pub id: String,
+    /// Index into [`Plan::specs`].
+    pub policy: usize,
+    /// Index into [`Plan::problems`].
+    pub problem: usize,
+    pub sample: usize,
+    pub seed: u64,
+}
+
+/// Every unit of a sweep, in a fixed order: policy, then problem, then sample.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub specs: Vec<PolicySpec>,
+    pub problems: Vec<Problem>,
+    pub decoding: Decoding,
+    pub samples: usize,
+    pub units: Vec<WorkUnit>,
+}
+
+/// Hex sha256 of a JSON value's canonical text (keys sorted, as serde_json writes maps of a
+/// `json!` object).
+pub fn content_id(v: &serde_json::Value) -> String {
+    let digest = Sha256::digest(v.to_string().as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+impl Plan {
+    /// Expands policies × problems × samples. `model_id` and `dataset_sha256` identify the inputs.
+    pub fn new(
+        specs: Vec<PolicySpec>,
+        problems: Vec<Problem>,
+        samples: usize,
+        decoding: Decoding,
+        model_id: &str,
+        dataset_sha256: &str,
+    ) -> Self {
+        let mut units = Vec::with_capacity(specs.len() * problems.len() * samples);
+        for (pi, spec) in specs.iter().enumerate() {
+            for (qi, problem) in problems.iter().enumerate() {
+                for s in 0..samples {
+                    // The seed depends on the problem and sample only, so every policy sees the same
+                    // sampling stream for the same sample.
+                    let seed = decoding.seed + (qi * samples + s) as u64;
+                    let id = content_id(&serde_json::json!({
+                        "kvbench": env!("CARGO_PKG_VERSION"),
+                        "model": model_id,
+                        "dataset": dataset_sha256,
+                        "problem": problem.id,
+                        "sample": s,
+                        "seed": seed,
+                        "policy": spec.describe(),
+                        "decoding": decoding,
+                    }));
+                    units.push(WorkUnit {
+                        id,
+                        policy: pi,
+                        problem: qi,
+                        sample: s,
+                        seed,
+                    });
+                }
+            }
+        }
+        Self {
+            specs,
+            problems,
+            decoding,
+            samples,
+            units,
+        }
+    }
+
+    /// Upper bound of tokens generated (every unit running to its limit).
+    pub fn max_tokens(&self) -> usize {
+        self.units.len() * self.decoding.max_new_tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(seed: u64, budgets: &[f64]) -> Plan {
+        let specs = budgets
+            .iter()
+            .map(|&b| PolicySpec::new("rkv", b, Default::default()).unwrap())
+            .chain(std::iter::once(
+                PolicySpec::new("full", 1.0, Default::default()).unwrap(),
+            ))
+            .collect();
+        let problems = crate::eval::builtin::problems(3, 1);
+        let decoding = Decoding {
+            temperature: 0.0,
+            top_p: 1.0,
+            max_new_tokens: 64,
+            seed,
+            prompt: "r1".into(),
+        };
+        Plan::new(specs, problems, 2, decoding, "model", "data")
+    }
+
+    #[test]
+    fn ids_are_stable_unique_and_content_dependent() {
+        let a = plan(0, &[0.1, 0.2]);
+        assert_eq!(a.units.len(), 3 * 3 * 2);
+        assert_eq!(a.max_tokens(), 18 * 64);
+        let b = plan(0, &[0.1, 0.2]);
+        assert_eq!(a.units, b.units, "same config, same ids");
+        let mut ids: Vec<&str> = a.units.iter().map(|u| u.id.as_str()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), a.units.len(), "ids are unique");
+        // Removing a budget keeps the other units' ids.
+        let c = plan(0, &[0.2]);
+        assert!(c.units.iter().all(|u| a.units.iter().any(|v| v.id == u.id)));
+        // Another seed changes every id.
+        let d = plan(1, &[0.1, 0.2]);
+        assert!(d.units.iter().all(|u| a.units.iter().all(|v| v.id != u.id)));
+    }
+}

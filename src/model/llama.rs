@@ -391,7 +391,8 @@ impl Transformer {
         let (hkv, g) = (cache_heads, hq / cache_heads);
         st.cache.layer_mut(l).append(&k_s, &v_s, step.seen_before)?;
         let want_probs = st.caps.attention_probs;
-        let q_vec = if t == 1 {
+        // A host copy of the query only for the CPU loop or a sparse-attention policy.
+        let q_vec = if t == 1 && (self.device.is_cpu() || st.caps.sparse_attention) {
             Some(q_s.flatten_all()?.to_vec1::<f32>()?)
         } else {
             None

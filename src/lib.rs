@@ -12,6 +12,7 @@ pub mod generate;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+pub mod report;
 pub mod results;
 pub mod sweep;
 

@@ -94,16 +94,20 @@ fn bad_flags_exit_with_code_2_and_say_which() {
 #[test]
 fn run_prints_answers_grades_and_speed() {
     common::model(kvbench::model::weights::WeightFormat::Native); // make sure the model is cached
+    let dir = std::env::temp_dir().join(format!("kvbench-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     let out = kvbench(&[
         "run",
         "--policy",
-        "full",
+        "streaming",
         "--budget",
-        "1.0",
+        "0.5",
         "--limit",
         "2",
         "--max-new-tokens",
         "16",
+        "--out",
+        dir.to_str().unwrap(),
     ]);
     assert_eq!(
         out.status.code(),
@@ -121,6 +125,40 @@ fn run_prints_answers_grades_and_speed() {
         text.contains("accuracy: pass@1") && text.contains("decode ") && text.contains("tokens/s"),
         "{text}"
     );
+    // The full-cache baseline ran beside the policy, and the comparison table names both.
+    assert!(text.contains("against the full-cache baseline"), "{text}");
+    assert!(
+        text.contains("| full | - |") && text.contains("| streaming | 0.5 |"),
+        "{text}"
+    );
+    let records = kvbench::results::dir::read_samples(&dir).unwrap().records;
+    assert_eq!(records.len(), 4);
+    // Rerunning the same command reuses the finished units.
+    let out = kvbench(&[
+        "run",
+        "--policy",
+        "streaming",
+        "--budget",
+        "0.5",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--out",
+        dir.to_str().unwrap(),
+        "--no-baseline",
+    ]);
+    // --no-baseline is another configuration: refused, nothing written.
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another configuration"));
+    assert_eq!(
+        kvbench::results::dir::read_samples(&dir)
+            .unwrap()
+            .records
+            .len(),
+        4
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -130,7 +168,15 @@ fn stored_samples_regrade_without_generating() {
     std::fs::create_dir_all(&dir).unwrap();
     let samples = dir.join("samples.jsonl");
     let s = samples.to_str().unwrap();
-    let out = kvbench(&["run", "--limit", "2", "--max-new-tokens", "8", "--out", s]);
+    let out = kvbench(&[
+        "run",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert_eq!(
         out.status.code(),
         Some(0),

@@ -1,108 +1,121 @@
-//! `kvbench sweep CONFIG.toml --dry-run`: parses the config, resolves the model files and the data, and
-//! prints the plan (work units with their stable ids, tokens at most) without running anything.
-//! Executing, resuming and sharding the plan are the next step of the sweep issue.
+//! `kvbench sweep CONFIG.toml`: plans every (policy, budget, problem, sample) of a config and runs
+//! the units no process has finished, into a results directory (see `kvbench::results::dir`).
+//! `--dry-run` prints the plan only; `--shard i/n` runs one shard; `--emit slurm` prints a job-array
+//! script that runs every shard on a cluster.
 
-use super::{DataArgs, UsageError};
-use clap::Args;
+use super::study::{execute_plan, plan, ExecFlags};
+use super::RuntimeArgs;
+use clap::{Args, ValueEnum};
+use kvbench::report::{summarize, table};
 use kvbench::sweep::config::SweepConfig;
-use kvbench::sweep::plan::{content_id, Decoding, Plan};
+use kvbench::sweep::options::StudyOptions;
+use kvbench::sweep::shard::Shard;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {
-    /// The sweep configuration (TOML).
+    /// The sweep configuration (TOML): `name`, the options below as keys, `budgets`, and
+    /// `[[policy]]` tables (`name`, `budgets`, `args`).
     pub config: PathBuf,
-    /// Print the plan without running it (required for now: execution is not in this version).
-    #[arg(long, required = true)]
+    /// Options overriding the config's keys of the same names.
+    #[command(flatten)]
+    pub options: StudyOptions,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// Print the plan (units, their ids, tokens at most) without running anything.
+    #[arg(long)]
     pub dry_run: bool,
+    /// Run only shard i of n (1-based): the units whose id hashes to it, into the same directory.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
+    /// Print a script that runs the sweep on a cluster instead of running it.
+    #[arg(long, value_enum)]
+    pub emit: Option<Emit>,
+    /// Shards of the emitted script (one array task each).
+    #[arg(long, default_value_t = 8)]
+    pub shards: u32,
+    /// Array tasks of the emitted script running at once (Slurm's `%K`).
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u32,
+    /// Lenient answer extraction (never the default).
+    #[arg(long)]
+    pub lenient: bool,
+}
+
+/// Scripts `--emit` writes.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Emit {
+    Slurm,
 }
 
 pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
-    let cfg = SweepConfig::load(&args.config)?;
-    let specs = cfg.policy_specs()?;
-    let data = DataArgs {
-        dataset: cfg.dataset.clone(),
-        data: cfg.data.clone(),
-        id_field: "id".into(),
-        problem_field: "problem".into(),
-        answer_field: "answer".into(),
-        ids: cfg.ids.clone(),
-        shuffle_seed: cfg.shuffle_seed,
-        limit: cfg.limit,
-        problem_seed: kvbench::eval::builtin::DEFAULT_SEED,
-        prompt: cfg.prompt,
-    };
-    let set = data.load()?;
-    let files = kvbench::model::resolve::resolve(&cfg.model)?;
-    let model_id = match &files {
-        kvbench::model::resolve::ModelFiles::Gguf(p) => kvbench::model::resolve::sha256_file(p)?,
-        kvbench::model::resolve::ModelFiles::HfDir(p) => content_id(&serde_json::json!({
-            "dir": p.display().to_string(),
-        })),
-    };
-    let (t, p) = cfg.preset.sampling();
-    let decoding = Decoding {
-        temperature: cfg.temperature.unwrap_or(t),
-        top_p: cfg.top_p.unwrap_or(p),
-        max_new_tokens: cfg.max_new_tokens.unwrap_or(set.max_new_tokens),
-        seed: cfg.seed,
-        prompt: format!("{:?}", cfg.prompt),
-    };
-    if !(decoding.top_p > 0.0 && decoding.top_p <= 1.0) || decoding.temperature < 0.0 {
-        return Err(UsageError(format!(
-            "{}: top_p must be in (0, 1] and temperature at least 0",
-            args.config.display()
-        ))
-        .into());
-    }
-    // The data's identity is its content, wherever the file lies.
-    let dataset_id = content_id(&serde_json::to_value(&set.problems)?);
-    let plan = Plan::new(
-        specs,
-        set.problems,
-        cfg.samples,
-        decoding,
-        &model_id,
-        &dataset_id,
-    );
-    let out = cfg
+    let mut cfg = SweepConfig::load(&args.config)?;
+    cfg.options = cfg.options.overridden_by(&args.options);
+    let p = plan(cfg)?;
+    let out = p
+        .cfg
+        .options
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from("results").join(&cfg.name));
+        .unwrap_or_else(|| PathBuf::from("results").join(&p.cfg.name));
+    if args.dry_run {
+        p.print(&out);
+        println!("dry run: nothing was run");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(Emit::Slurm) = args.emit {
+        if args.shards == 0 {
+            return Err(super::UsageError("--shards must be at least 1".into()).into());
+        }
+        // The directory keeps the resolved config that every array task runs.
+        let dir = kvbench::results::dir::ResultsDir::open(&out, None)?;
+        dir.bind(&p.manifest(), &p.config_toml())?;
+        let abs = |x: &std::path::Path| std::path::absolute(x).unwrap_or_else(|_| x.to_path_buf());
+        let out_abs = abs(&out);
+        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("kvbench"));
+        let script = kvbench::sweep::slurm::script(&kvbench::sweep::slurm::SlurmJob {
+            name: &p.cfg.name,
+            kvbench: &exe,
+            config: &out_abs.join("config.toml"),
+            out: &out_abs,
+            shards: args.shards,
+            concurrency: args.concurrency,
+        })
+        .map_err(super::UsageError)?;
+        print!("{script}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    p.print(&out);
+    let done = execute_plan(
+        &p,
+        &ExecFlags {
+            out: out.clone(),
+            shard: args.shard,
+            lenient: args.lenient,
+            runtime: &args.runtime,
+            trace_file: None,
+            show_output: false,
+        },
+    )?;
+    let summary = summarize(&done.records);
+    println!();
+    print!("{}", table::markdown(&summary));
     println!(
-        "sweep '{}': model {} ({}), data {}, {} problems × {} samples, output {}",
-        cfg.name,
-        cfg.model,
-        files.path().display(),
-        set.source,
-        plan.problems.len(),
-        plan.samples,
+        "\n{} units run in {:.1} s ({} finished earlier); results in {}; `kvbench report {}` writes CSV, JSON and plots",
+        done.ran,
+        done.wall_secs,
+        done.already,
+        out.display(),
         out.display()
     );
-    println!(
-        "decoding: temperature {}, top-p {}, max {} new tokens, seed {}, prompt {}",
-        plan.decoding.temperature,
-        plan.decoding.top_p,
-        plan.decoding.max_new_tokens,
-        plan.decoding.seed,
-        plan.decoding.prompt
-    );
-    println!("\n| policy | units | first unit id |");
-    println!("|---|---:|---|");
-    for (i, spec) in plan.specs.iter().enumerate() {
-        let units: Vec<_> = plan.units.iter().filter(|u| u.policy == i).collect();
-        println!(
-            "| {} | {} | {} |",
-            spec.describe(),
-            units.len(),
-            units.first().map_or("-", |u| u.id.as_str())
+    if done.failures.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "{} units failed (listed above); rerun the same command to retry them",
+            done.failures.len()
         );
+        Ok(ExitCode::from(1))
     }
-    println!(
-        "\n{} work units, at most {} generated tokens (dry run: nothing was run)",
-        plan.units.len(),
-        plan.max_tokens()
-    );
-    Ok(ExitCode::SUCCESS)
 }

@@ -51,6 +51,9 @@ pub struct Generation {
     pub kv_bytes_peak: usize,
     /// KV bytes a full cache would hold at the end (the peak of the full cache).
     pub kv_bytes_full: usize,
+    /// KV bytes held, averaged over forward steps (prefill included), and the same for a full cache.
+    pub kv_bytes_mean: f64,
+    pub kv_bytes_full_mean: f64,
     /// Compression events with the positions kept, when traced.
     #[serde(skip)]
     pub trace: Option<Vec<crate::model::TraceEvent>>,
@@ -77,6 +80,8 @@ pub fn generate_batch(
         decode_start: Instant,
         decode_time: Duration,
         peak_bytes: usize,
+        /// Sum of bytes held after each forward step, and the number of steps.
+        bytes_steps: (f64, usize),
     }
     let mut seqs = Vec::with_capacity(requests.len());
     for (i, req) in requests.into_iter().enumerate() {
@@ -105,6 +110,7 @@ pub fn generate_batch(
             decode_start: Instant::now(),
             decode_time: Duration::ZERO,
             peak_bytes,
+            bytes_steps: (peak_bytes as f64, 1),
         };
         if accept(&mut a.out, &mut a.finish, next, a.max_new, eos) {
             on_token(i, next);
@@ -164,7 +170,10 @@ pub fn generate_batch(
         let logits = logits.to_vec2::<f32>()?;
         for (k, &i) in active.iter().enumerate() {
             let s = &mut seqs[i];
-            s.peak_bytes = s.peak_bytes.max(s.state.cache.bytes());
+            let bytes = s.state.cache.bytes();
+            s.peak_bytes = s.peak_bytes.max(bytes);
+            s.bytes_steps.0 += bytes as f64;
+            s.bytes_steps.1 += 1;
             let tok = s.sampler.sample(&logits[k]);
             s.next = tok;
             if accept(&mut s.out, &mut s.finish, tok, s.max_new, eos) {
@@ -190,6 +199,8 @@ pub fn generate_batch(
                 kv_bytes_final: s.state.cache.bytes(),
                 kv_bytes_peak: s.peak_bytes,
                 kv_bytes_full: stats.full_final_entries * full_bytes_per_token,
+                kv_bytes_mean: s.bytes_steps.0 / s.bytes_steps.1 as f64,
+                kv_bytes_full_mean: stats.full_mean_entries * full_bytes_per_token as f64,
                 cache: stats,
                 trace: s.state.trace.take(),
             }

@@ -2,7 +2,9 @@
 //! target, flushed and synced, then renamed over it, so a crash never leaves a half-written file and
 //! an existing file is replaced only by a complete one.
 
+pub mod dir;
 pub mod sample;
+pub mod trace;
 
 use crate::error::{Error, Result};
 use std::fs::File;

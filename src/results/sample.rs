@@ -29,6 +29,50 @@ pub struct SampleRecord {
     pub prompt: String,
     pub template_hash: String,
     pub dataset: String,
+    /// The sweep work unit's id (empty in records of older versions).
+    #[serde(default)]
+    pub unit: String,
+    /// The policy's name and budget value (`full` has none), for grouping in reports.
+    #[serde(default)]
+    pub policy_name: String,
+    #[serde(default)]
+    pub budget: Option<f64>,
+    #[serde(default)]
+    pub model: String,
+    /// Speed and memory of the generation.
+    #[serde(default)]
+    pub metrics: Option<SampleMetrics>,
+}
+
+/// What one sample cost: timings, KV memory (from the cache itself) and compression.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleMetrics {
+    pub prompt_tokens: usize,
+    /// Prefill wall time; the first token is sampled right after it (time to first token).
+    pub prefill_secs: f64,
+    /// From the end of prefill to this sequence's last token.
+    pub decode_secs: f64,
+    /// This sequence's share of its batch's decode wall time (by tokens): the shares of a batch add
+    /// up to its wall time, so tokens over summed shares is the aggregate throughput.
+    pub decode_share_secs: f64,
+    /// Sequences decoded together.
+    pub batch: usize,
+    /// Time inside the policy's hooks.
+    pub policy_secs: f64,
+    /// KV bytes held: peak and time-averaged, and what a full cache holds for the same tokens.
+    pub kv_bytes_peak: usize,
+    pub kv_bytes_mean: f64,
+    pub kv_bytes_full_peak: usize,
+    pub kv_bytes_full_mean: f64,
+    /// Entries per layer and head: time-averaged (mean over layers), for a full cache, and the
+    /// largest layer's peak.
+    pub entries_mean: f64,
+    pub entries_full_mean: f64,
+    pub entries_peak: usize,
+    /// Compression events of the layer that compressed most often.
+    pub events: usize,
+    /// CPU model and cores (`metrics::machine`): speeds are pooled only across equal machines.
+    pub machine: String,
 }
 
 impl SampleRecord {

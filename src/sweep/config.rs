@@ -1,97 +1,110 @@
-//! A sweep's TOML configuration: model, data, prompt and decoding, the policies with their parameters
-//! and budgets. Unknown keys are refused with their name, and every policy is parsed (and so checked)
-//! before anything runs.
+//! A sweep's TOML configuration: a name, the study options (the same keys as `kvbench run`'s flags,
+//! see [`StudyOptions`]), the budgets and the policies with their parameters. Unknown keys are refused
+//! with their name, and every policy is parsed (and so checked) before anything runs.
 
+use super::options::StudyOptions;
 use crate::error::{Error, Result};
-use crate::eval::prompt::{DecodingPreset, PromptVariant};
 use crate::policy::PolicySpec;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// The file as written.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A sweep: a name, the study options, the budgets and the policies.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SweepConfig {
     /// Names the results directory (`results/NAME` unless `out` is given).
     pub name: String,
-    #[serde(default = "default_model")]
-    pub model: String,
-    /// `builtin`, `math500`, `aime24`, `aime25`, `amc23`.
-    #[serde(default = "default_dataset")]
-    pub dataset: String,
-    /// A JSON Lines file instead of the dataset's resolution (relative to the config file).
-    pub data: Option<PathBuf>,
-    #[serde(default)]
-    pub ids: Vec<String>,
-    pub shuffle_seed: Option<u64>,
-    pub limit: Option<usize>,
-    #[serde(default = "default_prompt")]
-    pub prompt: PromptVariant,
-    #[serde(default = "default_preset")]
-    pub preset: DecodingPreset,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub max_new_tokens: Option<usize>,
-    #[serde(default = "default_samples")]
-    pub samples: usize,
-    #[serde(default)]
-    pub seed: u64,
+    #[serde(flatten)]
+    pub options: StudyOptions,
     /// Budgets of every compressing policy that gives none of its own.
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<f64>,
-    pub out: Option<PathBuf>,
-    #[serde(rename = "policy", default)]
+    #[serde(rename = "policy")]
     pub policies: Vec<PolicyEntry>,
 }
 
+/// The keys a config has besides the study options.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Head {
+    name: String,
+    #[serde(default)]
+    budgets: Vec<f64>,
+    #[serde(rename = "policy", default)]
+    policies: Vec<PolicyEntry>,
+}
+
 /// One `[[policy]]` table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyEntry {
     pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub budgets: Option<Vec<f64>>,
     /// Parameters, as `--policy-arg` takes them.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub args: BTreeMap<String, toml::Value>,
-}
-
-fn default_model() -> String {
-    crate::model::resolve::DEFAULT_MODEL.to_string()
-}
-fn default_dataset() -> String {
-    "builtin".into()
-}
-fn default_prompt() -> PromptVariant {
-    PromptVariant::R1
-}
-fn default_preset() -> DecodingPreset {
-    DecodingPreset::Greedy
-}
-fn default_samples() -> usize {
-    1
 }
 
 impl SweepConfig {
     /// Reads and checks a config file; errors name the file (and the key, from the TOML parser).
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let mut c: SweepConfig =
-            toml::from_str(&text).map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
-        if let Some(d) = &c.data {
-            if d.is_relative() {
-                c.data = Some(path.parent().unwrap_or(Path::new(".")).join(d));
+        let bad = |e: String| Error::Input(format!("{}: {e}", path.display()));
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        // Split the study options from the sweep's own keys; each part refuses keys it does not know.
+        let mut head = toml::Table::new();
+        for key in ["name", "budgets", "policy"] {
+            if let Some(v) = table.remove(key) {
+                head.insert(key.into(), v);
             }
         }
-        c.policy_specs()
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
-        if c.samples == 0 || c.max_new_tokens == Some(0) {
-            return Err(Error::Input(format!(
-                "{}: samples and max_new_tokens must be at least 1",
-                path.display()
-            )));
+        let head: Head = head
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+        let mut options: StudyOptions = table
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+        if let Some(d) = &options.data {
+            if d.is_relative() {
+                options.data = Some(path.parent().unwrap_or(Path::new(".")).join(d));
+            }
         }
+        let c = SweepConfig {
+            name: head.name,
+            options,
+            budgets: head.budgets,
+            policies: head.policies,
+        };
+        c.check().map_err(|e| bad(e.to_string()))?;
         Ok(c)
+    }
+
+    /// Checks the policies and the option ranges.
+    pub fn check(&self) -> Result<()> {
+        self.policy_specs()?;
+        self.options.check().map_err(Error::Input)
+    }
+
+    /// The hash a results directory records: everything that decides the results (all but the
+    /// output directory, the batch size and the data file's path), with the identities (content
+    /// hashes) of the model and data files.
+    pub fn hash(&self, model_id: &str, dataset_id: &str) -> String {
+        let mut c = self.clone();
+        c.options.out = None;
+        c.options.batch_size = None;
+        c.options.data = None;
+        super::plan::content_id(&serde_json::json!({
+            "config": c,
+            "model": model_id,
+            "dataset": dataset_id,
+            "kvbench": env!("CARGO_PKG_VERSION"),
+        }))
+    }
+
+    /// The config as TOML, for the results directory.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# not representable as TOML: {e}\n"))
     }
 
     /// Every (policy, budget) of the sweep, parsed and checked. `full` runs once, without a budget.

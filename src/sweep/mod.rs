@@ -1,5 +1,10 @@
-//! Sweeps: a TOML config ([`config`]) expands into a plan of work units with stable ids ([`plan`])
-//! before anything runs.
+//! Sweeps: a TOML config ([`config`], whose keys are the [`options`] `kvbench run` takes as flags)
+//! expands into a plan of work units with stable ids ([`plan`]) before anything runs; [`execute`] runs
+//! units on a model, [`shard`] splits a plan across processes and [`slurm`] writes a job array for it.
 
 pub mod config;
+pub mod execute;
+pub mod options;
 pub mod plan;
+pub mod shard;
+pub mod slurm;

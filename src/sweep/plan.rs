@@ -13,7 +13,9 @@ pub struct Decoding {
     pub top_p: f32,
     pub max_new_tokens: usize,
     pub seed: u64,
-    pub prompt: String,
+    pub prompt: crate::eval::prompt::PromptVariant,
+    /// How weights are held: it changes the arithmetic, so it is part of every unit's identity.
+    pub weights: crate::model::weights::WeightFormat,
 }
 
 /// One (policy, budget, problem, sample).
@@ -92,6 +94,11 @@ impl Plan {
         }
     }
 
+    /// Units of the (policy, budget) at `policy`, in plan order.
+    pub fn units_of(&self, policy: usize) -> impl Iterator<Item = &WorkUnit> {
+        self.units.iter().filter(move |u| u.policy == policy)
+    }
+
     /// Upper bound of tokens generated (every unit running to its limit).
     pub fn max_tokens(&self) -> usize {
         self.units.len() * self.decoding.max_new_tokens
@@ -116,7 +123,8 @@ mod tests {
             top_p: 1.0,
             max_new_tokens: 64,
             seed,
-            prompt: "r1".into(),
+            prompt: crate::eval::prompt::PromptVariant::R1,
+            weights: Default::default(),
         };
         Plan::new(specs, problems, 2, decoding, "model", "data")
     }

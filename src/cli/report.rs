@@ -1,0 +1,140 @@
+//! `kvbench report [DIR...]`: merges result directories (shards included), prints the summary table,
+//! writes it as CSV and JSON with the plots, and lists the units still missing with the command that
+//! runs only those.
+
+use clap::Args;
+use kvbench::report::{collect, plot, resume_command, summarize, table};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Result directories (written by `kvbench sweep` or `kvbench run`) [default: every directory
+    /// under results/ with a sweep manifest].
+    pub dirs: Vec<PathBuf>,
+    /// Where to write report.md, report.csv, report.json and the plots [default: DIR/report for one
+    /// directory, results/report for several].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Tables only, no plots.
+    #[arg(long)]
+    pub no_plots: bool,
+}
+
+fn default_dirs() -> anyhow::Result<Vec<PathBuf>> {
+    let root = Path::new("results");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .map_err(|e| kvbench::Error::io(root, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("sweep.json").is_file())
+        .collect();
+    dirs.sort();
+    if dirs.is_empty() {
+        return Err(super::UsageError(
+            "no result directories under results/: name some, or run `kvbench sweep` first".into(),
+        )
+        .into());
+    }
+    Ok(dirs)
+}
+
+fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let mut f = kvbench::results::AtomicFile::create(path)?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| kvbench::Error::io(path, e))?;
+    f.commit()?;
+    Ok(())
+}
+
+pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let dirs = if args.dirs.is_empty() {
+        default_dirs()?
+    } else {
+        args.dirs.clone()
+    };
+    let c = collect(&dirs)?;
+    if c.records.is_empty() && c.missing.is_empty() {
+        return Err(super::UsageError(format!(
+            "no samples in {}",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .into());
+    }
+    let summary = summarize(&c.records);
+    let md = table::markdown(&summary);
+    print!("{md}");
+    let out = args.out.clone().unwrap_or_else(|| match dirs.as_slice() {
+        [one] => one.join("report"),
+        _ => PathBuf::from("results").join("report"),
+    });
+    std::fs::create_dir_all(&out).map_err(|e| kvbench::Error::io(&out, e))?;
+    let title = format!("# kvbench report: {}\n\n", summary.subject());
+    write_atomic(&out.join("report.md"), &format!("{title}{md}"))?;
+    write_atomic(&out.join("report.csv"), &table::csv(&summary)?)?;
+    write_atomic(&out.join("report.json"), &table::json(&summary)?)?;
+    let mut files = vec![
+        out.join("report.md"),
+        out.join("report.csv"),
+        out.join("report.json"),
+    ];
+    if !args.no_plots && !summary.rows.is_empty() {
+        files.extend(plot::summary_plots(&summary, &out)?);
+        let subject = summary.subject();
+        for t in &c.traces {
+            let unit = t.file_stem().map(|s| s.to_string_lossy().to_string());
+            let Some(rec) = c.records.iter().find(|r| Some(&r.unit) == unit.as_ref()) else {
+                continue;
+            };
+            let label = match rec.budget {
+                Some(b) => format!("{} at budget {b}", rec.policy_name),
+                None => rec.policy_name.clone(),
+            };
+            let trace = kvbench::results::trace::read_trace(t)?;
+            files.extend(plot::heatmaps(&trace, &label, &subject, &out)?);
+        }
+    }
+    println!();
+    if c.duplicates > 0 {
+        println!(
+            "{} duplicate records (same unit id) were counted once",
+            c.duplicates
+        );
+    }
+    for p in &c.partial_lines {
+        println!(
+            "note: {} ends in a half-written line (a sweep is running, or was killed); it is not counted",
+            p.display()
+        );
+    }
+    if c.missing.is_empty() {
+        println!("every planned unit has a result");
+    } else {
+        println!("{} planned units have no result yet:", c.missing.len());
+        let mut by_dir: Vec<(&PathBuf, usize)> = Vec::new();
+        for (dir, u) in &c.missing {
+            match by_dir.iter_mut().find(|(d, _)| *d == dir) {
+                Some(e) => e.1 += 1,
+                None => by_dir.push((dir, 1)),
+            }
+            if c.missing.len() <= 20 {
+                println!("  {} {} {} #{}", u.id, u.policy, u.problem_id, u.sample);
+            }
+        }
+        for (dir, n) in by_dir {
+            println!(
+                "run the {n} missing units of {} with: {}",
+                dir.display(),
+                resume_command(dir)
+            );
+        }
+    }
+    println!("written:");
+    for f in &files {
+        println!("  {}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

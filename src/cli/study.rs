@@ -1,0 +1,356 @@
+//! What `run` and `sweep` share. Parse, plan, execute: a config (from a file, or built from `run`'s
+//! flags) is planned (problems loaded, the model file identified, units given ids) before anything
+//! runs, then executed into a results directory: resumable, shardable, one synced line per unit.
+
+use super::{load_problems, ProblemSet, RuntimeArgs, UsageError};
+use indicatif::{ProgressBar, ProgressStyle};
+use kvbench::model::resolve::{resolve, sha256_file, ModelFiles};
+use kvbench::model::{LoadOptions, Model};
+use kvbench::results::dir::{Manifest, PlannedUnit, ResultsDir};
+use kvbench::results::sample::SampleRecord;
+use kvbench::results::trace::TraceWriter;
+use kvbench::sweep::config::SweepConfig;
+use kvbench::sweep::execute::{execute, ExecOptions, Failure};
+use kvbench::sweep::plan::{content_id, Decoding, Plan};
+use kvbench::sweep::shard::Shard;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// A config with its plan and the identities of its inputs.
+pub struct Planned {
+    pub cfg: SweepConfig,
+    pub set: ProblemSet,
+    pub files: ModelFiles,
+    pub model_id: String,
+    pub dataset_id: String,
+    /// The config hash a results directory records.
+    pub hash: String,
+    pub plan: Plan,
+}
+
+/// Checks the config, loads the problems, identifies the model file and expands the units.
+pub fn plan(mut cfg: SweepConfig) -> anyhow::Result<Planned> {
+    cfg.check()?;
+    cfg.options.check().map_err(UsageError)?;
+    // A data path is stored absolute so that the results directory's config names the same file.
+    if let Some(d) = &cfg.options.data {
+        cfg.options.data = Some(std::path::absolute(d).unwrap_or_else(|_| d.clone()));
+    }
+    let specs = cfg.policy_specs()?;
+    let set = load_problems(&cfg.options)?;
+    let files = resolve(cfg.options.model())?;
+    let model_id = match &files {
+        ModelFiles::Gguf(p) => sha256_file(p)?,
+        ModelFiles::HfDir(p) => content_id(&serde_json::json!({ "dir": p.display().to_string() })),
+    };
+    // The data's identity is its content, wherever the file lies.
+    let dataset_id = content_id(&serde_json::to_value(&set.problems)?);
+    let (temperature, top_p) = cfg.options.sampling();
+    let decoding = Decoding {
+        temperature,
+        top_p,
+        max_new_tokens: set.max_new_tokens,
+        seed: cfg.options.seed(),
+        prompt: cfg.options.prompt(),
+        weights: cfg.options.weights(),
+    };
+    let plan = Plan::new(
+        specs,
+        set.problems.clone(),
+        cfg.options.samples(),
+        decoding,
+        &model_id,
+        &dataset_id,
+    );
+    let hash = cfg.hash(&model_id, &dataset_id);
+    Ok(Planned {
+        cfg,
+        set,
+        files,
+        model_id,
+        dataset_id,
+        hash,
+        plan,
+    })
+}
+
+impl Planned {
+    /// The manifest of a results directory holding this plan.
+    pub fn manifest(&self) -> Manifest {
+        Manifest {
+            name: self.cfg.name.clone(),
+            config_hash: self.hash.clone(),
+            kvbench: env!("CARGO_PKG_VERSION").into(),
+            model: self.cfg.options.model().into(),
+            model_id: self.model_id.clone(),
+            dataset: self.set.source.clone(),
+            dataset_id: self.dataset_id.clone(),
+            units: self
+                .plan
+                .units
+                .iter()
+                .map(|u| {
+                    let spec = &self.plan.specs[u.policy];
+                    PlannedUnit {
+                        id: u.id.clone(),
+                        policy: spec.describe(),
+                        policy_name: spec.name().into(),
+                        budget: (spec.name() != "full").then(|| spec.budget().value()),
+                        problem_id: self.plan.problems[u.problem].id.clone(),
+                        sample: u.sample,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// The config as the results directory keeps it: overrides applied, without the output
+    /// directory (the directory is where it lies).
+    pub fn config_toml(&self) -> String {
+        let mut c = self.cfg.clone();
+        c.options.out = None;
+        format!(
+            "# Resolved by kvbench {} (command-line overrides applied). Resume with:\n#   {}\n{}",
+            env!("CARGO_PKG_VERSION"),
+            "kvbench sweep THIS_DIR/config.toml --out THIS_DIR",
+            c.to_toml()
+        )
+    }
+
+    /// Prints the plan: one row per (policy, budget).
+    pub fn print(&self, out: &Path) {
+        let p = &self.plan;
+        println!(
+            "sweep '{}': model {} ({}), data {}, {} problems × {} samples, output {}",
+            self.cfg.name,
+            self.cfg.options.model(),
+            self.files.path().display(),
+            self.set.source,
+            p.problems.len(),
+            p.samples,
+            out.display()
+        );
+        println!(
+            "decoding: temperature {}, top-p {}, max {} new tokens, seed {}, prompt {:?}, weights {:?}; config hash {}",
+            p.decoding.temperature,
+            p.decoding.top_p,
+            p.decoding.max_new_tokens,
+            p.decoding.seed,
+            p.decoding.prompt,
+            p.decoding.weights,
+            self.hash
+        );
+        println!("\n| policy | units | first unit id |");
+        println!("|---|---:|---|");
+        for (i, spec) in p.specs.iter().enumerate() {
+            let units: Vec<_> = p.units_of(i).collect();
+            println!(
+                "| {} | {} | {} |",
+                spec.describe(),
+                units.len(),
+                units.first().map_or("-", |u| u.id.as_str())
+            );
+        }
+        println!(
+            "\n{} work units, at most {} generated tokens",
+            p.units.len(),
+            p.max_tokens()
+        );
+    }
+}
+
+/// How to execute a plan.
+pub struct ExecFlags<'a> {
+    pub out: PathBuf,
+    pub shard: Option<Shard>,
+    pub lenient: bool,
+    pub runtime: &'a RuntimeArgs,
+    /// `run --trace FILE`: every unit of this (policy, budget) index, into one file.
+    pub trace_file: Option<(PathBuf, usize)>,
+    pub show_output: bool,
+}
+
+/// What an execution did.
+pub struct Executed {
+    pub failures: Vec<Failure>,
+    pub ran: usize,
+    /// Units of this process's share finished before it started.
+    pub already: usize,
+    /// Every record in the directory once this process finished.
+    pub records: Vec<SampleRecord>,
+    pub wall_secs: f64,
+}
+
+/// Runs the units of `p` that this shard owns and that no process has finished yet.
+pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> anyhow::Result<Executed> {
+    let started = std::time::Instant::now();
+    let dir = ResultsDir::open(&flags.out, flags.shard)?;
+    dir.bind(&p.manifest(), &p.config_toml())?;
+    let finished = dir.finished()?;
+    let mine: Vec<_> = p
+        .plan
+        .units
+        .iter()
+        .filter(|u| flags.shard.is_none_or(|s| s.contains(&u.id)))
+        .collect();
+    let todo: Vec<_> = mine
+        .iter()
+        .copied()
+        .filter(|u| !finished.contains(&u.id))
+        .collect();
+    let already = mine.len() - todo.len();
+    if already > 0 {
+        eprintln!(
+            "{}: {already} of {} units already finished, {} to run",
+            flags.out.display(),
+            mine.len(),
+            todo.len()
+        );
+    }
+    let mut failures = Vec::new();
+    if !todo.is_empty() {
+        failures = run_units(p, &dir, &todo, flags)?;
+    }
+    let records = kvbench::results::dir::read_samples(&flags.out)?.records;
+    Ok(Executed {
+        failures,
+        ran: todo.len(),
+        already,
+        records,
+        wall_secs: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn run_units(
+    p: &Planned,
+    dir: &ResultsDir,
+    todo: &[&kvbench::sweep::plan::WorkUnit],
+    flags: &ExecFlags<'_>,
+) -> anyhow::Result<Vec<Failure>> {
+    let o = &p.cfg.options;
+    let model = Model::load(
+        o.model(),
+        &LoadOptions {
+            format: o.weights(),
+            template: o.chat_template,
+            tokenizer: flags.runtime.tokenizer.clone(),
+            ..Default::default()
+        },
+    )?;
+    let template_hash = o.prompt().template_hash(model.template);
+    dir.record_provenance(&serde_json::json!({
+        "started_unix": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        "kvbench": env!("CARGO_PKG_VERSION"),
+        "git_commit": env!("KVBENCH_GIT_COMMIT"),
+        "command": std::env::args().collect::<Vec<_>>(),
+        "config_hash": p.hash,
+        "model": o.model(),
+        "model_file": p.files.path().display().to_string(),
+        "model_sha256": p.model_id,
+        "dataset": p.set.source,
+        "dataset_id": p.dataset_id,
+        "chat_template": format!("{:?}", model.template),
+        "prompt": o.prompt(),
+        "template_hash": template_hash,
+        "grader": kvbench::eval::grade::GRADER_VERSION,
+        "machine": kvbench::metrics::machine(),
+        "device": format!("{:?}", LoadOptions::default().device),
+        "threads": rayon::current_num_threads(),
+        "shard": flags.shard.map(|s| s.to_string()),
+        "units": todo.len(),
+    }))?;
+    let (mut appender, note) = dir.samples_appender()?;
+    if let Some(note) = note {
+        eprintln!("note: {note}");
+    }
+    eprintln!(
+        "kvbench: {} units on {} ({:?} template, prompt {:?}, hash {}), writing {}",
+        todo.len(),
+        model.name,
+        model.template,
+        o.prompt(),
+        template_hash,
+        appender.path().display()
+    );
+    // Traced: the first unit of every compressing (policy, budget), into DIR/traces/, and with
+    // `run --trace FILE` every unit of that policy.
+    let mut traced: HashSet<String> = HashSet::new();
+    for (i, spec) in p.plan.specs.iter().enumerate() {
+        if spec.name() != "full" {
+            if let Some(u) = p.plan.units_of(i).next() {
+                traced.insert(u.id.clone());
+            }
+        }
+    }
+    let dir_traced = traced.clone();
+    let mut trace_file = match &flags.trace_file {
+        Some((path, policy)) => {
+            traced.extend(p.plan.units_of(*policy).map(|u| u.id.clone()));
+            Some(TraceWriter::create(path)?)
+        }
+        None => None,
+    };
+    if dir_traced.iter().any(|id| todo.iter().any(|u| &u.id == id)) {
+        let t = dir.path.join("traces");
+        std::fs::create_dir_all(&t).map_err(|e| kvbench::Error::io(&t, e))?;
+    }
+    let max_new = p.plan.decoding.max_new_tokens as u64;
+    let bar = ProgressBar::new(todo.len() as u64 * max_new);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} tokens (upper bound), eta {eta} {msg}",
+        )
+        .expect("static template"),
+    );
+    let opts = ExecOptions {
+        batch_size: o.batch_size(),
+        lenient: flags.lenient,
+        trace: traced,
+        dataset: p.set.source.clone(),
+    };
+    let mut done = 0usize;
+    let failures = execute(&model, &p.plan, todo, &opts, &mut || bar.inc(1), &mut |r| {
+        appender.append(&r.record)?;
+        done += 1;
+        bar.inc(max_new.saturating_sub(r.record.tokens as u64));
+        bar.set_message(format!("{done}/{} units", todo.len()));
+        let label = format!("{}#{}", r.record.problem_id, r.unit.sample);
+        if let Some(events) = &r.trace {
+            if dir_traced.contains(&r.unit.id) {
+                let mut w = TraceWriter::create(
+                    &dir.path.join("traces").join(format!("{}.jsonl", r.unit.id)),
+                )?;
+                w.write(&label, events)?;
+                w.finish()?;
+            }
+            if let (Some(w), Some((_, pol))) = (&mut trace_file, &flags.trace_file) {
+                if r.unit.policy == *pol {
+                    w.write(&label, events)?;
+                }
+            }
+        }
+        if flags.show_output {
+            bar.suspend(|| {
+                println!(
+                    "--- {label} ({}) ---\n{}\n",
+                    r.record.policy, r.record.output
+                )
+            });
+        }
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    for f in &failures {
+        eprintln!("error: unit {} failed: {}", f.unit, f.error);
+    }
+    if let (Some(w), Some((path, _))) = (trace_file, &flags.trace_file) {
+        let events = w.finish()?;
+        println!(
+            "trace: {events} compression events written to {}",
+            path.display()
+        );
+    }
+    Ok(failures)
+}

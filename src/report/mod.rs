@@ -1,0 +1,308 @@
+//! Reports: result directories merged into one summary row per (model, dataset, policy with its
+//! parameters and budget), compared with the `full` row of the same model and data; rendered as
+//! tables ([`table`]) and plots ([`plot`]).
+//!
+//! Merging: records from every directory (and every shard file in it) are deduplicated by unit id,
+//! and the planned units of each directory's manifest that have no record are listed as missing.
+//! Speeds are pooled only over records of one machine: with records from several machines the speed
+//! columns use the machine with the most records and the report says so.
+
+pub mod plot;
+pub mod table;
+
+use crate::error::Result;
+use crate::eval::accuracy::{accuracy, ProblemSamples};
+use crate::eval::grade::Verdict;
+use crate::results::dir::{read_manifest, read_samples, Manifest, PlannedUnit};
+use crate::results::sample::SampleRecord;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+/// Everything read from the result directories.
+pub struct Collection {
+    pub records: Vec<SampleRecord>,
+    /// Records dropped because another had the same unit id.
+    pub duplicates: usize,
+    /// Planned units without a record, with the directory that planned them.
+    pub missing: Vec<(PathBuf, PlannedUnit)>,
+    pub manifests: Vec<(PathBuf, Manifest)>,
+    /// Samples files with a half-written last line (a process is writing, or was killed).
+    pub partial_lines: Vec<PathBuf>,
+    /// Trace files found under `DIR/traces/`.
+    pub traces: Vec<PathBuf>,
+}
+
+/// Reads and merges result directories.
+pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
+    let mut c = Collection {
+        records: Vec::new(),
+        duplicates: 0,
+        missing: Vec::new(),
+        manifests: Vec::new(),
+        partial_lines: Vec::new(),
+        traces: Vec::new(),
+    };
+    let mut seen = HashSet::new();
+    for dir in dirs {
+        if !dir.is_dir() {
+            return Err(crate::Error::Input(format!(
+                "{}: not a results directory",
+                dir.display()
+            )));
+        }
+        let samples = read_samples(dir)?;
+        c.partial_lines.extend(samples.partial_lines);
+        for r in samples.records {
+            let key = if r.unit.is_empty() {
+                format!("{}#{}#{}", r.policy, r.problem_id, r.sample)
+            } else {
+                r.unit.clone()
+            };
+            if seen.insert(key) {
+                c.records.push(r);
+            } else {
+                c.duplicates += 1;
+            }
+        }
+        if dir.join("sweep.json").exists() {
+            c.manifests.push((dir.clone(), read_manifest(dir)?));
+        }
+        if let Ok(entries) = std::fs::read_dir(dir.join("traces")) {
+            let mut t: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+                .collect();
+            t.sort();
+            c.traces.extend(t);
+        }
+    }
+    let done: HashSet<&str> = c.records.iter().map(|r| r.unit.as_str()).collect();
+    let mut planned = HashSet::new();
+    for (dir, m) in &c.manifests {
+        for u in &m.units {
+            if !done.contains(u.id.as_str()) && planned.insert(u.id.clone()) {
+                c.missing.push((dir.clone(), u.clone()));
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// One summary row: a policy at a budget on one model and dataset.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Row {
+    pub model: String,
+    pub dataset: String,
+    pub policy: String,
+    pub budget: Option<f64>,
+    /// The policy with every parameter (`PolicySpec::describe`).
+    pub config: String,
+    pub problems: usize,
+    pub samples: usize,
+    pub pass_at_1: f64,
+    pub stderr: f64,
+    /// Majority vote, when some problem has more than one sample.
+    pub cons: Option<f64>,
+    /// pass@1 over the `full` row's (None without a full row or when full scores 0).
+    pub accuracy_vs_full: Option<f64>,
+    pub mean_tokens: f64,
+    /// Mean output tokens over the `full` row's, minus one.
+    pub tokens_change_vs_full: Option<f64>,
+    pub truncation_rate: f64,
+    pub no_answer_rate: f64,
+    /// Mean over samples of the per-sample peak and time-averaged KV bytes, and their ratio to a full
+    /// cache over the same tokens.
+    pub kv_peak_bytes: f64,
+    pub kv_mean_bytes: f64,
+    pub kv_ratio: f64,
+    pub events: f64,
+    /// Aggregate decode tokens/s and end-to-end seconds (prefill plus decode shares), from the
+    /// speed machine's records only; None when it has none in this row.
+    pub decode_tokens_per_s: Option<f64>,
+    pub end_to_end_s: Option<f64>,
+    /// Median time to first token (prefill), seconds.
+    pub ttft_s: Option<f64>,
+    /// Share of decode time spent inside the policy.
+    pub policy_share: Option<f64>,
+}
+
+/// Summary rows and the facts a reader needs to trust them.
+pub struct Summary {
+    pub rows: Vec<Row>,
+    /// The machine whose records give the speed columns, and the other machines seen.
+    pub speed_machine: Option<String>,
+    pub other_machines: Vec<(String, usize)>,
+}
+
+impl Summary {
+    /// Models and datasets of the rows, for titles.
+    pub fn subject(&self) -> String {
+        let mut models: Vec<&str> = self.rows.iter().map(|r| r.model.as_str()).collect();
+        let mut data: Vec<&str> = self
+            .rows
+            .iter()
+            .map(|r| short_dataset(&r.dataset))
+            .collect();
+        models.sort();
+        models.dedup();
+        data.sort();
+        data.dedup();
+        format!("{} on {}", models.join(", "), data.join(", "))
+    }
+}
+
+/// The dataset's name: the part of a record's source before the first comma.
+pub fn short_dataset(source: &str) -> &str {
+    source.split(',').next().unwrap_or(source).trim()
+}
+
+/// Groups records into rows, `full` first, then by policy name and budget.
+pub fn summarize(records: &[SampleRecord]) -> Summary {
+    let mut machines: HashMap<&str, usize> = HashMap::new();
+    for r in records {
+        if let Some(m) = &r.metrics {
+            *machines.entry(m.machine.as_str()).or_default() += 1;
+        }
+    }
+    let mut by_count: Vec<(String, usize)> = machines
+        .into_iter()
+        .map(|(m, n)| (m.to_string(), n))
+        .collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let speed_machine = by_count.first().map(|(m, _)| m.clone());
+    let other_machines = by_count.into_iter().skip(1).collect();
+
+    let mut groups: BTreeMap<(String, String, String), Vec<&SampleRecord>> = BTreeMap::new();
+    for r in records {
+        groups
+            .entry((r.model.clone(), r.dataset.clone(), r.policy.clone()))
+            .or_default()
+            .push(r);
+    }
+    let mut rows: Vec<Row> = groups
+        .into_values()
+        .map(|rs| row(&rs, speed_machine.as_deref()))
+        .collect();
+    // Comparisons with the full row of the same model and data.
+    let fulls: HashMap<(String, String), (f64, f64)> = rows
+        .iter()
+        .filter(|r| r.policy == "full")
+        .map(|r| {
+            (
+                (r.model.clone(), r.dataset.clone()),
+                (r.pass_at_1, r.mean_tokens),
+            )
+        })
+        .collect();
+    for r in rows.iter_mut() {
+        if let Some(&(acc, tokens)) = fulls.get(&(r.model.clone(), r.dataset.clone())) {
+            r.accuracy_vs_full = (acc > 0.0).then(|| r.pass_at_1 / acc);
+            r.tokens_change_vs_full = (tokens > 0.0).then(|| r.mean_tokens / tokens - 1.0);
+        }
+    }
+    rows.sort_by(|a, b| {
+        (&a.model, &a.dataset, a.policy != "full", &a.policy)
+            .cmp(&(&b.model, &b.dataset, b.policy != "full", &b.policy))
+            .then(a.budget.unwrap_or(0.0).total_cmp(&b.budget.unwrap_or(0.0)))
+            .then(a.config.cmp(&b.config))
+    });
+    Summary {
+        rows,
+        speed_machine,
+        other_machines,
+    }
+}
+
+fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
+    let first = rs[0];
+    // Problems in first-seen order, samples grouped per problem.
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    let mut per_problem: Vec<ProblemSamples> = Vec::new();
+    for r in rs {
+        let i = *index.entry(r.problem_id.as_str()).or_insert_with(|| {
+            per_problem.push(ProblemSamples {
+                gold: r.gold.clone(),
+                ..Default::default()
+            });
+            per_problem.len() - 1
+        });
+        per_problem[i].answers.push(r.extracted.clone());
+        per_problem[i].correct.push(r.correct);
+    }
+    let acc = accuracy(&per_problem);
+    let n = rs.len() as f64;
+    let mean = |f: &dyn Fn(&SampleRecord) -> f64| rs.iter().map(|r| f(r)).sum::<f64>() / n;
+    let metric = |f: &dyn Fn(&crate::results::sample::SampleMetrics) -> f64| {
+        mean(&|r| r.metrics.as_ref().map_or(0.0, f))
+    };
+    let kv_mean = metric(&|m| m.kv_bytes_mean);
+    let kv_full_mean = metric(&|m| m.kv_bytes_full_mean);
+    let speed: Vec<&crate::results::sample::SampleMetrics> = rs
+        .iter()
+        .filter_map(|r| r.metrics.as_ref())
+        .filter(|m| Some(m.machine.as_str()) == speed_machine)
+        .collect();
+    let speed_tokens: f64 = rs
+        .iter()
+        .filter(|r| {
+            r.metrics
+                .as_ref()
+                .is_some_and(|m| Some(m.machine.as_str()) == speed_machine)
+        })
+        .map(|r| r.tokens.saturating_sub(1) as f64)
+        .sum();
+    let decode_secs: f64 = speed.iter().map(|m| m.decode_share_secs).sum();
+    let policy_secs: f64 = speed.iter().map(|m| m.policy_secs).sum();
+    let sum_decode: f64 = speed.iter().map(|m| m.decode_secs).sum();
+    let ttfts: Vec<f64> = speed.iter().map(|m| m.prefill_secs).collect();
+    Row {
+        model: first.model.clone(),
+        dataset: first.dataset.clone(),
+        policy: if first.policy_name.is_empty() {
+            first.policy.split_whitespace().next().unwrap_or("").into()
+        } else {
+            first.policy_name.clone()
+        },
+        budget: first.budget,
+        config: first.policy.clone(),
+        problems: per_problem.len(),
+        samples: per_problem
+            .iter()
+            .map(|p| p.correct.len())
+            .max()
+            .unwrap_or(0),
+        pass_at_1: acc.pass_at_1,
+        stderr: acc.stderr,
+        cons: per_problem
+            .iter()
+            .any(|p| p.correct.len() > 1)
+            .then_some(acc.cons),
+        accuracy_vs_full: None,
+        mean_tokens: mean(&|r| r.tokens as f64),
+        tokens_change_vs_full: None,
+        truncation_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::Truncated))),
+        no_answer_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::NoAnswer))),
+        kv_peak_bytes: metric(&|m| m.kv_bytes_peak as f64),
+        kv_mean_bytes: kv_mean,
+        kv_ratio: kv_mean / kv_full_mean.max(1e-9),
+        events: metric(&|m| m.events as f64),
+        decode_tokens_per_s: (decode_secs > 0.0).then(|| speed_tokens / decode_secs),
+        end_to_end_s: (!speed.is_empty()).then(|| {
+            speed
+                .iter()
+                .map(|m| m.prefill_secs + m.decode_share_secs)
+                .sum()
+        }),
+        ttft_s: crate::metrics::median(&ttfts),
+        policy_share: (sum_decode > 0.0).then(|| policy_secs / sum_decode),
+    }
+}
+
+/// The command that runs only the missing units of `dir` (a rerun resumes).
+pub fn resume_command(dir: &Path) -> String {
+    format!(
+        "kvbench sweep {} --out {}",
+        dir.join("config.toml").display(),
+        dir.display()
+    )
+}

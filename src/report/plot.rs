@@ -1,0 +1,447 @@
+//! Plots, each written as SVG and PNG: accuracy against budget and against KV memory (the Pareto
+//! view), throughput and output length against budget, and heat maps of the positions a policy keeps
+//! (from trace files). Text is drawn with DejaVu Sans, embedded in the binary (`assets/fonts`, Bitstream
+//! Vera licence), so PNGs render the same on machines without fonts.
+
+use super::{Row, Summary};
+use crate::error::{Error, Result};
+use crate::results::trace::TraceLine;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+const SIZE: (u32, u32) = (960, 640);
+
+/// Registers the embedded font once.
+fn fonts() -> Result<()> {
+    static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = *ONCE.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_ok()
+    });
+    ok.then_some(())
+        .ok_or_else(|| Error::Input("the embedded plot font could not be read".into()))
+}
+
+fn plot_err<E: std::fmt::Debug>(path: &Path) -> impl Fn(E) -> Error + '_ {
+    move |e| Error::Input(format!("{}: cannot draw the plot: {e:?}", path.display()))
+}
+
+/// Draws `draw` into `stem.svg` and `stem.png`, each written to a temporary file and renamed.
+fn both(
+    stem: &Path,
+    draw: &dyn Fn(&DrawingArea<SVGBackend<'_>, Shift>) -> Result<()>,
+    draw_png: &dyn Fn(&DrawingArea<BitMapBackend<'_>, Shift>) -> Result<()>,
+) -> Result<Vec<PathBuf>> {
+    fonts()?;
+    let svg = stem.with_extension("svg");
+    let png = stem.with_extension("png");
+    let mut text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut text, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err(&svg))?;
+        draw(&root)?;
+        root.present().map_err(plot_err(&svg))?;
+    }
+    let mut f = crate::results::AtomicFile::create(&svg)?;
+    std::io::Write::write_all(&mut f, text.as_bytes()).map_err(|e| Error::io(&svg, e))?;
+    f.commit()?;
+    let name = png
+        .file_name()
+        .map_or_else(Default::default, |n| n.to_string_lossy().to_string());
+    let temp = png.with_file_name(format!(".{name}.tmp-{}.png", std::process::id()));
+    {
+        let root = BitMapBackend::new(&temp, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err(&png))?;
+        draw_png(&root)?;
+        root.present().map_err(plot_err(&png))?;
+    }
+    std::fs::rename(&temp, &png).map_err(|e| Error::io(&png, e))?;
+    Ok(vec![svg, png])
+}
+
+/// A line chart: one line per series, an optional horizontal reference line.
+struct LineChart {
+    title: String,
+    /// A fixed y range floor and ceiling (accuracy: 0 to at most 100).
+    percent: bool,
+    x_label: String,
+    y_label: String,
+    series: Vec<(String, Vec<(f64, f64)>)>,
+    reference: Option<(String, f64)>,
+    log_x: bool,
+}
+
+fn color(i: usize) -> RGBColor {
+    const C: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(214, 39, 40),
+        RGBColor(44, 160, 44),
+        RGBColor(148, 103, 189),
+        RGBColor(255, 127, 14),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(23, 190, 207),
+    ];
+    C[i % C.len()]
+}
+
+fn range(values: impl Iterator<Item = f64>, pad: f64) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+        (a.min(v), b.max(v))
+    });
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    let span = (hi - lo).max(hi.abs() * 0.1).max(1e-9);
+    (lo - pad * span, hi + pad * span)
+}
+
+impl LineChart {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>, path: &Path) -> Result<()> {
+        let err = plot_err(path);
+        let xs = self.series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
+        let tx = |x: f64| if self.log_x { x.max(1e-9).log10() } else { x };
+        let (x0, x1) = range(xs.map(tx), 0.05);
+        let ys = self
+            .series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|q| q.1))
+            .chain(self.reference.iter().map(|r| r.1));
+        let (mut y0, mut y1) = range(ys, 0.1);
+        if y0 < 0.0
+            && self
+                .series
+                .iter()
+                .all(|(_, p)| p.iter().all(|q| q.1 >= 0.0))
+        {
+            y0 = 0.0;
+        }
+        if self.percent {
+            // Accuracy from 0, to a little above the best score (10% at least, 100% at most).
+            (y0, y1) = (0.0, (y1 * 1.1).clamp(10.0, 100.0));
+        }
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(48)
+            .y_label_area_size(72)
+            .build_cartesian_2d(x0..x1, y0..y1)
+            .map_err(&err)?;
+        let log_x = self.log_x;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_label.as_str())
+            .y_desc(self.y_label.as_str())
+            .x_label_formatter(&|x| {
+                let v = if log_x { 10f64.powf(*x) } else { *x };
+                format!("{}", (v * 1000.0).round() / 1000.0)
+            })
+            .y_label_formatter(&|y| format!("{}", (y * 100.0).round() / 100.0))
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 17))
+            .draw()
+            .map_err(&err)?;
+        if let Some((label, y)) = &self.reference {
+            let style = ShapeStyle::from(&BLACK).stroke_width(2);
+            chart
+                .draw_series(DashedLineSeries::new(vec![(x0, *y), (x1, *y)], 8, 6, style))
+                .map_err(&err)?
+                .label(label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        }
+        for (i, (label, points)) in self.series.iter().enumerate() {
+            let c = color(i);
+            let pts: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (tx(x), y)).collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(&err)?
+                .label(label.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+                .map_err(&err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 15))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(&err)?;
+        Ok(())
+    }
+
+    fn write(&self, stem: &Path) -> Result<Vec<PathBuf>> {
+        let svg = stem.with_extension("svg");
+        let png = stem.with_extension("png");
+        both(stem, &|root| self.draw(root, &svg), &|root| {
+            self.draw(root, &png)
+        })
+    }
+}
+
+/// Per policy (other than full), its rows' points; with the budgets the x value of each.
+fn series(
+    rows: &[&Row],
+    y: impl Fn(&Row) -> Option<f64>,
+    x: impl Fn(&Row) -> f64,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.policy != "full") {
+        if let Some(v) = y(r) {
+            let label = if rows
+                .iter()
+                .any(|o| o.policy == r.policy && o.budget == r.budget && o.config != r.config)
+            {
+                r.config.clone()
+            } else {
+                r.policy.clone()
+            };
+            by.entry(label).or_default().push((x(r), v));
+        }
+    }
+    by.into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (k, v)
+        })
+        .collect()
+}
+
+/// Writes the summary plots into `dir`; returns the files written.
+pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
+    let rows: Vec<&Row> = s.rows.iter().collect();
+    let subject = s.subject();
+    let full = rows.iter().find(|r| r.policy == "full");
+    let budgets: Vec<f64> = rows.iter().filter_map(|r| r.budget).collect();
+    // Fractions and entry counts do not share an axis: plot fractions when any are there.
+    let fractional = budgets.iter().any(|&b| b <= 1.0);
+    let in_axis = |r: &&Row| r.budget.is_some_and(|b| (b <= 1.0) == fractional);
+    let on_axis: Vec<&Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.policy == "full" || in_axis(r))
+        .collect();
+    let x_budget = if fractional {
+        "KV budget (fraction of tokens seen)"
+    } else {
+        "KV budget (entries per layer and head)"
+    };
+    let log_x = !fractional;
+    let budget_of = |r: &Row| r.budget.unwrap_or(1.0);
+    let mut files = Vec::new();
+    let charts = [
+        (
+            "accuracy_vs_budget",
+            format!("Accuracy vs KV budget: {subject}"),
+            x_budget.to_string(),
+            "pass@1 (%)".to_string(),
+            series(&on_axis, |r| Some(100.0 * r.pass_at_1), budget_of),
+            full.map(|f| ("full cache".to_string(), 100.0 * f.pass_at_1)),
+            log_x,
+        ),
+        (
+            "accuracy_vs_memory",
+            format!("Accuracy vs KV memory: {subject}"),
+            "time-averaged KV cache per sequence (MiB)".to_string(),
+            "pass@1 (%)".to_string(),
+            series(
+                &rows,
+                |r| Some(100.0 * r.pass_at_1),
+                |r| r.kv_mean_bytes / (1 << 20) as f64,
+            ),
+            full.map(|f| ("full cache".to_string(), 100.0 * f.pass_at_1)),
+            false,
+        ),
+        (
+            "throughput_vs_budget",
+            format!("Decode throughput vs KV budget: {subject}"),
+            x_budget.to_string(),
+            "decode throughput (tokens/s, all sequences of a batch)".to_string(),
+            series(&on_axis, |r| r.decode_tokens_per_s, budget_of),
+            full.and_then(|f| f.decode_tokens_per_s.map(|t| ("full cache".to_string(), t))),
+            log_x,
+        ),
+        (
+            "length_vs_budget",
+            format!("Output length vs KV budget: {subject}"),
+            x_budget.to_string(),
+            "mean output length (tokens)".to_string(),
+            series(&on_axis, |r| Some(r.mean_tokens), budget_of),
+            full.map(|f| ("full cache".to_string(), f.mean_tokens)),
+            log_x,
+        ),
+    ];
+    for (stem, title, x_label, y_label, series, reference, log_x) in charts {
+        if series.is_empty() && reference.is_none() {
+            continue;
+        }
+        let chart = LineChart {
+            percent: y_label.starts_with("pass@1"),
+            title,
+            x_label,
+            y_label,
+            series,
+            reference,
+            log_x,
+        };
+        files.extend(chart.write(&dir.join(stem))?);
+    }
+    Ok(files)
+}
+
+/// One column of a heat map: the event's step and, per position, the share of cache heads keeping it.
+struct Column {
+    seen: usize,
+    kept: Vec<f32>,
+}
+
+/// Heat-map columns of one sequence of a trace: one per distinct `seen` with events.
+fn columns(lines: &[TraceLine]) -> Vec<Column> {
+    let mut by_seen: BTreeMap<usize, Vec<&TraceLine>> = BTreeMap::new();
+    for l in lines {
+        by_seen.entry(l.seen).or_default().push(l);
+    }
+    by_seen
+        .into_iter()
+        .map(|(seen, ls)| {
+            let mut kept = vec![0f32; seen];
+            for l in &ls {
+                for &p in &l.kept {
+                    if let Some(k) = kept.get_mut(p as usize) {
+                        *k += 1.0;
+                    }
+                }
+            }
+            let n = ls.len() as f32;
+            kept.iter_mut().for_each(|k| *k /= n);
+            Column { seen, kept }
+        })
+        .collect()
+}
+
+fn draw_heatmap<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    path: &Path,
+    title: &str,
+    cols: &[Column],
+) -> Result<()> {
+    let err = plot_err(path);
+    let max_seen = cols.iter().map(|c| c.seen).max().unwrap_or(1);
+    let first = cols.first().map_or(0, |c| c.seen.saturating_sub(1));
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 18))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(first as f64..max_seen as f64 + 1.0, 0f64..max_seen as f64)
+        .map_err(&err)?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc(
+            "tokens seen at each compression event (shade: share of cache heads keeping an entry)",
+        )
+        .y_desc("original position of a cache entry")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .draw()
+        .map_err(&err)?;
+    // Each event's column spans until the next event.
+    for (i, c) in cols.iter().enumerate() {
+        let x0 = c.seen as f64;
+        let x1 = cols
+            .get(i + 1)
+            .map_or(max_seen as f64 + 1.0, |n| n.seen as f64);
+        let x0 = if i == 0 { x0 - 1.0 } else { x0 };
+        chart
+            .draw_series(
+                c.kept
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &k)| k > 0.0)
+                    .map(|(p, &k)| {
+                        // White (kept by no head) to dark blue (kept by every head).
+                        let shade = (255.0 * (1.0 - f64::from(k))) as u8;
+                        Rectangle::new(
+                            [(x0, p as f64), (x1, p as f64 + 1.0)],
+                            RGBColor(shade, shade, 255).filled(),
+                        )
+                    }),
+            )
+            .map_err(&err)?;
+    }
+    Ok(())
+}
+
+/// Writes one heat map per traced sequence of `trace` into `dir`, named after `label`.
+pub fn heatmaps(
+    trace: &[TraceLine],
+    label: &str,
+    subject: &str,
+    dir: &Path,
+) -> Result<Vec<PathBuf>> {
+    let mut by_seq: BTreeMap<&str, Vec<TraceLine>> = BTreeMap::new();
+    for l in trace {
+        by_seq
+            .entry(l.sequence.as_str())
+            .or_default()
+            .push(l.clone());
+    }
+    let mut files = Vec::new();
+    for (seq, lines) in by_seq {
+        let cols = columns(&lines);
+        if cols.is_empty() {
+            continue;
+        }
+        let title = format!("Kept KV positions: {label}, {seq}, {subject}");
+        // File names keep letters, digits and '-' only (a '.' would read as an extension).
+        let slug: String = format!("keep_{label}_{seq}")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let stem = dir.join(slug);
+        let (svg, png) = (stem.with_extension("svg"), stem.with_extension("png"));
+        files.extend(both(
+            &stem,
+            &|root| draw_heatmap(root, &svg, &title, &cols),
+            &|root| draw_heatmap(root, &png, &title, &cols),
+        )?);
+    }
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heat_map_columns_are_shares_of_heads() {
+        let line = |seen, head, kept: &[u32]| TraceLine {
+            sequence: "p#0".into(),
+            generated: 0,
+            seen,
+            layer: 0,
+            head,
+            kept: kept.to_vec(),
+        };
+        let cols = columns(&[line(4, 0, &[0, 3]), line(4, 1, &[0, 2]), line(6, 0, &[5])]);
+        assert_eq!(cols.len(), 2);
+        assert_eq!(cols[0].kept, vec![1.0, 0.0, 0.5, 0.5]);
+        assert_eq!(cols[1].seen, 6);
+        assert_eq!(cols[1].kept[5], 1.0);
+    }
+}

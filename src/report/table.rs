@@ -1,0 +1,143 @@
+//! Summary tables: Markdown for the terminal, CSV and JSON for other tools. The three carry the same
+//! rows; CSV and JSON keep full precision and raw units (bytes, seconds, fractions).
+
+use super::{Row, Summary};
+use crate::error::{Error, Result};
+use std::fmt::Write;
+
+const MIB: f64 = (1 << 20) as f64;
+
+fn pct(x: f64) -> String {
+    format!("{:.1}", 100.0 * x)
+}
+
+fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map_or_else(|| "-".into(), f)
+}
+
+/// Label of a row's policy: the name, with its parameters when they are not the defaults the table
+/// shows elsewhere (the full description is in CSV and JSON).
+fn budget_label(r: &Row) -> String {
+    r.budget.map_or_else(|| "-".into(), |b| format!("{b}"))
+}
+
+/// The Markdown table, with a line under it on how to read it.
+pub fn markdown(s: &Summary) -> String {
+    let mut out = String::new();
+    let many_subjects = s
+        .rows
+        .windows(2)
+        .any(|w| w[0].model != w[1].model || w[0].dataset != w[1].dataset);
+    let any_cons = s.rows.iter().any(|r| r.cons.is_some());
+    let mut head = vec![
+        "policy",
+        "budget",
+        "problems × samples",
+        "pass@1 % ± se",
+        "vs full",
+    ];
+    if any_cons {
+        head.push("cons@n %");
+    }
+    head.extend([
+        "tokens",
+        "Δ tokens vs full",
+        "truncated %",
+        "KV peak MiB",
+        "KV mean MiB",
+        "KV ratio",
+        "events",
+        "decode tok/s",
+        "end-to-end s",
+        "policy time %",
+    ]);
+    if many_subjects {
+        head.insert(0, "model / data");
+    }
+    let _ = writeln!(out, "| {} |", head.join(" | "));
+    let _ = writeln!(
+        out,
+        "|{}",
+        head.iter()
+            .enumerate()
+            .map(|(i, _)| if i < 2 + usize::from(many_subjects) {
+                "---|"
+            } else {
+                "---:|"
+            })
+            .collect::<String>()
+    );
+    for r in &s.rows {
+        let mut cells = vec![
+            r.policy.clone(),
+            budget_label(r),
+            format!("{} × {}", r.problems, r.samples),
+            format!("{} ± {}", pct(r.pass_at_1), pct(r.stderr)),
+            opt(r.accuracy_vs_full, |x| format!("{x:.2}")),
+        ];
+        if any_cons {
+            cells.push(opt(r.cons, pct));
+        }
+        cells.extend([
+            format!("{:.0}", r.mean_tokens),
+            opt(r.tokens_change_vs_full, |x| format!("{:+.1}%", 100.0 * x)),
+            pct(r.truncation_rate),
+            format!("{:.2}", r.kv_peak_bytes / MIB),
+            format!("{:.2}", r.kv_mean_bytes / MIB),
+            format!("{:.3}", r.kv_ratio),
+            format!("{:.1}", r.events),
+            opt(r.decode_tokens_per_s, |x| format!("{x:.1}")),
+            opt(r.end_to_end_s, |x| format!("{x:.1}")),
+            opt(r.policy_share, pct),
+        ]);
+        if many_subjects {
+            cells.insert(
+                0,
+                format!("{} / {}", r.model, super::short_dataset(&r.dataset)),
+            );
+        }
+        let _ = writeln!(out, "| {} |", cells.join(" | ").replace('\n', " "));
+    }
+    let _ = writeln!(
+        out,
+        "\npass@1: mean over samples, ± standard error across problems; vs full: pass@1 over full's. \
+         KV: bytes held per sequence (peak, and time-averaged), ratio = time-averaged over a full \
+         cache's for the same tokens. Speeds: aggregate decode tokens/s over each row's batches."
+    );
+    if let Some(m) = &s.speed_machine {
+        let _ = writeln!(out, "speed machine: {m}");
+    }
+    if !s.other_machines.is_empty() {
+        let others: Vec<String> = s
+            .other_machines
+            .iter()
+            .map(|(m, n)| format!("{m} ({n} samples)"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "records from other machines are left out of the speed columns (speeds are pooled only across identical machines): {}",
+            others.join("; ")
+        );
+    }
+    out
+}
+
+/// The rows as CSV (one header line, raw units).
+pub fn csv(s: &Summary) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for r in &s.rows {
+        w.serialize(r).map_err(|e| Error::Input(e.to_string()))?;
+    }
+    let bytes = w.into_inner().map_err(|e| Error::Input(e.to_string()))?;
+    String::from_utf8(bytes).map_err(|e| Error::Input(e.to_string()))
+}
+
+/// The rows and machines as pretty JSON.
+pub fn json(s: &Summary) -> Result<String> {
+    serde_json::to_string_pretty(&serde_json::json!({
+        "rows": s.rows,
+        "speed_machine": s.speed_machine,
+        "other_machines": s.other_machines,
+    }))
+    .map_err(|e| Error::Input(e.to_string()))
+}

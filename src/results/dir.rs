@@ -1,0 +1,343 @@
+//! A results directory: what a sweep (or a run) writes, crash-safe and mergeable.
+//!
+//! ```text
+//! DIR/config.toml                 the resolved config (CLI overrides applied)
+//! DIR/sweep.json                  config hash and every planned unit (the report's list of expected units)
+//! DIR/provenance.jsonl            one line per process start: versions, hashes, machine
+//! DIR/samples.jsonl               one line per finished unit (samples.shard-I-of-N.jsonl per shard)
+//! DIR/traces/UNIT.jsonl           compression events of traced units
+//! DIR/.lock, DIR/.lock.shard-…    advisory locks of running processes
+//! ```
+//!
+//! Samples are appended one line per unit, flushed and synced as written, so `kill -9` loses at most
+//! the units in flight; a half-written last line is dropped when the file is opened again. A process
+//! holds an exclusive lock on `.lock` (unsharded) or a shared lock on it plus an exclusive lock on its
+//! shard's lock file, so two processes on one directory are refused unless they run different shards.
+//! The operating system releases the locks when a process dies, however it dies.
+
+use super::sample::SampleRecord;
+use super::AtomicFile;
+use crate::error::{Error, Result};
+use crate::sweep::shard::Shard;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// One planned unit, as the report needs it without the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedUnit {
+    pub id: String,
+    pub policy: String,
+    pub policy_name: String,
+    pub budget: Option<f64>,
+    pub problem_id: String,
+    pub sample: usize,
+}
+
+/// `sweep.json`: the identity of a results directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub name: String,
+    pub config_hash: String,
+    pub kvbench: String,
+    pub model: String,
+    pub model_id: String,
+    pub dataset: String,
+    pub dataset_id: String,
+    pub units: Vec<PlannedUnit>,
+}
+
+/// An open results directory, locked for this process.
+pub struct ResultsDir {
+    pub path: PathBuf,
+    shard: Option<Shard>,
+    _locks: Vec<File>,
+}
+
+fn lock(path: &Path, shared: bool, dir: &Path) -> Result<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let got = if shared {
+        f.try_lock_shared()
+    } else {
+        f.try_lock()
+    };
+    match got {
+        Ok(()) => Ok(f),
+        Err(TryLockError::WouldBlock) => Err(Error::Input(format!(
+            "{} is in use by another kvbench process (lock {}): wait for it, or run different shards with --shard i/n",
+            dir.display(),
+            path.display()
+        ))),
+        Err(TryLockError::Error(e)) => Err(Error::io(path, e)),
+    }
+}
+
+impl ResultsDir {
+    /// Creates (if needed) and locks `path` for this process.
+    pub fn open(path: &Path, shard: Option<Shard>) -> Result<Self> {
+        std::fs::create_dir_all(path).map_err(|e| Error::io(path, e))?;
+        let mut locks = vec![lock(&path.join(".lock"), shard.is_some(), path)?];
+        if let Some(s) = shard {
+            locks.push(lock(&path.join(format!(".lock.{}", s.tag())), false, path)?);
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            shard,
+            _locks: locks,
+        })
+    }
+
+    /// Writes the manifest and config on first use; afterwards refuses a different config.
+    pub fn bind(&self, manifest: &Manifest, config_toml: &str) -> Result<()> {
+        let file = self.path.join("sweep.json");
+        if file.exists() {
+            let old = read_manifest(&self.path)?;
+            if old.config_hash != manifest.config_hash {
+                return Err(Error::Input(format!(
+                    "{} holds results of another configuration (config hash {} there, {} now; see {}): \
+                     results are never mixed. Use another --out, or remove the directory to start over",
+                    self.path.display(),
+                    old.config_hash,
+                    manifest.config_hash,
+                    self.path.join("config.toml").display()
+                )));
+            }
+            return Ok(());
+        }
+        let mut f = AtomicFile::create(&self.path.join("config.toml"))?;
+        f.write_all(config_toml.as_bytes())
+            .map_err(|e| Error::io(&file, e))?;
+        f.commit()?;
+        let mut f = AtomicFile::create(&file)?;
+        let text =
+            serde_json::to_string_pretty(manifest).map_err(|e| Error::Input(e.to_string()))?;
+        writeln!(f, "{text}").map_err(|e| Error::io(&file, e))?;
+        f.commit()
+    }
+
+    /// Appends one provenance line (synced).
+    pub fn record_provenance(&self, value: &serde_json::Value) -> Result<()> {
+        append_line(&self.path.join("provenance.jsonl"), &value.to_string())
+    }
+
+    /// This process's samples file.
+    pub fn samples_path(&self) -> PathBuf {
+        match self.shard {
+            Some(s) => self.path.join(format!("samples.{}.jsonl", s.tag())),
+            None => self.path.join("samples.jsonl"),
+        }
+    }
+
+    /// Opens this process's samples file for appending, first dropping a half-written last line left
+    /// by a killed process. Returns the appender and a note when a line was dropped.
+    pub fn samples_appender(&self) -> Result<(Appender, Option<String>)> {
+        let path = self.samples_path();
+        let mut note = None;
+        if let Ok(bytes) = std::fs::read(&path) {
+            if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+                let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(&path, e))?;
+                f.set_len(keep as u64).map_err(|e| Error::io(&path, e))?;
+                f.sync_all().map_err(|e| Error::io(&path, e))?;
+                note = Some(format!(
+                    "{}: dropped a half-written last line ({} bytes) left by an interrupted run",
+                    path.display(),
+                    bytes.len() - keep
+                ));
+            }
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        Ok((Appender { file, path }, note))
+    }
+
+    /// Ids of the units finished by any process, from every samples file in the directory.
+    pub fn finished(&self) -> Result<HashSet<String>> {
+        Ok(read_samples(&self.path)?
+            .records
+            .into_iter()
+            .map(|r| r.unit)
+            .collect())
+    }
+}
+
+/// Appends sample records, one synced line each.
+pub struct Appender {
+    file: File,
+    path: PathBuf,
+}
+
+impl Appender {
+    pub fn append(&mut self, record: &SampleRecord) -> Result<()> {
+        let mut line = serde_json::to_string(record).map_err(|e| Error::Input(e.to_string()))?;
+        line.push('\n');
+        // One write call per line: a kill can cut the line short but never interleave it.
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn append_line(path: &Path, line: &str) -> Result<()> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    f.write_all(format!("{line}\n").as_bytes())
+        .and_then(|()| f.sync_data())
+        .map_err(|e| Error::io(path, e))
+}
+
+/// Reads `DIR/sweep.json`.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = dir.join("sweep.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    serde_json::from_str(&text).map_err(|e| {
+        Error::Input(format!(
+            "{}: not a kvbench sweep manifest: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// Every sample record of a directory, from all its samples files.
+pub struct DirSamples {
+    pub records: Vec<SampleRecord>,
+    /// Half-written last lines seen (a process was killed, or is writing now).
+    pub partial_lines: Vec<PathBuf>,
+}
+
+/// Reads every `samples*.jsonl` of `dir`, in name order. A line that does not end in a newline at the
+/// end of a file is skipped (a process is writing it, or was killed while writing it); any other bad
+/// line is an error naming the file and line.
+pub fn read_samples(dir: &Path) -> Result<DirSamples> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("samples") && n.ends_with(".jsonl"))
+        })
+        .collect();
+    files.sort();
+    let mut out = DirSamples {
+        records: Vec::new(),
+        partial_lines: Vec::new(),
+    };
+    for path in files {
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let complete = match text.rfind('\n') {
+            Some(i) => &text[..=i],
+            None => "",
+        };
+        if complete.len() < text.len() {
+            out.partial_lines.push(path.clone());
+        }
+        for (i, line) in complete.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let r: SampleRecord = serde_json::from_str(line).map_err(|e| {
+                Error::Input(format!(
+                    "{}:{}: not a sample record: {e}",
+                    path.display(),
+                    i + 1
+                ))
+            })?;
+            out.records.push(r);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kvbench-dir-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn second_process_is_refused_unless_shards_differ() {
+        let d = temp_dir("lock");
+        let a = ResultsDir::open(&d, None).unwrap();
+        let err = ResultsDir::open(&d, None).err().unwrap().to_string();
+        assert!(err.contains("in use by another kvbench process"), "{err}");
+        assert!(ResultsDir::open(&d, Some("1/2".parse().unwrap())).is_err());
+        drop(a);
+        let s1 = ResultsDir::open(&d, Some("1/2".parse().unwrap())).unwrap();
+        let s2 = ResultsDir::open(&d, Some("2/2".parse().unwrap())).unwrap();
+        assert!(ResultsDir::open(&d, Some("2/2".parse().unwrap())).is_err());
+        assert!(ResultsDir::open(&d, None).is_err());
+        assert_ne!(s1.samples_path(), s2.samples_path());
+        drop((s1, s2));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_half_written_last_line_is_dropped_and_the_rest_kept() {
+        let d = temp_dir("torn");
+        let dir = ResultsDir::open(&d, None).unwrap();
+        let rec: SampleRecord = serde_json::from_value(serde_json::json!({
+            "problem_id": "p1", "sample": 0, "seed": 0, "gold": "1", "output": "\\boxed{1}",
+            "thinking": false, "extracted": "1", "normalized_pred": "1", "normalized_gold": "1",
+            "verdict": "correct", "correct": true, "grader": "g", "lenient": false, "tokens": 3,
+            "finish": "eos", "policy": "full", "prompt": "R1", "template_hash": "h",
+            "dataset": "d", "unit": "u1"
+        }))
+        .unwrap();
+        let (mut app, note) = dir.samples_appender().unwrap();
+        assert!(note.is_none());
+        app.append(&rec).unwrap();
+        // A killed writer leaves half a line.
+        let mut f = OpenOptions::new().append(true).open(app.path()).unwrap();
+        f.write_all(b"{\"problem_id\": \"p2\", \"sam").unwrap();
+        drop(f);
+        let seen = read_samples(&d).unwrap();
+        assert_eq!(seen.records.len(), 1);
+        assert_eq!(seen.partial_lines.len(), 1);
+        let (mut app, note) = dir.samples_appender().unwrap();
+        assert!(note.unwrap().contains("half-written"));
+        let mut rec2 = rec.clone();
+        rec2.unit = "u2".into();
+        app.append(&rec2).unwrap();
+        let seen = read_samples(&d).unwrap();
+        assert_eq!(seen.records, vec![rec, rec2]);
+        assert!(seen.partial_lines.is_empty());
+        assert_eq!(
+            dir.finished().unwrap(),
+            HashSet::from(["u1".to_string(), "u2".to_string()])
+        );
+        // A bad line in the middle is an error naming the file and line.
+        let path = dir.samples_path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, format!("{{oops\n{text}")).unwrap();
+        let err = read_samples(&d).err().unwrap().to_string();
+        assert!(err.contains("samples.jsonl:1"), "{err}");
+        drop(dir);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

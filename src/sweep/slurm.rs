@@ -1,0 +1,106 @@
+//! `kvbench sweep --emit slurm`: a submit script for a Slurm job array, one array task per shard (at
+//! most K at once) and a report job that starts when every task has ended. kvbench writes the script
+//! and never runs it; paths are single-quoted for the shell that will.
+
+use std::path::Path;
+
+/// What the script runs.
+pub struct SlurmJob<'a> {
+    /// The sweep's name (job names).
+    pub name: &'a str,
+    /// kvbench itself, the config and the results directory, as absolute paths.
+    pub kvbench: &'a Path,
+    pub config: &'a Path,
+    pub out: &'a Path,
+    pub shards: u32,
+    /// Array tasks running at once (`%K`).
+    pub concurrency: u32,
+}
+
+/// Quotes a string for a POSIX shell.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The submit script, or why none can be written (a path Slurm's `#SBATCH` lines cannot hold).
+pub fn script(job: &SlurmJob<'_>) -> Result<String, String> {
+    let out = job.out.to_string_lossy();
+    if out.chars().any(|c| c.is_whitespace() || c == '%') {
+        return Err(format!(
+            "{out}: a results directory for Slurm must not contain spaces or '%' (it is named in #SBATCH lines)"
+        ));
+    }
+    let name: String = job
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let (n, k) = (job.shards, job.concurrency.max(1));
+    let kvbench = quote(&job.kvbench.to_string_lossy());
+    let config = quote(&job.config.to_string_lossy());
+    let out_q = quote(&out);
+    Ok(format!(
+        r#"#!/usr/bin/env bash
+# kvbench sweep '{name}' on Slurm, written by kvbench {version}: {n} array tasks (one per shard, at most
+# {k} at once), then a report job that runs when all of them have ended (afterany: a failed shard still
+# gets its finished units reported, with the command that runs the missing ones).
+# Submit with: bash THIS_FILE. Add #SBATCH lines (partition, time, CPUs, memory) to both jobs as your
+# cluster needs. Shards take file locks in the results directory: it must be on a file system with
+# working locks (local or NFSv4).
+set -euo pipefail
+mkdir -p {out_q}
+array_job=$(sbatch --parsable <<'SLURM'
+#!/usr/bin/env bash
+#SBATCH --job-name=kvbench-{name}
+#SBATCH --array=1-{n}%{k}
+#SBATCH --output={out}/slurm-%A_%a.out
+set -euo pipefail
+exec {kvbench} sweep {config} --out {out_q} --shard "${{SLURM_ARRAY_TASK_ID}}/{n}"
+SLURM
+)
+sbatch --dependency="afterany:${{array_job%%;*}}" <<'SLURM'
+#!/usr/bin/env bash
+#SBATCH --job-name=kvbench-{name}-report
+#SBATCH --output={out}/slurm-report-%j.out
+set -euo pipefail
+exec {kvbench} report {out_q}
+SLURM
+echo "submitted array job $array_job ({n} shards) and its report job"
+"#,
+        version = env!("CARGO_PKG_VERSION"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_quotes_paths_and_names_every_shard() {
+        let job = SlurmJob {
+            name: "aime 24",
+            kvbench: Path::new("/opt/kv bench/kvbench"),
+            config: Path::new("/home/u/it's.toml"),
+            out: Path::new("/scratch/results/aime"),
+            shards: 16,
+            concurrency: 4,
+        };
+        let s = script(&job).unwrap();
+        assert!(s.contains("#SBATCH --array=1-16%4"));
+        assert!(s.contains("--shard \"${SLURM_ARRAY_TASK_ID}/16\""));
+        assert!(s.contains("'/opt/kv bench/kvbench' sweep '/home/u/it'\\''s.toml'"));
+        assert!(s.contains("kvbench-aime_24-report"));
+        assert!(s.contains("exec '/opt/kv bench/kvbench' report '/scratch/results/aime'"));
+        let bad = SlurmJob {
+            out: Path::new("/scratch/my results"),
+            ..job
+        };
+        assert!(script(&bad).is_err());
+    }
+}

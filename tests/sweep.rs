@@ -1,0 +1,273 @@
+//! Sweeps end to end on the default model: a sweep killed with SIGKILL and resumed ends with the same
+//! results as an uninterrupted one; shards running at once split the plan and merge back; a changed
+//! config and a second process on one directory are refused; `report` writes tables and plots and
+//! lists missing units.
+//!
+//! f32 weights make greedy decoding exact whatever the batch composition, so an interrupted run (whose
+//! batches differ) must give the same tokens.
+
+mod common;
+
+use kvbench::results::dir::read_samples;
+use kvbench::results::sample::SampleRecord;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const CONFIG: &str = r#"
+name = "resume-test"
+dataset = "builtin"
+limit = 3
+max_new_tokens = 24
+weights = "f32"
+batch_size = 1
+budgets = [0.5]
+
+[[policy]]
+name = "full"
+
+[[policy]]
+name = "streaming"
+args = { buffer = 4, sinks = 2 }
+
+[[policy]]
+name = "rkv"
+args = { buffer = 4, window = 4 }
+"#;
+
+fn kvbench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("run kvbench")
+}
+
+fn ok(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn temp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvbench-sweep-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Results keyed by unit id, without the timing fields.
+fn results(dir: &Path) -> BTreeMap<String, (String, usize, Option<String>, bool)> {
+    let records: Vec<SampleRecord> = read_samples(dir).unwrap().records;
+    let n = records.len();
+    let map: BTreeMap<_, _> = records
+        .into_iter()
+        .map(|r| (r.unit, (r.output, r.tokens, r.extracted, r.correct)))
+        .collect();
+    assert_eq!(
+        map.len(),
+        n,
+        "no unit is recorded twice in {}",
+        dir.display()
+    );
+    map
+}
+
+fn complete_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.matches('\n').count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
+    common::model(kvbench::model::weights::WeightFormat::Native); // fetched once, before timing
+    let work = temp("work");
+    let config = work.join("resume.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let cfg = config.to_str().unwrap();
+
+    // Uninterrupted.
+    let a = work.join("a");
+    let text = ok(&kvbench(&["sweep", cfg, "--out", a.to_str().unwrap()]));
+    assert!(text.contains("9 work units"), "{text}");
+    let expected = results(&a);
+    assert_eq!(expected.len(), 9);
+
+    // Killed with SIGKILL once two units are on disk, then resumed.
+    let b = work.join("b");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(["sweep", cfg, "--out", b.to_str().unwrap()])
+        .env("RAYON_NUM_THREADS", "2")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let samples = b.join("samples.jsonl");
+    let start = Instant::now();
+    while complete_lines(&samples) < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "no progress in 5 minutes"
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the sweep ended before it was killed: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let kept = complete_lines(&samples);
+    assert!(
+        (2..9).contains(&kept),
+        "{kept} units finished before the kill"
+    );
+    // A kill in the middle of a write leaves half a line: make sure one is there.
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&samples)
+            .unwrap();
+        f.write_all(b"{\"problem_id\":\"builtin-").unwrap();
+    }
+    // The report of the interrupted directory lists what is missing and how to run it.
+    let report = ok(&kvbench(&["report", b.to_str().unwrap(), "--no-plots"]));
+    assert!(
+        report.contains(&format!("{} planned units have no result yet", 9 - kept)),
+        "{report}"
+    );
+    assert!(report.contains("half-written line"), "{report}");
+    assert!(
+        report.contains(&format!(
+            "kvbench sweep {}",
+            b.join("config.toml").display()
+        )),
+        "{report}"
+    );
+    // Resume from the directory's own config.
+    let resumed = kvbench(&[
+        "sweep",
+        b.join("config.toml").to_str().unwrap(),
+        "--out",
+        b.to_str().unwrap(),
+    ]);
+    let text = ok(&resumed);
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert!(
+        err.contains(&format!(
+            "{kept} of 9 units already finished, {} to run",
+            9 - kept
+        )),
+        "{err}"
+    );
+    assert!(err.contains("dropped a half-written last line"), "{err}");
+    assert!(text.contains(&format!("{} units run", 9 - kept)), "{text}");
+    assert_eq!(
+        results(&b),
+        expected,
+        "resumed results equal uninterrupted ones"
+    );
+    // Nothing left to do: a third run runs nothing.
+    let text = ok(&kvbench(&["sweep", cfg, "--out", b.to_str().unwrap()]));
+    assert!(text.contains("0 units run"), "{text}");
+
+    // Another configuration on the same directory is refused, and nothing is written.
+    let before = std::fs::read(&samples).unwrap();
+    let out = kvbench(&["sweep", cfg, "--out", b.to_str().unwrap(), "--seed", "7"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another configuration"), "{err}");
+    assert_eq!(std::fs::read(&samples).unwrap(), before);
+
+    // A second process on a directory in use is refused.
+    let held = kvbench::results::dir::ResultsDir::open(&b, None).unwrap();
+    let out = kvbench(&["sweep", cfg, "--out", b.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another kvbench process"));
+    drop(held);
+
+    // Two shards at once into one directory: disjoint, and together the whole plan.
+    let c = work.join("c");
+    let spawn = |shard: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args(["sweep", cfg, "--out", c.to_str().unwrap(), "--shard", shard])
+            .env("RAYON_NUM_THREADS", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (s1, s2) = (spawn("1/2"), spawn("2/2"));
+    ok(&s1.wait_with_output().unwrap());
+    ok(&s2.wait_with_output().unwrap());
+    assert!(c.join("samples.shard-1-of-2.jsonl").exists());
+    assert!(c.join("samples.shard-2-of-2.jsonl").exists());
+    assert_eq!(results(&c), expected, "merged shards equal one run");
+
+    // The report merges the shards and writes the tables and plots.
+    let text = ok(&kvbench(&["report", c.to_str().unwrap()]));
+    assert!(text.contains("every planned unit has a result"), "{text}");
+    assert!(text.contains("| full | - | 3 × 1 |"), "{text}");
+    assert!(text.contains("| streaming | 0.5 | 3 × 1 |"), "{text}");
+    let out = c.join("report");
+    for f in [
+        "report.md",
+        "report.csv",
+        "report.json",
+        "accuracy_vs_budget.svg",
+        "accuracy_vs_budget.png",
+        "accuracy_vs_memory.png",
+        "throughput_vs_budget.png",
+        "length_vs_budget.png",
+    ] {
+        let len = std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 100, "{f} is written");
+    }
+    let csv = std::fs::read_to_string(out.join("report.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 3, "a header and three rows: {csv}");
+    let heat_maps = std::fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("keep_") && name.ends_with(".png")
+        })
+        .count();
+    assert_eq!(heat_maps, 2, "one heat map per compressing policy");
+    std::fs::remove_dir_all(&work).unwrap();
+}
+
+#[test]
+fn slurm_script_runs_every_shard_and_then_the_report() {
+    let work = temp("slurm");
+    let out = work.join("r");
+    let text = ok(&kvbench(&[
+        "sweep",
+        "configs/smoke.toml",
+        "--emit",
+        "slurm",
+        "--shards",
+        "6",
+        "--concurrency",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    assert!(text.starts_with("#!/usr/bin/env bash"), "{text}");
+    assert!(text.contains("#SBATCH --array=1-6%2"), "{text}");
+    assert!(
+        text.contains("--shard \"${SLURM_ARRAY_TASK_ID}/6\""),
+        "{text}"
+    );
+    assert!(text.contains("--dependency=\"afterany:"), "{text}");
+    // The directory already holds the resolved config every task runs.
+    assert!(out.join("config.toml").is_file() && out.join("sweep.json").is_file());
+    std::fs::remove_dir_all(&work).unwrap();
+}

@@ -260,6 +260,6 @@ fn bad_sweep_configs_give_one_clear_error_each() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("28 work units"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("42 work units"));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -250,12 +250,21 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             format!("Accuracy vs KV memory: {subject}"),
             "time-averaged KV cache per sequence (MiB)".to_string(),
             "pass@1 (%)".to_string(),
+            // The full cache is a point here (its memory is the point of the comparison).
             series(
                 &rows,
                 |r| Some(100.0 * r.pass_at_1),
                 |r| r.kv_mean_bytes / (1 << 20) as f64,
-            ),
-            full.map(|f| ("full cache".to_string(), 100.0 * f.pass_at_1)),
+            )
+            .into_iter()
+            .chain(full.map(|f| {
+                (
+                    "full cache".to_string(),
+                    vec![(f.kv_mean_bytes / (1 << 20) as f64, 100.0 * f.pass_at_1)],
+                )
+            }))
+            .collect(),
+            None,
             false,
         ),
         (

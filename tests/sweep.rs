@@ -22,6 +22,7 @@ limit = 3
 max_new_tokens = 24
 weights = "f32"
 batch_size = 1
+fidelity = true
 budgets = [0.5]
 
 [[policy]]
@@ -216,6 +217,7 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
     assert!(text.contains("every planned unit has a result"), "{text}");
     assert!(text.contains("| full | - | 3 × 1 |"), "{text}");
     assert!(text.contains("| streaming | 0.5 | 3 × 1 |"), "{text}");
+    assert!(text.contains("KL from full"), "{text}");
     let out = c.join("report");
     for f in [
         "report.md",
@@ -226,6 +228,7 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
         "accuracy_vs_memory.png",
         "throughput_vs_budget.png",
         "length_vs_budget.png",
+        "fidelity_vs_position.png",
     ] {
         let len = std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0);
         assert!(len > 100, "{f} is written");

@@ -1,5 +1,6 @@
 //! The command line: argument definitions (their doc comments are the `--help`) and dispatch.
 
+mod fidelity;
 mod grade;
 mod perf;
 mod regrade;
@@ -44,6 +45,8 @@ enum Command {
     Regrade(regrade::RegradeArgs),
     /// Run every (policy, budget, problem, sample) of a sweep configuration (TOML), resumably.
     Sweep(Box<sweep::SweepArgs>),
+    /// Teacher-forced divergence of a policy from the full cache: KL, top-1 agreement, first divergence.
+    Fidelity(Box<fidelity::FidelityArgs>),
     /// Merge result directories into tables (Markdown, CSV, JSON) and plots (SVG, PNG).
     Report(report::ReportArgs),
 }
@@ -161,6 +164,10 @@ pub fn run() -> anyhow::Result<ExitCode> {
             sweep::run(*args)
         }
         Command::Report(args) => report::run(args),
+        Command::Fidelity(args) => {
+            kvbench::init_threads(args.runtime.threads);
+            fidelity::run(*args)
+        }
         Command::Policies => {
             for (name, about) in kvbench::policy::POLICIES {
                 // Defaults as resolved at a fractional budget (every policy accepts one).

@@ -140,6 +140,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     print_accuracy(&mine, p.plan.samples);
     print_speed(&mine, done.wall_secs);
     print_kv(&mine, &spec);
+    print_fidelity(&mine);
     let ours: Vec<SampleRecord> = p
         .plan
         .units
@@ -281,5 +282,29 @@ fn print_kv(records: &[&SampleRecord], spec: &PolicySpec) {
         mib(mean(&|x| x.kv_bytes_full_mean)),
         m.iter().map(|x| x.policy_secs).sum::<f64>(),
         100.0 * m.iter().map(|x| x.policy_secs).sum::<f64>() / decode.max(1e-9)
+    );
+}
+
+/// Teacher-forced fidelity of the policy's samples, when measured (`--fidelity`).
+fn print_fidelity(records: &[&SampleRecord]) {
+    let f: Vec<&kvbench::generate::fidelity::Fidelity> =
+        records.iter().filter_map(|r| r.fidelity.as_ref()).collect();
+    if f.is_empty() {
+        return;
+    }
+    let steps: usize = f.iter().map(|x| x.steps).sum();
+    let pooled = |g: &dyn Fn(&kvbench::generate::fidelity::Fidelity) -> f64| {
+        f.iter().map(|x| g(x) * x.steps as f64).sum::<f64>() / steps.max(1) as f64
+    };
+    let divergences: Vec<f64> = f
+        .iter()
+        .map(|x| x.first_divergence.unwrap_or(x.steps) as f64)
+        .collect();
+    println!(
+        "fidelity against full (teacher-forced, {steps} steps): mean KL {:.4} nats, top-1 agreement {:.1}%, mean rank of full's token {:.2}, first divergence median {:.0}",
+        pooled(&|x| x.mean_kl),
+        100.0 * pooled(&|x| x.top1_agreement),
+        pooled(&|x| x.mean_rank),
+        metrics::median(&divergences).unwrap_or(0.0)
     );
 }

@@ -11,6 +11,7 @@ use kvbench::results::sample::SampleRecord;
 use kvbench::results::trace::TraceWriter;
 use kvbench::sweep::config::SweepConfig;
 use kvbench::sweep::execute::{execute, ExecOptions, Failure};
+use kvbench::sweep::options::StudyOptions;
 use kvbench::sweep::plan::{content_id, Decoding, Plan};
 use kvbench::sweep::shard::Shard;
 use std::collections::HashSet;
@@ -159,6 +160,19 @@ impl Planned {
     }
 }
 
+/// Loads the model a study names, as it asks.
+pub fn load_model(o: &StudyOptions, runtime: &RuntimeArgs) -> anyhow::Result<Model> {
+    Ok(Model::load(
+        o.model(),
+        &LoadOptions {
+            format: o.weights(),
+            template: o.chat_template,
+            tokenizer: runtime.tokenizer.clone(),
+            ..Default::default()
+        },
+    )?)
+}
+
 /// How to execute a plan.
 pub struct ExecFlags<'a> {
     pub out: PathBuf,
@@ -228,15 +242,7 @@ fn run_units(
     flags: &ExecFlags<'_>,
 ) -> anyhow::Result<Vec<Failure>> {
     let o = &p.cfg.options;
-    let model = Model::load(
-        o.model(),
-        &LoadOptions {
-            format: o.weights(),
-            template: o.chat_template,
-            tokenizer: flags.runtime.tokenizer.clone(),
-            ..Default::default()
-        },
-    )?;
+    let model = load_model(o, flags.runtime)?;
     let template_hash = o.prompt().template_hash(model.template);
     dir.record_provenance(&serde_json::json!({
         "started_unix": std::time::SystemTime::now()
@@ -309,6 +315,7 @@ fn run_units(
         lenient: flags.lenient,
         trace: traced,
         dataset: p.set.source.clone(),
+        fidelity: o.fidelity.unwrap_or(false),
     };
     let mut done = 0usize;
     let failures = execute(&model, &p.plan, todo, &opts, &mut || bar.inc(1), &mut |r| {

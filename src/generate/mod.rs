@@ -5,6 +5,7 @@
 //! active sequences run as one matrix product, attention runs per sequence. For greedy decoding a
 //! batch gives the same tokens as running each sequence alone (a test checks it on f32 weights).
 
+pub mod fidelity;
 pub mod sampler;
 
 use crate::error::Result;
@@ -54,6 +55,9 @@ pub struct Generation {
     /// KV bytes held, averaged over forward steps (prefill included), and the same for a full cache.
     pub kv_bytes_mean: f64,
     pub kv_bytes_full_mean: f64,
+    /// Wall time of each decode step this sequence took part in (shared with its batch), seconds.
+    #[serde(default)]
+    pub step_secs: Vec<f32>,
     /// Compression events with the positions kept, when traced.
     #[serde(skip)]
     pub trace: Option<Vec<crate::model::TraceEvent>>,
@@ -82,6 +86,7 @@ pub fn generate_batch(
         peak_bytes: usize,
         /// Sum of bytes held after each forward step, and the number of steps.
         bytes_steps: (f64, usize),
+        step_secs: Vec<f32>,
     }
     let mut seqs = Vec::with_capacity(requests.len());
     for (i, req) in requests.into_iter().enumerate() {
@@ -111,6 +116,7 @@ pub fn generate_batch(
             decode_time: Duration::ZERO,
             peak_bytes,
             bytes_steps: (peak_bytes as f64, 1),
+            step_secs: Vec::new(),
         };
         if accept(&mut a.out, &mut a.finish, next, a.max_new, eos) {
             on_token(i, next);
@@ -150,6 +156,7 @@ pub fn generate_batch(
         if active.is_empty() {
             break;
         }
+        let step_start = Instant::now();
         let toks: Vec<[u32; 1]> = active.iter().map(|&i| [seqs[i].next]).collect();
         let logits = {
             let mut inputs: Vec<SeqInput<'_>> = Vec::with_capacity(active.len());
@@ -168,7 +175,9 @@ pub fn generate_batch(
             model.forward(&mut inputs)?
         };
         let logits = logits.to_vec2::<f32>()?;
+        let step = step_start.elapsed().as_secs_f32();
         for (k, &i) in active.iter().enumerate() {
+            seqs[i].step_secs.push(step);
             let s = &mut seqs[i];
             let bytes = s.state.cache.bytes();
             s.peak_bytes = s.peak_bytes.max(bytes);
@@ -202,6 +211,7 @@ pub fn generate_batch(
                 kv_bytes_mean: s.bytes_steps.0 / s.bytes_steps.1 as f64,
                 kv_bytes_full_mean: stats.full_mean_entries * full_bytes_per_token as f64,
                 cache: stats,
+                step_secs: std::mem::take(&mut s.step_secs),
                 trace: s.state.trace.take(),
             }
         })

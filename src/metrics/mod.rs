@@ -1,4 +1,7 @@
-//! Measurements that come from the operating system and simple statistics over timings.
+//! Measurements that come from the operating system, simple statistics over timings, and the
+//! divergence of a compressed model from the full one ([`divergence`]).
+
+pub mod divergence;
 
 /// Peak resident set size of this process in bytes (`VmHWM` from /proc/self/status), when available.
 pub fn peak_rss_bytes() -> Option<u64> {

@@ -124,6 +124,23 @@ pub struct Row {
     pub ttft_s: Option<f64>,
     /// Share of decode time spent inside the policy.
     pub policy_share: Option<f64>,
+    /// Median over samples of each sample's median and 90th-percentile time per output token, seconds.
+    pub tpot_p50_s: Option<f64>,
+    pub tpot_p90_s: Option<f64>,
+    /// Mean share of repeated 4-gram windows in the last 512 output tokens.
+    pub repetition: f64,
+    /// Teacher-forced fidelity against full, pooled over the steps of the samples that measured it:
+    /// mean KL (nats), top-1 agreement, mean rank of full's token, and the median first divergence
+    /// (a sample that never diverges counts its length).
+    pub mean_kl: Option<f64>,
+    pub top1_agreement: Option<f64>,
+    pub mean_rank: Option<f64>,
+    pub first_divergence: Option<f64>,
+    /// Mean KL per bucket of positions (`fidelity_bucket` positions each), pooled over samples.
+    #[serde(skip)]
+    pub kl_by_position: Vec<f64>,
+    #[serde(skip)]
+    pub fidelity_bucket: usize,
 }
 
 /// Summary rows and the facts a reader needs to trust them.
@@ -255,6 +272,34 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
     let policy_secs: f64 = speed.iter().map(|m| m.policy_secs).sum();
     let sum_decode: f64 = speed.iter().map(|m| m.decode_secs).sum();
     let ttfts: Vec<f64> = speed.iter().map(|m| m.prefill_secs).collect();
+    let p50s: Vec<f64> = speed.iter().map(|m| m.tpot_p50_secs).collect();
+    let p90s: Vec<f64> = speed.iter().map(|m| m.tpot_p90_secs).collect();
+    let fid: Vec<&crate::generate::fidelity::Fidelity> =
+        rs.iter().filter_map(|r| r.fidelity.as_ref()).collect();
+    let fid_steps: f64 = fid.iter().map(|f| f.steps as f64).sum();
+    let pooled = |g: &dyn Fn(&crate::generate::fidelity::Fidelity) -> f64| {
+        (fid_steps > 0.0)
+            .then(|| fid.iter().map(|f| g(f) * f.steps as f64).sum::<f64>() / fid_steps)
+    };
+    let divergences: Vec<f64> = fid
+        .iter()
+        .map(|f| f.first_divergence.unwrap_or(f.steps) as f64)
+        .collect();
+    // KL by position: per bucket, weighted by how many samples reached it.
+    let buckets = fid
+        .iter()
+        .map(|f| f.kl_by_position.len())
+        .max()
+        .unwrap_or(0);
+    let kl_by_position = (0..buckets)
+        .map(|b| {
+            let v: Vec<f64> = fid
+                .iter()
+                .filter_map(|f| f.kl_by_position.get(b).copied())
+                .collect();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        })
+        .collect();
     Row {
         model: first.model.clone(),
         dataset: first.dataset.clone(),
@@ -295,6 +340,15 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         }),
         ttft_s: crate::metrics::median(&ttfts),
         policy_share: (sum_decode > 0.0).then(|| policy_secs / sum_decode),
+        tpot_p50_s: crate::metrics::median(&p50s),
+        tpot_p90_s: crate::metrics::median(&p90s),
+        repetition: metric(&|m| m.repetition),
+        mean_kl: pooled(&|f| f.mean_kl),
+        top1_agreement: pooled(&|f| f.top1_agreement),
+        mean_rank: pooled(&|f| f.mean_rank),
+        first_divergence: crate::metrics::median(&divergences),
+        kl_by_position,
+        fidelity_bucket: fid.first().map_or(0, |f| f.bucket),
     }
 }
 

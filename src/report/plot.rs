@@ -286,6 +286,37 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             log_x,
         ),
     ];
+    // Fidelity by position: one line per (policy, budget) that measured it.
+    let fidelity: Vec<(String, Vec<(f64, f64)>)> = rows
+        .iter()
+        .filter(|r| !r.kl_by_position.is_empty())
+        .map(|r| {
+            let label = match r.budget {
+                Some(b) => format!("{} {b}", r.policy),
+                None => r.policy.clone(),
+            };
+            let w = r.fidelity_bucket as f64;
+            let pts = r
+                .kl_by_position
+                .iter()
+                .enumerate()
+                .map(|(i, &kl)| ((i as f64 + 0.5) * w, kl))
+                .collect();
+            (label, pts)
+        })
+        .collect();
+    let mut charts = charts.to_vec();
+    if !fidelity.is_empty() {
+        charts.push((
+            "fidelity_vs_position",
+            format!("Teacher-forced KL from the full cache by position: {subject}"),
+            "output position (tokens)".to_string(),
+            "KL(full ‖ policy), nats, mean over samples".to_string(),
+            fidelity,
+            None,
+            false,
+        ));
+    }
     for (stem, title, x_label, y_label, series, reference, log_x) in charts {
         if series.is_empty() && reference.is_none() {
             continue;

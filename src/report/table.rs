@@ -29,6 +29,7 @@ pub fn markdown(s: &Summary) -> String {
         .windows(2)
         .any(|w| w[0].model != w[1].model || w[0].dataset != w[1].dataset);
     let any_cons = s.rows.iter().any(|r| r.cons.is_some());
+    let any_fidelity = s.rows.iter().any(|r| r.mean_kl.is_some());
     let mut head = vec![
         "policy",
         "budget",
@@ -43,14 +44,19 @@ pub fn markdown(s: &Summary) -> String {
         "tokens",
         "Δ tokens vs full",
         "truncated %",
+        "repeated 4-grams %",
         "KV peak MiB",
         "KV mean MiB",
         "KV ratio",
         "events",
         "decode tok/s",
+        "ms/token p50 / p90",
         "end-to-end s",
         "policy time %",
     ]);
+    if any_fidelity {
+        head.extend(["KL from full", "top-1 agree %", "first divergence"]);
+    }
     if many_subjects {
         head.insert(0, "model / data");
     }
@@ -82,14 +88,26 @@ pub fn markdown(s: &Summary) -> String {
             format!("{:.0}", r.mean_tokens),
             opt(r.tokens_change_vs_full, |x| format!("{:+.1}%", 100.0 * x)),
             pct(r.truncation_rate),
+            pct(r.repetition),
             format!("{:.2}", r.kv_peak_bytes / MIB),
             format!("{:.2}", r.kv_mean_bytes / MIB),
             format!("{:.3}", r.kv_ratio),
             format!("{:.1}", r.events),
             opt(r.decode_tokens_per_s, |x| format!("{x:.1}")),
+            match (r.tpot_p50_s, r.tpot_p90_s) {
+                (Some(a), Some(b)) => format!("{:.1} / {:.1}", 1e3 * a, 1e3 * b),
+                _ => "-".into(),
+            },
             opt(r.end_to_end_s, |x| format!("{x:.1}")),
             opt(r.policy_share, pct),
         ]);
+        if any_fidelity {
+            cells.extend([
+                opt(r.mean_kl, |x| format!("{x:.4}")),
+                opt(r.top1_agreement, pct),
+                opt(r.first_divergence, |x| format!("{x:.0}")),
+            ]);
+        }
         if many_subjects {
             cells.insert(
                 0,
@@ -102,7 +120,11 @@ pub fn markdown(s: &Summary) -> String {
         out,
         "\npass@1: mean over samples, ± standard error across problems; vs full: pass@1 over full's. \
          KV: bytes held per sequence (peak, and time-averaged), ratio = time-averaged over a full \
-         cache's for the same tokens. Speeds: aggregate decode tokens/s over each row's batches."
+         cache's for the same tokens. Speeds: aggregate decode tokens/s over each row's batches; \
+         ms/token: median over samples of each sample's median and 90th-percentile decode step time. \
+         Fidelity (when measured): teacher-forced KL(full ‖ policy) in nats and top-1 agreement \
+         pooled over steps; first divergence: median output position where the policy's top-1 \
+         token first differs from full's (a greedy run leaves full's output there)."
     );
     if let Some(m) = &s.speed_machine {
         let _ = writeln!(out, "speed machine: {m}");

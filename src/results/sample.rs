@@ -42,6 +42,9 @@ pub struct SampleRecord {
     /// Speed and memory of the generation.
     #[serde(default)]
     pub metrics: Option<SampleMetrics>,
+    /// Teacher-forced divergence from the full cache (when the study asked for it).
+    #[serde(default)]
+    pub fidelity: Option<crate::generate::fidelity::Fidelity>,
 }
 
 /// What one sample cost: timings, KV memory (from the cache itself) and compression.
@@ -71,6 +74,15 @@ pub struct SampleMetrics {
     pub entries_peak: usize,
     /// Compression events of the layer that compressed most often.
     pub events: usize,
+    /// Time per output token over this sample's decode steps (shared with its batch): median and
+    /// 90th percentile, seconds.
+    #[serde(default)]
+    pub tpot_p50_secs: f64,
+    #[serde(default)]
+    pub tpot_p90_secs: f64,
+    /// Share of repeated 4-gram windows in the last 512 output tokens.
+    #[serde(default)]
+    pub repetition: f64,
     /// CPU model and cores (`metrics::machine`): speeds are pooled only across equal machines.
     pub machine: String,
 }

@@ -5,7 +5,9 @@
 
 use super::plan::{Plan, WorkUnit};
 use crate::error::Result;
+use crate::generate::fidelity::teacher_forced;
 use crate::generate::{generate_batch, Generation, Request, SamplingParams};
+use crate::metrics::divergence::repetition;
 use crate::model::{Model, TraceEvent};
 use crate::results::sample::{SampleMetrics, SampleRecord};
 use std::collections::HashSet;
@@ -19,7 +21,12 @@ pub struct ExecOptions {
     pub trace: HashSet<String>,
     /// Where the problems came from, for the records.
     pub dataset: String,
+    /// Measure teacher-forced fidelity against full for every unit of a compressing policy.
+    pub fidelity: bool,
 }
+
+/// Positions per bucket of the stored fidelity-by-position curves.
+pub const FIDELITY_BUCKET: usize = 64;
 
 /// One finished unit.
 pub struct UnitResult<'p> {
@@ -62,18 +69,22 @@ pub fn execute<'p>(
         let spec = &plan.specs[first.policy];
         let ctx = model.policy_context(spec, plan.decoding.max_new_tokens);
         let mut requests = Vec::with_capacity(chunk.len());
+        let mut prompts = Vec::with_capacity(chunk.len());
+        let sampling = |u: &WorkUnit| SamplingParams {
+            temperature: plan.decoding.temperature,
+            top_p: plan.decoding.top_p,
+            seed: u.seed,
+        };
         for u in chunk {
             let text = plan
                 .decoding
                 .prompt
                 .render(model.template, &plan.problems[u.problem].problem);
+            let prompt = model.tokenizer.encode(&text)?;
+            prompts.push(prompt.clone());
             requests.push(Request {
-                prompt: model.tokenizer.encode(&text)?,
-                sampling: SamplingParams {
-                    temperature: plan.decoding.temperature,
-                    top_p: plan.decoding.top_p,
-                    seed: u.seed,
-                },
+                prompt,
+                sampling: sampling(u),
                 max_new_tokens: plan.decoding.max_new_tokens,
                 policy: spec.build(&ctx),
                 trace: opts.trace.contains(&u.id),
@@ -99,9 +110,29 @@ pub fn execute<'p>(
             .map(|g| g.decode_time.as_secs_f64())
             .fold(0.0, f64::max);
         let batch_tokens: usize = gens.iter().map(|g| g.tokens.len()).sum();
-        for (u, mut g) in chunk.iter().copied().zip(gens) {
+        for ((u, mut g), prompt) in chunk.iter().copied().zip(gens).zip(&prompts) {
             let share = batch_wall * g.tokens.len() as f64 / batch_tokens.max(1) as f64;
-            let record = record(model, plan, u, &g, share, chunk.len(), opts, &machine)?;
+            let mut record = record(model, plan, u, &g, share, chunk.len(), opts, &machine)?;
+            if opts.fidelity && spec.name() != "full" {
+                match teacher_forced(
+                    &model.transformer,
+                    prompt,
+                    spec.build(&ctx),
+                    sampling(u),
+                    plan.decoding.max_new_tokens,
+                    &model.tokenizer.eos_ids,
+                    FIDELITY_BUCKET,
+                ) {
+                    Ok(f) => record.fidelity = Some(f),
+                    Err(e) => {
+                        failures.push(Failure {
+                            unit: u.id.clone(),
+                            error: format!("fidelity: {e}"),
+                        });
+                        continue;
+                    }
+                }
+            }
             on_done(UnitResult {
                 unit: u,
                 record,
@@ -166,9 +197,18 @@ fn record(
             entries_full_mean: c.full_mean_entries,
             entries_peak: c.max_peak(),
             events: c.events(),
+            tpot_p50_secs: percentile_f32(&g.step_secs, 50.0),
+            tpot_p90_secs: percentile_f32(&g.step_secs, 90.0),
+            repetition: repetition(&g.tokens, 4, 512),
             machine: machine.to_string(),
         }),
+        fidelity: None,
     };
     r.grade(opts.lenient);
     Ok(r)
+}
+
+fn percentile_f32(xs: &[f32], p: f64) -> f64 {
+    let v: Vec<f64> = xs.iter().map(|&x| f64::from(x)).collect();
+    crate::metrics::percentile(&v, p).unwrap_or(0.0)
 }

@@ -95,6 +95,11 @@ pub struct StudyOptions {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<usize>,
+    /// Also measure teacher-forced fidelity (KL from full, top-1 agreement, first divergence) for
+    /// every unit of a compressing policy; about doubles the cost [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<bool>,
     /// Results directory [default: results/NAME].
     #[arg(long, value_name = "DIR")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,6 +136,7 @@ impl StudyOptions {
             samples,
             seed,
             batch_size,
+            fidelity,
             out
         );
         if !over.ids.is_empty() {

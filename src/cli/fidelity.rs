@@ -1,0 +1,151 @@
+//! `kvbench fidelity`: what a policy does to the model's next-token distribution, with no grader in
+//! the way. For each problem the full-cache model generates, and the policy's copy is fed the same
+//! tokens in lockstep (`kvbench::generate::fidelity`): mean KL from full, top-1 agreement, the rank of
+//! full's token, and where a greedy run under the policy would first leave full's output.
+
+use super::study::{load_model, plan};
+use super::RuntimeArgs;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kvbench::generate::fidelity::{teacher_forced, Fidelity};
+use kvbench::generate::SamplingParams;
+use kvbench::policy::PolicySpec;
+use kvbench::sweep::config::{PolicyEntry, SweepConfig};
+use kvbench::sweep::execute::FIDELITY_BUCKET;
+use kvbench::sweep::options::StudyOptions;
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+#[derive(Args, Debug)]
+pub struct FidelityArgs {
+    /// Compression policy (see `kvbench policies`).
+    #[arg(long)]
+    pub policy: String,
+    /// KV budget (as `kvbench run`).
+    #[arg(long, allow_negative_numbers = true)]
+    pub budget: f64,
+    /// A policy parameter, `key=value` (repeatable).
+    #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
+    pub policy_args: Vec<String>,
+    #[command(flatten)]
+    pub options: StudyOptions,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// Print one JSON object (mean_kl, top1_agreement, mean_rank, first divergences, by-position
+    /// curves, per problem) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
+    let spec = PolicySpec::from_args(&args.policy, args.budget, &args.policy_args)?;
+    let mut map = BTreeMap::new();
+    for a in &args.policy_args {
+        if let Some((k, v)) = a.split_once('=') {
+            map.insert(k.trim().into(), toml::Value::String(v.trim().into()));
+        }
+    }
+    let p = plan(SweepConfig {
+        name: format!("fidelity-{}-{}", spec.name(), args.budget),
+        options: args.options.clone(),
+        budgets: Vec::new(),
+        policies: vec![PolicyEntry {
+            name: args.policy.clone(),
+            budgets: Some(vec![args.budget]),
+            args: map,
+        }],
+    })?;
+    let model = load_model(&p.cfg.options, &args.runtime)?;
+    let ctx = model.policy_context(&spec, p.plan.decoding.max_new_tokens);
+    let d = &p.plan.decoding;
+    let bar = ProgressBar::new(p.plan.units.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} sequences",
+        )
+        .expect("static template"),
+    );
+    let mut per_problem: Vec<(String, usize, Fidelity)> = Vec::new();
+    for u in &p.plan.units {
+        let problem = &p.plan.problems[u.problem];
+        let prompt = model
+            .tokenizer
+            .encode(&d.prompt.render(model.template, &problem.problem))?;
+        let f = teacher_forced(
+            &model.transformer,
+            &prompt,
+            spec.build(&ctx),
+            SamplingParams {
+                temperature: d.temperature,
+                top_p: d.top_p,
+                seed: u.seed,
+            },
+            d.max_new_tokens,
+            &model.tokenizer.eos_ids,
+            FIDELITY_BUCKET,
+        )?;
+        per_problem.push((problem.id.clone(), u.sample, f));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let all: Vec<&Fidelity> = per_problem.iter().map(|x| &x.2).collect();
+    let steps: usize = all.iter().map(|f| f.steps).sum();
+    let pooled = |g: &dyn Fn(&Fidelity) -> f64| {
+        all.iter().map(|f| g(f) * f.steps as f64).sum::<f64>() / steps.max(1) as f64
+    };
+    let divergences: Vec<f64> = all
+        .iter()
+        .map(|f| f.first_divergence.unwrap_or(f.steps) as f64)
+        .collect();
+    let never = all.iter().filter(|f| f.first_divergence.is_none()).count();
+    let (mean_kl, agreement, rank) = (
+        pooled(&|f| f.mean_kl),
+        pooled(&|f| f.top1_agreement),
+        pooled(&|f| f.mean_rank),
+    );
+    let median_div = kvbench::metrics::median(&divergences);
+    if args.json {
+        let rows: Vec<_> = per_problem
+            .iter()
+            .map(|(id, s, f)| serde_json::json!({ "problem": id, "sample": s, "fidelity": f }))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "policy": spec.describe(),
+                "model": model.name,
+                "dataset": p.set.source,
+                "sequences": per_problem.len(),
+                "steps": steps,
+                "mean_kl": mean_kl,
+                "top1_agreement": agreement,
+                "mean_rank": rank,
+                "first_divergence_median": median_div,
+                "never_diverged": never,
+                "per_sequence": rows,
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("policy: {}", spec.describe());
+    println!("| problem | steps | mean KL (nats) | top-1 agreement % | mean rank of full's token | first divergence |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (id, s, f) in &per_problem {
+        println!(
+            "| {id} #{s} | {} | {:.4} | {:.1} | {:.2} | {} |",
+            f.steps,
+            f.mean_kl,
+            100.0 * f.top1_agreement,
+            f.mean_rank,
+            f.first_divergence
+                .map_or("never".to_string(), |d| d.to_string())
+        );
+    }
+    println!(
+        "\nover {} sequences and {steps} steps: mean KL {mean_kl:.4} nats, top-1 agreement {:.1}%, mean rank {rank:.2}; first divergence median {} ({never} never diverged)",
+        per_problem.len(),
+        100.0 * agreement,
+        median_div.map_or("-".into(), |d| format!("{d:.0}")),
+    );
+    Ok(ExitCode::SUCCESS)
+}

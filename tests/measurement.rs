@@ -1,0 +1,157 @@
+//! Measurements with known answers on the default model: teacher-forced fidelity (a policy whose
+//! budget covers the sequence has KL 0 and agreement 1; the first divergence is where free-running
+//! greedy outputs part), and KV bytes (a full cache of known shape holds a known number of bytes).
+
+mod common;
+
+use kvbench::generate::fidelity::teacher_forced;
+use kvbench::generate::{generate_batch, Request, SamplingParams};
+use kvbench::model::weights::WeightFormat;
+use kvbench::policy::PolicySpec;
+use std::collections::BTreeMap;
+
+fn prompt(m: &kvbench::model::Model) -> Vec<u32> {
+    let p = &kvbench::eval::builtin::problems(1, 7)[0];
+    let text = kvbench::eval::prompt::PromptVariant::R1.render(m.template, &p.problem);
+    m.tokenizer.encode(&text).unwrap()
+}
+
+fn spec(name: &str, budget: f64, args: &[(&str, &str)]) -> PolicySpec {
+    let map: BTreeMap<String, String> = args
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    PolicySpec::new(name, budget, map).unwrap()
+}
+
+#[test]
+fn a_budget_covering_the_sequence_has_kl_zero_and_full_agreement() {
+    let m = common::model(WeightFormat::F32);
+    let prompt = prompt(&m);
+    for s in [
+        spec("streaming", 100_000.0, &[]),
+        spec("rkv", 100_000.0, &[]),
+    ] {
+        let ctx = m.policy_context(&s, 40);
+        let f = teacher_forced(
+            &m.transformer,
+            &prompt,
+            s.build(&ctx),
+            SamplingParams::greedy(),
+            40,
+            &m.tokenizer.eos_ids,
+            16,
+        )
+        .unwrap();
+        assert!(f.steps > 10, "{}: {} steps", s.name(), f.steps);
+        assert_eq!(f.mean_kl, 0.0, "{}", s.name());
+        assert_eq!(f.top1_agreement, 1.0, "{}", s.name());
+        assert_eq!(f.mean_rank, 0.0);
+        assert_eq!(f.first_divergence, None);
+        assert!(f.kl_by_position.iter().all(|&k| k == 0.0));
+    }
+}
+
+#[test]
+fn first_divergence_is_where_free_running_greedy_outputs_part() {
+    let m = common::model(WeightFormat::F32);
+    let prompt = prompt(&m);
+    let steps = 48;
+    // A tight budget with small buffers: the policy compresses often and the model drifts.
+    let s = spec("streaming", 12.0, &[("buffer", "4"), ("sinks", "2")]);
+    let ctx = m.policy_context(&s, steps);
+    let f = teacher_forced(
+        &m.transformer,
+        &prompt,
+        s.build(&ctx),
+        SamplingParams::greedy(),
+        steps,
+        &[],
+        16,
+    )
+    .unwrap();
+    assert_eq!(f.steps, steps);
+    assert!(f.mean_kl > 0.0 && f.mean_kl.is_finite());
+    assert!(f.top1_agreement < 1.0);
+    let d = f.first_divergence.expect("a 12-entry cache diverges");
+    // Free-running greedy decoding, one sequence at a time.
+    let run = |policy| {
+        let r = Request {
+            prompt: prompt.clone(),
+            sampling: SamplingParams::greedy(),
+            max_new_tokens: steps,
+            policy,
+            trace: false,
+        };
+        generate_batch(&m.transformer, vec![r], &[], &mut |_, _| {})
+            .unwrap()
+            .remove(0)
+            .tokens
+    };
+    let full = run(Box::new(kvbench::policy::Full));
+    let other = run(s.build(&ctx));
+    assert_eq!(
+        full[..d],
+        other[..d],
+        "identical up to the first divergence"
+    );
+    assert_ne!(full[d], other[d], "and different at it");
+}
+
+#[test]
+fn kv_bytes_of_a_full_cache_are_entries_times_the_layout() {
+    let m = common::model(WeightFormat::Native);
+    let prompt = prompt(&m);
+    let r = Request {
+        prompt: prompt.clone(),
+        sampling: SamplingParams::greedy(),
+        max_new_tokens: 20,
+        policy: Box::new(kvbench::policy::Full),
+        trace: false,
+    };
+    let g = generate_batch(&m.transformer, vec![r], &[], &mut |_, _| {})
+        .unwrap()
+        .remove(0);
+    // SmolLM2-135M: 30 layers × (keys + values) × 3 KV heads × 64 dims × 4 bytes (f32).
+    let per_token = 30 * 2 * 3 * 64 * 4;
+    assert_eq!(m.transformer.config.kv_bytes_per_token(4), per_token);
+    // The last token is produced, not fed: the cache holds the prompt and the other 19.
+    let entries = prompt.len() + 19;
+    assert_eq!(g.kv_bytes_peak, entries * per_token);
+    assert_eq!(g.kv_bytes_full, entries * per_token);
+    // Time-averaged over the prefill step and 19 decode steps.
+    let mean = (0..20).map(|i| (prompt.len() + i) as f64).sum::<f64>() / 20.0;
+    assert!((g.kv_bytes_mean - mean * per_token as f64).abs() < 1e-6);
+    assert!((g.kv_bytes_full_mean - g.kv_bytes_mean).abs() < 1e-6);
+    assert_eq!(g.step_secs.len(), 19, "one time per decode step");
+}
+
+#[test]
+fn fidelity_command_prints_json() {
+    common::model(WeightFormat::Native);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args([
+            "fidelity",
+            "--policy",
+            "streaming",
+            "--budget",
+            "100000",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "12",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mean_kl"], 0.0);
+    assert_eq!(v["top1_agreement"], 1.0);
+    assert_eq!(v["sequences"], 1);
+}

@@ -155,3 +155,30 @@ fn fidelity_command_prints_json() {
     assert_eq!(v["top1_agreement"], 1.0);
     assert_eq!(v["sequences"], 1);
 }
+
+#[test]
+fn policy_side_state_is_counted_apart_from_the_cache() {
+    let m = common::model(WeightFormat::Native);
+    let prompt = prompt(&m);
+    let run = |s: &PolicySpec| {
+        let ctx = m.policy_context(s, 20);
+        let r = Request {
+            prompt: prompt.clone(),
+            sampling: SamplingParams::greedy(),
+            max_new_tokens: 20,
+            policy: s.build(&ctx),
+            trace: false,
+        };
+        generate_batch(&m.transformer, vec![r], &[], &mut |_, _| {})
+            .unwrap()
+            .remove(0)
+    };
+    assert_eq!(run(&spec("full", 1.0, &[])).policy_state_bytes_peak, 0);
+    // H2O keeps one f32 accumulated score per cached entry, layer and KV head: with a budget that
+    // covers the sequence, 30 layers × 3 heads × entries × 4 bytes.
+    let g = run(&spec("h2o", 100_000.0, &[]));
+    assert_eq!(g.policy_state_bytes_peak, 30 * 3 * (prompt.len() + 19) * 4);
+    // SnapKV's side state is the engine's query window: 30 layers × 9 query heads × w × 64 × 4.
+    let g = run(&spec("snapkv", 100_000.0, &[("window", "8")]));
+    assert_eq!(g.policy_state_bytes_peak, 30 * 9 * 8 * 64 * 4);
+}

@@ -275,11 +275,12 @@ fn print_kv(records: &[&SampleRecord], spec: &PolicySpec) {
     let mib = |b: f64| b / (1 << 20) as f64;
     let decode: f64 = m.iter().map(|x| x.decode_secs).sum();
     println!(
-        "KV per sequence: peak {:.2} MiB vs {:.2} MiB full, time-averaged {:.2} MiB vs {:.2} MiB; policy time {:.2} s ({:.1}% of decode)",
+        "KV per sequence: peak {:.2} MiB vs {:.2} MiB full, time-averaged {:.2} MiB vs {:.2} MiB; policy side state peak {:.1} KiB; policy time {:.2} s ({:.1}% of decode)",
         mib(mean(&|x| x.kv_bytes_peak as f64)),
         mib(mean(&|x| x.kv_bytes_full_peak as f64)),
         mib(mean(&|x| x.kv_bytes_mean)),
         mib(mean(&|x| x.kv_bytes_full_mean)),
+        mean(&|x| x.policy_state_bytes_peak as f64) / 1024.0,
         m.iter().map(|x| x.policy_secs).sum::<f64>(),
         100.0 * m.iter().map(|x| x.policy_secs).sum::<f64>() / decode.max(1e-9)
     );

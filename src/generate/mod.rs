@@ -55,6 +55,9 @@ pub struct Generation {
     /// KV bytes held, averaged over forward steps (prefill included), and the same for a full cache.
     pub kv_bytes_mean: f64,
     pub kv_bytes_full_mean: f64,
+    /// The most bytes of policy side state held after a step (`SeqState::side_state_bytes`).
+    #[serde(default)]
+    pub policy_state_bytes_peak: usize,
     /// Wall time of each decode step this sequence took part in (shared with its batch), seconds.
     #[serde(default)]
     pub step_secs: Vec<f32>,
@@ -87,6 +90,7 @@ pub fn generate_batch(
         /// Sum of bytes held after each forward step, and the number of steps.
         bytes_steps: (f64, usize),
         step_secs: Vec<f32>,
+        side_peak: usize,
     }
     let mut seqs = Vec::with_capacity(requests.len());
     for (i, req) in requests.into_iter().enumerate() {
@@ -117,7 +121,9 @@ pub fn generate_batch(
             peak_bytes,
             bytes_steps: (peak_bytes as f64, 1),
             step_secs: Vec::new(),
+            side_peak: 0,
         };
+        a.side_peak = a.state.side_state_bytes();
         if accept(&mut a.out, &mut a.finish, next, a.max_new, eos) {
             on_token(i, next);
         }
@@ -183,6 +189,7 @@ pub fn generate_batch(
             s.peak_bytes = s.peak_bytes.max(bytes);
             s.bytes_steps.0 += bytes as f64;
             s.bytes_steps.1 += 1;
+            s.side_peak = s.side_peak.max(s.state.side_state_bytes());
             let tok = s.sampler.sample(&logits[k]);
             s.next = tok;
             if accept(&mut s.out, &mut s.finish, tok, s.max_new, eos) {
@@ -212,6 +219,7 @@ pub fn generate_batch(
                 kv_bytes_full_mean: stats.full_mean_entries * full_bytes_per_token as f64,
                 cache: stats,
                 step_secs: std::mem::take(&mut s.step_secs),
+                policy_state_bytes_peak: s.side_peak,
                 trace: s.state.trace.take(),
             }
         })

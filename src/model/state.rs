@@ -40,6 +40,18 @@ pub struct TraceEvent {
 }
 
 impl SeqState {
+    /// Bytes of the policy's side state: its own (scores, trackers, summaries) and the query
+    /// windows the engine keeps for it. The KV cache is not included.
+    pub fn side_state_bytes(&self) -> usize {
+        let windows: usize = self
+            .query_windows
+            .iter()
+            .flatten()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum();
+        self.policy.state_bytes() + windows
+    }
+
     pub fn new(
         config: &ModelConfig,
         mut policy: Box<dyn Policy>,

@@ -125,6 +125,13 @@ impl Policy for H2o {
         cache.gather(&kept)
     }
 
+    fn state_bytes(&self) -> usize {
+        self.acc
+            .iter()
+            .flat_map(|layer| layer.iter().map(|h| super::vec_bytes(h)))
+            .sum()
+    }
+
     fn entry_limit(&self, _layer: usize, seen: usize, _prompt_len: usize) -> Option<usize> {
         let (heavy, recent) = self.config.split(seen);
         Some(heavy + recent)

@@ -238,6 +238,10 @@ impl Policy for Kara {
         cache.gather(&kept)
     }
 
+    fn state_bytes(&self) -> usize {
+        super::vec_bytes(&self.tokens) + super::vec_bytes(&self.history)
+    }
+
     fn entry_limit(&self, _layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         if prompt_len == 0 {
             return None;

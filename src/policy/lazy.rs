@@ -197,6 +197,14 @@ impl Policy for LazyEviction {
         cache.gather(&kept)
     }
 
+    fn state_bytes(&self) -> usize {
+        self.trackers
+            .iter()
+            .flatten()
+            .map(|t| super::vec_bytes(&t.ts) + super::vec_bytes(&t.mri))
+            .sum()
+    }
+
     fn entry_limit(&self, _layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         // Nothing is evicted before decode step W (the lag is the method): no bound until then.
         let generated = seen.saturating_sub(prompt_len);

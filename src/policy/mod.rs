@@ -125,6 +125,17 @@ pub trait Policy: Send {
     /// were fed, `prompt_len` of them the prompt (`None`: no bound). Derived from the budget rule,
     /// never from the cache.
     fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize>;
+
+    /// Bytes of side state the policy holds now (scores, trackers, summaries, token ids), counted
+    /// apart from the KV cache. The engine adds the query windows it keeps for the policy.
+    fn state_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// Heap bytes of nested vectors' elements (lengths, not capacities).
+pub(crate) fn vec_bytes<T>(v: &[T]) -> usize {
+    std::mem::size_of_val(v)
 }
 
 /// No compression: the baseline every report compares against.

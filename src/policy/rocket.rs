@@ -141,6 +141,11 @@ pub struct ChunkSummary {
 }
 
 impl ChunkSummary {
+    /// Bytes of the element-wise maxima and minima held.
+    pub fn bytes(&self) -> usize {
+        super::vec_bytes(&self.max) + super::vec_bytes(&self.min)
+    }
+
     pub fn new(chunk: usize, d: usize) -> Self {
         Self {
             chunk: chunk.max(1),
@@ -363,6 +368,14 @@ impl Policy for RocketKv {
                 .collect()
         })?;
         Ok(Some(picked))
+    }
+
+    fn state_bytes(&self) -> usize {
+        self.summaries
+            .iter()
+            .flatten()
+            .map(ChunkSummary::bytes)
+            .sum()
     }
 
     fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {

@@ -115,6 +115,8 @@ pub struct Row {
     pub kv_peak_bytes: f64,
     pub kv_mean_bytes: f64,
     pub kv_ratio: f64,
+    /// Mean over samples of the peak bytes of policy side state (not in the KV figures).
+    pub policy_state_peak_bytes: f64,
     pub events: f64,
     /// Aggregate decode tokens/s and end-to-end seconds (prefill plus decode shares), from the
     /// speed machine's records only; None when it has none in this row.
@@ -331,6 +333,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         kv_mean_bytes: kv_mean,
         kv_ratio: kv_mean / kv_full_mean.max(1e-9),
         events: metric(&|m| m.events as f64),
+        policy_state_peak_bytes: metric(&|m| m.policy_state_bytes_peak as f64),
         decode_tokens_per_s: (decode_secs > 0.0).then(|| speed_tokens / decode_secs),
         end_to_end_s: (!speed.is_empty()).then(|| {
             speed

@@ -48,6 +48,7 @@ pub fn markdown(s: &Summary) -> String {
         "KV peak MiB",
         "KV mean MiB",
         "KV ratio",
+        "policy state KiB",
         "events",
         "decode tok/s",
         "ms/token p50 / p90",
@@ -92,6 +93,7 @@ pub fn markdown(s: &Summary) -> String {
             format!("{:.2}", r.kv_peak_bytes / MIB),
             format!("{:.2}", r.kv_mean_bytes / MIB),
             format!("{:.3}", r.kv_ratio),
+            format!("{:.1}", r.policy_state_peak_bytes / 1024.0),
             format!("{:.1}", r.events),
             opt(r.decode_tokens_per_s, |x| format!("{x:.1}")),
             match (r.tpot_p50_s, r.tpot_p90_s) {

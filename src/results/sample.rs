@@ -80,6 +80,10 @@ pub struct SampleMetrics {
     pub tpot_p50_secs: f64,
     #[serde(default)]
     pub tpot_p90_secs: f64,
+    /// The most bytes of policy side state (scores, trackers, query windows) held, apart from the
+    /// KV cache.
+    #[serde(default)]
+    pub policy_state_bytes_peak: usize,
     /// Share of repeated 4-gram windows in the last 512 output tokens.
     #[serde(default)]
     pub repetition: f64,

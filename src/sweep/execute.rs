@@ -200,6 +200,7 @@ fn record(
             tpot_p50_secs: percentile_f32(&g.step_secs, 50.0),
             tpot_p90_secs: percentile_f32(&g.step_secs, 90.0),
             repetition: repetition(&g.tokens, 4, 512),
+            policy_state_bytes_peak: g.policy_state_bytes_peak,
             machine: machine.to_string(),
         }),
         fidelity: None,

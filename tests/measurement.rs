@@ -182,3 +182,61 @@ fn policy_side_state_is_counted_apart_from_the_cache() {
     let g = run(&spec("snapkv", 100_000.0, &[("window", "8")]));
     assert_eq!(g.policy_state_bytes_peak, 30 * 9 * 8 * 64 * 4);
 }
+
+#[test]
+fn scaling_shows_full_growing_linearly_and_a_bounded_policy_flat() {
+    common::model(WeightFormat::Native);
+    let dir = std::env::temp_dir().join(format!("kvbench-scaling-{}", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args([
+            "scaling",
+            "--policy",
+            "full,streaming",
+            "--budget",
+            "32",
+            "--policy-arg",
+            "buffer=8",
+            "--lengths",
+            "64,128,192",
+            "--prompt-tokens",
+            "16",
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = std::fs::read_to_string(dir.join("scaling.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let kv = |policy: &str| -> Vec<usize> {
+        rows.iter()
+            .filter(|r| r[0] == policy)
+            .map(|r| r[3].parse().unwrap())
+            .collect()
+    };
+    let per_token = 30 * 2 * 3 * 64 * 4;
+    // The cache holds the prompt and every generated token but the last one.
+    assert_eq!(
+        kv("full"),
+        vec![
+            (16 + 63) * per_token,
+            (16 + 127) * per_token,
+            (16 + 191) * per_token
+        ]
+    );
+    // StreamingLLM with 32 entries and a buffer of 8 holds 32 to 40 entries, whatever the length.
+    for b in kv("streaming") {
+        assert!((32 * per_token..=40 * per_token).contains(&b), "{b}");
+    }
+    assert!(dir.join("kv_vs_length.png").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,6 +6,7 @@ mod perf;
 mod regrade;
 mod report;
 mod run;
+mod scaling;
 mod study;
 mod sweep;
 
@@ -37,6 +38,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// Benchmark the engine: prefill and decode throughput at several batch sizes, and peak RSS.
     Perf(perf::PerfArgs),
+    /// Memory scaling: KV bytes, policy state and resident memory against generated length, per policy.
+    Scaling(Box<scaling::ScalingArgs>),
     /// List the compression policies with every parameter and its default.
     Policies,
     /// Grade one prediction against a gold answer, or a JSON Lines file of cases, printing JSON.
@@ -70,6 +73,44 @@ pub struct ModelArgs {
     /// Compute threads (default: all logical cores).
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+/// Policies of a multi-policy benchmark (`perf`, `scaling`) at one budget (`full` without one): each
+/// `--policy-arg` goes to the policies that take its key, and a key no policy takes is an error.
+pub fn policy_specs(
+    names: &[String],
+    budget: f64,
+    args: &[String],
+) -> anyhow::Result<Vec<kvbench::policy::PolicySpec>> {
+    use kvbench::policy::PolicySpec;
+    let mut used = vec![false; args.len()];
+    let mut specs = Vec::new();
+    for name in names {
+        let b = if name == "full" { 1.0 } else { budget };
+        let keys = PolicySpec::new(name, b, Default::default())?;
+        let mine: Vec<String> = args
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| {
+                let key = a.split_once('=').map_or(a.as_str(), |(k, _)| k.trim());
+                keys.resolved().contains_key(key)
+            })
+            .map(|(i, a)| {
+                used[i] = true;
+                a.clone()
+            })
+            .collect();
+        specs.push(PolicySpec::from_args(name, b, &mine)?);
+    }
+    if let Some(i) = used.iter().position(|u| !u) {
+        return Err(UsageError(format!(
+            "--policy-arg {}: none of the policies {} takes this parameter",
+            args[i],
+            names.join(", ")
+        ))
+        .into());
+    }
+    Ok(specs)
 }
 
 /// Loading details of `run` and `sweep` that do not change results.
@@ -156,6 +197,10 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Command::Perf(args) => {
             kvbench::init_threads(args.model.threads);
             perf::run(args)
+        }
+        Command::Scaling(args) => {
+            kvbench::init_threads(args.model.threads);
+            scaling::run(*args)
         }
         Command::Grade(args) => grade::run(args),
         Command::Regrade(args) => regrade::run(args),

@@ -42,10 +42,74 @@ pub struct PerfArgs {
     /// A policy parameter, `key=value` (repeatable; applies to every policy that has the key).
     #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
     pub policy_args: Vec<String>,
+    /// A KV-cache memory limit in MiB: each policy is also measured at the largest batch whose
+    /// sequences' peak KV cache and policy state fit in it (measured at batch 1), up to 256.
+    #[arg(long, value_name = "MIB")]
+    pub mem_limit: Option<f64>,
+}
+
+/// What one decode measurement gave: per measured repeat, aggregate tokens/s, policy share, KV
+/// ratio; and per sequence the peak KV bytes (with policy state) and the time-averaged KV bytes.
+struct Decode {
+    rates: Vec<f64>,
+    policy_share: Vec<f64>,
+    ratio: Vec<f64>,
+    peak_per_seq: usize,
+    mean_kv_per_seq: f64,
+}
+
+fn measure_decode(
+    model: &Model,
+    spec: &PolicySpec,
+    prompt: &[u32],
+    b: usize,
+    args: &PerfArgs,
+) -> anyhow::Result<Decode> {
+    let ctx = model.policy_context(spec, args.decode_tokens);
+    let mut d = Decode {
+        rates: Vec::new(),
+        policy_share: Vec::new(),
+        ratio: Vec::new(),
+        peak_per_seq: 0,
+        mean_kv_per_seq: 0.0,
+    };
+    for i in 0..args.warmup + args.repeats {
+        let requests = (0..b)
+            .map(|_| Request {
+                prompt: prompt.to_vec(),
+                sampling: SamplingParams::greedy(),
+                max_new_tokens: args.decode_tokens,
+                policy: spec.build(&ctx),
+                trace: false,
+            })
+            .collect();
+        // No end tokens: every sequence decodes exactly --decode-tokens tokens.
+        let gens = generate_batch(&model.transformer, requests, &[], &mut |_, _| {})?;
+        let secs = gens
+            .iter()
+            .map(|g| g.decode_time.as_secs_f64())
+            .fold(0.0, f64::max);
+        // The first token comes from the prefill logits; decode steps produce the rest.
+        let decoded: usize = gens.iter().map(|g| g.tokens.len() - 1).sum();
+        if i >= args.warmup {
+            d.rates.push(decoded as f64 / secs);
+            let policy: f64 = gens.iter().map(|g| g.policy_time.as_secs_f64()).sum();
+            d.policy_share.push(100.0 * policy / (secs * b as f64));
+            d.ratio.push(gens[0].cache.achieved_ratio());
+            d.peak_per_seq = gens
+                .iter()
+                .map(|g| g.kv_bytes_peak + g.policy_state_bytes_peak)
+                .max()
+                .unwrap_or(0);
+            d.mean_kv_per_seq =
+                gens.iter().map(|g| g.kv_bytes_mean).sum::<f64>() / gens.len() as f64;
+        }
+    }
+    Ok(d)
 }
 
 /// A prompt of exactly `n` tokens made from built-in problem text.
-fn prompt_of(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
+pub(super) fn prompt_of(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
     let mut ids = Vec::new();
     let mut seed = 0;
     while ids.len() < n {
@@ -76,14 +140,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
-    let specs = args
-        .policy
-        .iter()
-        .map(|p| {
-            let budget = if p == "full" { 1.0 } else { args.budget };
-            PolicySpec::from_args(p, budget, &args.policy_args)
-        })
-        .collect::<kvbench::Result<Vec<_>>>()?;
+    let specs = super::policy_specs(&args.policy, args.budget, &args.policy_args)?;
     let load_start = Instant::now();
     let model = args.model.load()?;
     let load_secs = load_start.elapsed().as_secs_f64();
@@ -100,6 +157,11 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     println!(
         "warm-up {} run(s), then median of {} repeats (min … max)\n",
         args.warmup, args.repeats
+    );
+    let bandwidth = metrics::copy_bandwidth(256 << 20, 5);
+    println!(
+        "memory bandwidth (parallel copy of 256 MiB, read + write, median of 5): {:.1} GB/s\n",
+        bandwidth / 1e9
     );
     println!("| measurement | tokens/s (median) | range |");
     println!("|---|---:|---|");
@@ -125,45 +187,52 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
 
     let decode_prompt = prompt_of(&model, args.decode_prompt_tokens)?;
     for spec in &specs {
-        let ctx = model.policy_context(spec, args.decode_tokens);
-        for &b in &args.batch {
-            let mut rates = Vec::new();
-            let (mut policy_share, mut ratio) = (Vec::new(), Vec::new());
-            for i in 0..args.warmup + args.repeats {
-                let requests = (0..b)
-                    .map(|_| Request {
-                        prompt: decode_prompt.clone(),
-                        sampling: SamplingParams::greedy(),
-                        max_new_tokens: args.decode_tokens,
-                        policy: spec.build(&ctx),
-                        trace: false,
-                    })
-                    .collect();
-                // No end tokens: every sequence decodes exactly --decode-tokens tokens.
-                let gens = generate_batch(&model.transformer, requests, &[], &mut |_, _| {})?;
-                let secs = gens
-                    .iter()
-                    .map(|g| g.decode_time.as_secs_f64())
-                    .fold(0.0, f64::max);
-                // The first token comes from the prefill logits; decode steps produce the rest.
-                let decoded: usize = gens.iter().map(|g| g.tokens.len() - 1).sum();
-                if i >= args.warmup {
-                    rates.push(decoded as f64 / secs);
-                    let policy: f64 = gens.iter().map(|g| g.policy_time.as_secs_f64()).sum();
-                    policy_share.push(100.0 * policy / (secs * b as f64));
-                    ratio.push(gens[0].cache.achieved_ratio());
-                }
+        let mut batches = args.batch.clone();
+        let mut fit = None;
+        if let Some(limit) = args.mem_limit {
+            let one = measure_decode(&model, spec, &decode_prompt, 1, &args)?;
+            let per_seq = one.peak_per_seq.max(1) as f64;
+            let b = ((limit * (1 << 20) as f64) / per_seq).floor() as usize;
+            fit = Some((b.min(256), per_seq));
+            if b > 0 && !batches.contains(&b.min(256)) {
+                batches.push(b.min(256));
             }
+        }
+        for &b in &batches {
+            let d = measure_decode(&model, spec, &decode_prompt, b, &args)?;
+            // Bytes a decode step reads: the weights once for the batch, each sequence's cache.
+            let rate = metrics::median(&d.rates).unwrap_or(0.0);
+            let step_bytes =
+                model.transformer.weight_bytes_read(b) as f64 + b as f64 * d.mean_kv_per_seq;
+            let achieved = step_bytes * rate / b as f64;
+            let fits = match fit {
+                Some((f, per_seq)) if f == b => format!(
+                    "; largest batch whose KV ({:.2} MiB per sequence) fits {} MiB",
+                    per_seq / (1 << 20) as f64,
+                    args.mem_limit.unwrap_or(0.0)
+                ),
+                _ => String::new(),
+            };
             println!(
-            "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of time, KV ratio {:.3} | {} |",
-            spec.name(),
-            spec.budget(),
-            args.decode_prompt_tokens,
-            args.decode_tokens,
-            metrics::median(&policy_share).unwrap_or(0.0),
-            metrics::median(&ratio).unwrap_or(1.0),
-            summary(&rates)
-        );
+                "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of time, KV ratio {:.3}; reads {:.1} GB/s ({:.0}% of copy){fits} | {} |",
+                spec.name(),
+                spec.budget(),
+                args.decode_prompt_tokens,
+                args.decode_tokens,
+                metrics::median(&d.policy_share).unwrap_or(0.0),
+                metrics::median(&d.ratio).unwrap_or(1.0),
+                achieved / 1e9,
+                100.0 * achieved / bandwidth.max(1.0),
+                summary(&d.rates)
+            );
+        }
+        if let Some((0, per_seq)) = fit {
+            println!(
+                "| decode, {}: not even one sequence's KV ({:.2} MiB) fits {} MiB | - | - |",
+                spec.name(),
+                per_seq / (1 << 20) as f64,
+                args.mem_limit.unwrap_or(0.0)
+            );
         }
     }
     println!(

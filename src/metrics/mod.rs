@@ -11,6 +11,38 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Resident set size of this process now, in bytes (`VmRSS`), when available.
+pub fn current_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// This machine's memory bandwidth as a copy achieves it: bytes read plus bytes written per second,
+/// the median of `repeats` copies of a `bytes`-sized buffer (after one warm-up copy), using every
+/// thread of the pool in parallel as decoding does.
+pub fn copy_bandwidth(bytes: usize, repeats: usize) -> f64 {
+    use rayon::prelude::*;
+    let n = bytes / 8;
+    let src: Vec<u64> = (0..n as u64).collect();
+    let mut dst = vec![0u64; n];
+    let chunk = n.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
+    let mut rates = Vec::new();
+    for i in 0..=repeats {
+        let t = std::time::Instant::now();
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(&dst);
+        if i > 0 {
+            rates.push(2.0 * (n * 8) as f64 / secs);
+        }
+    }
+    median(&rates).unwrap_or(0.0)
+}
+
 /// Median of a sample (mean of the two middle values for even sizes); `None` when empty.
 pub fn median(xs: &[f64]) -> Option<f64> {
     percentile(xs, 50.0)

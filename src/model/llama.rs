@@ -156,6 +156,17 @@ impl Transformer {
         &self.device
     }
 
+    /// Bytes of weights one forward step over `rows` rows reads (the matrices; embedding rows
+    /// looked up are negligible): what memory bandwidth a decode step needs besides the cache.
+    pub fn weight_bytes_read(&self, rows: usize) -> usize {
+        self.blocks
+            .iter()
+            .flat_map(|b| [&b.qkv, &b.wo, &b.gate_up, &b.down])
+            .map(|l| l.bytes_read(rows))
+            .sum::<usize>()
+            + self.lm_head.bytes_read(rows)
+    }
+
     /// Bytes of weight memory held.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes

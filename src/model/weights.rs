@@ -179,6 +179,21 @@ impl Linear {
         }
     }
 
+    /// Bytes of weights one call with `rows` rows reads: the copy [`forward`](Self::forward) uses.
+    pub fn bytes_read(&self, rows: usize) -> usize {
+        let small = self.small.as_ref().map(SmallKernel::bytes);
+        let dense = self
+            .dense
+            .as_ref()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes());
+        match (small, dense) {
+            (Some(k), Some(_)) if rows < AUTO_F32_MIN_ROWS => k,
+            (_, Some(d)) => d,
+            (Some(k), None) => k,
+            (None, None) => 0,
+        }
+    }
+
     /// Bytes of weight memory held (all copies).
     pub fn weight_bytes(&self) -> usize {
         let small = self.small.as_ref().map_or(0, SmallKernel::bytes);

@@ -185,6 +185,27 @@ impl LineChart {
     }
 }
 
+/// A line chart of the given series (one line each), written as `stem.svg` and `stem.png`.
+pub fn lines(
+    stem: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: Vec<(String, Vec<(f64, f64)>)>,
+    log_x: bool,
+) -> Result<Vec<PathBuf>> {
+    LineChart {
+        title: title.into(),
+        percent: false,
+        x_label: x_label.into(),
+        y_label: y_label.into(),
+        series,
+        reference: None,
+        log_x,
+    }
+    .write(stem)
+}
+
 /// Per policy (other than full), its rows' points; with the budgets the x value of each.
 fn series(
     rows: &[&Row],

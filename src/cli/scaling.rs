@@ -1,0 +1,188 @@
+//! `kvbench scaling`: the memory-scaling benchmark. One sequence per policy decodes to the longest
+//! length (no end token), and at each checkpoint the KV bytes held (from the cache itself), the bytes a
+//! full cache would hold, the policy's side state and the process's resident memory are recorded: a
+//! full cache grows linearly, a bounded policy must stay flat. Writes a CSV and the curves.
+//!
+//! Compressing policies run first and `full` last, so that the resident memory of the bounded
+//! policies is not inflated by memory the allocator kept from the full cache.
+
+use super::perf::prompt_of;
+use super::ModelArgs;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kvbench::metrics;
+use kvbench::model::SeqInput;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct ScalingArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Policies, comma separated [default: every policy].
+    #[arg(long, value_delimiter = ',')]
+    pub policy: Vec<String>,
+    /// KV budget of the compressing policies.
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    pub budget: f64,
+    /// A policy parameter, `key=value` (repeatable; applies to every policy that has the key).
+    #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
+    pub policy_args: Vec<String>,
+    /// Generated lengths at which to record, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096,8192")]
+    pub lengths: Vec<usize>,
+    /// Prompt length.
+    #[arg(long, default_value_t = 64)]
+    pub prompt_tokens: usize,
+    /// Where to write scaling.csv and the plots.
+    #[arg(long, value_name = "DIR", default_value = "results/scaling")]
+    pub out: PathBuf,
+}
+
+struct Point {
+    policy: String,
+    generated: usize,
+    kv_bytes: usize,
+    full_bytes: usize,
+    state_bytes: usize,
+    rss: u64,
+    tokens_per_s: f64,
+}
+
+pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
+    let mut lengths = args.lengths.clone();
+    lengths.sort_unstable();
+    lengths.dedup();
+    if lengths.first() == Some(&0) || lengths.is_empty() || args.prompt_tokens == 0 {
+        return Err(
+            super::UsageError("--lengths and --prompt-tokens must be positive".into()).into(),
+        );
+    }
+    let names: Vec<String> = if args.policy.is_empty() {
+        kvbench::policy::POLICIES
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect()
+    } else {
+        args.policy.clone()
+    };
+    let mut specs = super::policy_specs(&names, args.budget, &args.policy_args)?;
+    specs.sort_by_key(|s| s.name() == "full");
+    std::fs::create_dir_all(&args.out).map_err(|e| kvbench::Error::io(&args.out, e))?;
+    let model = args.model.load()?;
+    let prompt = prompt_of(&model, args.prompt_tokens)?;
+    let per_token = model.transformer.config.kv_bytes_per_token(4);
+    let longest = *lengths.last().unwrap_or(&1);
+    println!(
+        "model {} ({:?} weights), {}-token prompt, machine: {}",
+        model.name,
+        args.model.weights,
+        args.prompt_tokens,
+        metrics::machine()
+    );
+    let bar = ProgressBar::new((specs.len() * longest) as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} tokens {msg}",
+        )
+        .expect("static template"),
+    );
+    let mut points = Vec::new();
+    for spec in &specs {
+        bar.set_message(spec.name().to_string());
+        let ctx = model.policy_context(spec, longest);
+        let mut state = model.transformer.new_state(spec.build(&ctx))?;
+        let mut input = prompt.clone();
+        let mut segment = (Instant::now(), 0usize);
+        for generated in 1..=longest {
+            let logits = model.transformer.forward(&mut [SeqInput {
+                tokens: &input,
+                state: &mut state,
+            }])?;
+            let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
+            input = vec![metrics::divergence::argmax(&logits)];
+            bar.inc(1);
+            if lengths.contains(&generated) {
+                let secs = segment.0.elapsed().as_secs_f64();
+                points.push(Point {
+                    policy: spec.name().to_string(),
+                    generated,
+                    kv_bytes: state.cache.bytes(),
+                    full_bytes: state.seen * per_token,
+                    state_bytes: state.side_state_bytes(),
+                    rss: metrics::current_rss_bytes().unwrap_or(0),
+                    tokens_per_s: (generated - segment.1) as f64 / secs.max(1e-9),
+                });
+                segment = (Instant::now(), generated);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let mib = |b: f64| b / (1 << 20) as f64;
+    println!("\n| policy | generated | KV MiB | full cache MiB | KV / full | policy state KiB | RSS MiB | decode tok/s since last row |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut csv = String::from(
+        "policy,budget,generated,kv_bytes,full_cache_bytes,policy_state_bytes,rss_bytes,tokens_per_s\n",
+    );
+    for p in &points {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.3} | {:.1} | {:.0} | {:.1} |",
+            p.policy,
+            p.generated,
+            mib(p.kv_bytes as f64),
+            mib(p.full_bytes as f64),
+            p.kv_bytes as f64 / p.full_bytes.max(1) as f64,
+            p.state_bytes as f64 / 1024.0,
+            mib(p.rss as f64),
+            p.tokens_per_s
+        );
+        let budget = if p.policy == "full" { 1.0 } else { args.budget };
+        csv.push_str(&format!(
+            "{},{budget},{},{},{},{},{},{:.3}\n",
+            p.policy, p.generated, p.kv_bytes, p.full_bytes, p.state_bytes, p.rss, p.tokens_per_s
+        ));
+    }
+    let csv_path = args.out.join("scaling.csv");
+    let mut f = kvbench::results::AtomicFile::create(&csv_path)?;
+    f.write_all(csv.as_bytes())
+        .map_err(|e| kvbench::Error::io(&csv_path, e))?;
+    f.commit()?;
+    let series = |y: &dyn Fn(&Point) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+        specs
+            .iter()
+            .map(|s| {
+                let pts = points
+                    .iter()
+                    .filter(|p| p.policy == s.name())
+                    .map(|p| (p.generated as f64, y(p)))
+                    .collect();
+                (s.name().to_string(), pts)
+            })
+            .collect()
+    };
+    let subject = format!("{}, budget {}", model.name, args.budget);
+    let mut files = vec![csv_path];
+    files.extend(kvbench::report::plot::lines(
+        &args.out.join("kv_vs_length"),
+        &format!("KV cache held vs generated length: {subject}"),
+        "generated tokens (log scale)",
+        "KV cache held (MiB)",
+        series(&|p| mib(p.kv_bytes as f64)),
+        true,
+    )?);
+    files.extend(kvbench::report::plot::lines(
+        &args.out.join("rss_vs_length"),
+        &format!("Process resident memory vs generated length: {subject}"),
+        "generated tokens (log scale)",
+        "resident memory (MiB)",
+        series(&|p| mib(p.rss as f64)),
+        true,
+    )?);
+    println!("\nwritten:");
+    for f in files {
+        println!("  {}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

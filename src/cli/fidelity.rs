@@ -7,13 +7,12 @@ use super::study::{load_model, plan};
 use super::RuntimeArgs;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvbench::generate::fidelity::{teacher_forced, Fidelity};
+use kvbench::generate::fidelity::{teacher_forced, Fidelity, Pooled};
 use kvbench::generate::SamplingParams;
 use kvbench::policy::PolicySpec;
 use kvbench::sweep::config::{PolicyEntry, SweepConfig};
 use kvbench::sweep::execute::FIDELITY_BUCKET;
 use kvbench::sweep::options::StudyOptions;
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
@@ -39,21 +38,15 @@ pub struct FidelityArgs {
 
 pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
     let spec = PolicySpec::from_args(&args.policy, args.budget, &args.policy_args)?;
-    let mut map = BTreeMap::new();
-    for a in &args.policy_args {
-        if let Some((k, v)) = a.split_once('=') {
-            map.insert(k.trim().into(), toml::Value::String(v.trim().into()));
-        }
-    }
     let p = plan(SweepConfig {
         name: format!("fidelity-{}-{}", spec.name(), args.budget),
         options: args.options.clone(),
         budgets: Vec::new(),
-        policies: vec![PolicyEntry {
-            name: args.policy.clone(),
-            budgets: Some(vec![args.budget]),
-            args: map,
-        }],
+        policies: vec![PolicyEntry::from_flags(
+            &args.policy,
+            args.budget,
+            &args.policy_args,
+        )],
     })?;
     let model = load_model(&p.cfg.options, &args.runtime)?;
     let ctx = model.policy_context(&spec, p.plan.decoding.max_new_tokens);
@@ -89,21 +82,8 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
     }
     bar.finish_and_clear();
     let all: Vec<&Fidelity> = per_problem.iter().map(|x| &x.2).collect();
-    let steps: usize = all.iter().map(|f| f.steps).sum();
-    let pooled = |g: &dyn Fn(&Fidelity) -> f64| {
-        all.iter().map(|f| g(f) * f.steps as f64).sum::<f64>() / steps.max(1) as f64
-    };
-    let divergences: Vec<f64> = all
-        .iter()
-        .map(|f| f.first_divergence.unwrap_or(f.steps) as f64)
-        .collect();
-    let never = all.iter().filter(|f| f.first_divergence.is_none()).count();
-    let (mean_kl, agreement, rank) = (
-        pooled(&|f| f.mean_kl),
-        pooled(&|f| f.top1_agreement),
-        pooled(&|f| f.mean_rank),
-    );
-    let median_div = kvbench::metrics::median(&divergences);
+    let pooled =
+        Pooled::of(&all).ok_or_else(|| super::UsageError("no problems to measure".into()))?;
     if args.json {
         let rows: Vec<_> = per_problem
             .iter()
@@ -115,13 +95,13 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
                 "policy": spec.describe(),
                 "model": model.name,
                 "dataset": p.set.source,
-                "sequences": per_problem.len(),
-                "steps": steps,
-                "mean_kl": mean_kl,
-                "top1_agreement": agreement,
-                "mean_rank": rank,
-                "first_divergence_median": median_div,
-                "never_diverged": never,
+                "sequences": pooled.sequences,
+                "steps": pooled.steps,
+                "mean_kl": pooled.mean_kl,
+                "top1_agreement": pooled.top1_agreement,
+                "mean_rank": pooled.mean_rank,
+                "first_divergence_median": pooled.first_divergence_median,
+                "never_diverged": pooled.never_diverged,
                 "per_sequence": rows,
             })
         );
@@ -142,10 +122,16 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
         );
     }
     println!(
-        "\nover {} sequences and {steps} steps: mean KL {mean_kl:.4} nats, top-1 agreement {:.1}%, mean rank {rank:.2}; first divergence median {} ({never} never diverged)",
-        per_problem.len(),
-        100.0 * agreement,
-        median_div.map_or("-".into(), |d| format!("{d:.0}")),
+        "\nover {} sequences and {} steps: mean KL {:.4} nats, top-1 agreement {:.1}%, mean rank {:.2}; first divergence median {} ({} never diverged)",
+        pooled.sequences,
+        pooled.steps,
+        pooled.mean_kl,
+        100.0 * pooled.top1_agreement,
+        pooled.mean_rank,
+        pooled
+            .first_divergence_median
+            .map_or("-".into(), |d| format!("{d:.0}")),
+        pooled.never_diverged,
     );
     Ok(ExitCode::SUCCESS)
 }

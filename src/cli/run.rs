@@ -5,7 +5,7 @@
 use super::study::{execute_plan, plan, ExecFlags};
 use super::{RuntimeArgs, UsageError};
 use clap::Args;
-use kvbench::eval::accuracy::{accuracy, mean_pass_at_k, ProblemSamples};
+use kvbench::eval::accuracy::{accuracy, mean_pass_at_k};
 use kvbench::eval::grade::Verdict;
 use kvbench::generate::FinishReason;
 use kvbench::metrics;
@@ -55,20 +55,11 @@ pub struct RunArgs {
 fn config(args: &RunArgs) -> anyhow::Result<SweepConfig> {
     // Validate the policy (and its arguments) before anything is loaded.
     let spec = PolicySpec::from_args(&args.policy, args.budget, &args.policy_args)?;
-    let mut map = BTreeMap::new();
-    for a in &args.policy_args {
-        if let Some((k, v)) = a.split_once('=') {
-            map.insert(
-                k.trim().to_string(),
-                toml::Value::String(v.trim().to_string()),
-            );
-        }
-    }
-    let mut policies = vec![PolicyEntry {
-        name: args.policy.clone(),
-        budgets: Some(vec![args.budget]),
-        args: map,
-    }];
+    let mut policies = vec![PolicyEntry::from_flags(
+        &args.policy,
+        args.budget,
+        &args.policy_args,
+    )];
     if !args.no_baseline && spec.name() != "full" {
         policies.push(PolicyEntry {
             name: "full".into(),
@@ -191,19 +182,7 @@ fn print_samples(records: &[&SampleRecord]) {
 }
 
 fn print_accuracy(records: &[&SampleRecord], samples: usize) {
-    let mut per_problem: Vec<ProblemSamples> = Vec::new();
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    for r in records {
-        let i = *index.entry(r.problem_id.as_str()).or_insert_with(|| {
-            per_problem.push(ProblemSamples {
-                gold: r.gold.clone(),
-                ..Default::default()
-            });
-            per_problem.len() - 1
-        });
-        per_problem[i].answers.push(r.extracted.clone());
-        per_problem[i].correct.push(r.correct);
-    }
+    let per_problem = kvbench::report::per_problem(records);
     let acc = accuracy(&per_problem);
     let count = |v: Verdict| records.iter().filter(|r| r.verdict == v).count();
     println!();
@@ -293,19 +272,16 @@ fn print_fidelity(records: &[&SampleRecord]) {
     if f.is_empty() {
         return;
     }
-    let steps: usize = f.iter().map(|x| x.steps).sum();
-    let pooled = |g: &dyn Fn(&kvbench::generate::fidelity::Fidelity) -> f64| {
-        f.iter().map(|x| g(x) * x.steps as f64).sum::<f64>() / steps.max(1) as f64
+    let Some(p) = kvbench::generate::fidelity::Pooled::of(&f) else {
+        return;
     };
-    let divergences: Vec<f64> = f
-        .iter()
-        .map(|x| x.first_divergence.unwrap_or(x.steps) as f64)
-        .collect();
     println!(
-        "fidelity against full (teacher-forced, {steps} steps): mean KL {:.4} nats, top-1 agreement {:.1}%, mean rank of full's token {:.2}, first divergence median {:.0}",
-        pooled(&|x| x.mean_kl),
-        100.0 * pooled(&|x| x.top1_agreement),
-        pooled(&|x| x.mean_rank),
-        metrics::median(&divergences).unwrap_or(0.0)
+        "fidelity against full (teacher-forced, {} steps): mean KL {:.4} nats, top-1 agreement {:.1}%, mean rank of full's token {:.2}, first divergence median {:.0} ({} never diverged)",
+        p.steps,
+        p.mean_kl,
+        100.0 * p.top1_agreement,
+        p.mean_rank,
+        p.first_divergence_median.unwrap_or(0.0),
+        p.never_diverged
     );
 }

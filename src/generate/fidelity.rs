@@ -31,6 +31,45 @@ pub struct Fidelity {
     pub agreement_by_position: Vec<f64>,
 }
 
+/// Fidelity of several sequences, pooled over their steps.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pooled {
+    pub sequences: usize,
+    pub steps: usize,
+    pub mean_kl: f64,
+    pub top1_agreement: f64,
+    pub mean_rank: f64,
+    /// Median over sequences of the first divergence (a sequence that never diverges counts its
+    /// length), and how many never diverged.
+    pub first_divergence_median: Option<f64>,
+    pub never_diverged: usize,
+}
+
+impl Pooled {
+    pub fn of(all: &[&Fidelity]) -> Option<Pooled> {
+        let steps: usize = all.iter().map(|f| f.steps).sum();
+        if steps == 0 {
+            return None;
+        }
+        let pooled = |g: &dyn Fn(&Fidelity) -> f64| {
+            all.iter().map(|f| g(f) * f.steps as f64).sum::<f64>() / steps as f64
+        };
+        let divergences: Vec<f64> = all
+            .iter()
+            .map(|f| f.first_divergence.unwrap_or(f.steps) as f64)
+            .collect();
+        Some(Pooled {
+            sequences: all.len(),
+            steps,
+            mean_kl: pooled(&|f| f.mean_kl),
+            top1_agreement: pooled(&|f| f.top1_agreement),
+            mean_rank: pooled(&|f| f.mean_rank),
+            first_divergence_median: crate::metrics::median(&divergences),
+            never_diverged: all.iter().filter(|f| f.first_divergence.is_none()).count(),
+        })
+    }
+}
+
 /// Runs full and `policy` in lockstep on `prompt` for up to `max_new` tokens of full's output
 /// (sampled with `sampling`; stopping at an `eos` token).
 pub fn teacher_forced(

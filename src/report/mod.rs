@@ -232,22 +232,27 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
     }
 }
 
-fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
-    let first = rs[0];
-    // Problems in first-seen order, samples grouped per problem.
+/// Samples grouped by problem, in first-seen order, for the accuracy figures.
+pub fn per_problem(rs: &[&SampleRecord]) -> Vec<ProblemSamples> {
     let mut index: HashMap<&str, usize> = HashMap::new();
-    let mut per_problem: Vec<ProblemSamples> = Vec::new();
+    let mut out: Vec<ProblemSamples> = Vec::new();
     for r in rs {
         let i = *index.entry(r.problem_id.as_str()).or_insert_with(|| {
-            per_problem.push(ProblemSamples {
+            out.push(ProblemSamples {
                 gold: r.gold.clone(),
                 ..Default::default()
             });
-            per_problem.len() - 1
+            out.len() - 1
         });
-        per_problem[i].answers.push(r.extracted.clone());
-        per_problem[i].correct.push(r.correct);
+        out[i].answers.push(r.extracted.clone());
+        out[i].correct.push(r.correct);
     }
+    out
+}
+
+fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
+    let first = rs[0];
+    let per_problem = per_problem(rs);
     let acc = accuracy(&per_problem);
     let n = rs.len() as f64;
     let mean = |f: &dyn Fn(&SampleRecord) -> f64| rs.iter().map(|r| f(r)).sum::<f64>() / n;
@@ -278,15 +283,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
     let p90s: Vec<f64> = speed.iter().map(|m| m.tpot_p90_secs).collect();
     let fid: Vec<&crate::generate::fidelity::Fidelity> =
         rs.iter().filter_map(|r| r.fidelity.as_ref()).collect();
-    let fid_steps: f64 = fid.iter().map(|f| f.steps as f64).sum();
-    let pooled = |g: &dyn Fn(&crate::generate::fidelity::Fidelity) -> f64| {
-        (fid_steps > 0.0)
-            .then(|| fid.iter().map(|f| g(f) * f.steps as f64).sum::<f64>() / fid_steps)
-    };
-    let divergences: Vec<f64> = fid
-        .iter()
-        .map(|f| f.first_divergence.unwrap_or(f.steps) as f64)
-        .collect();
+    let pooled = crate::generate::fidelity::Pooled::of(&fid);
     // KL by position: per bucket, weighted by how many samples reached it.
     let buckets = fid
         .iter()
@@ -346,10 +343,10 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         tpot_p50_s: crate::metrics::median(&p50s),
         tpot_p90_s: crate::metrics::median(&p90s),
         repetition: metric(&|m| m.repetition),
-        mean_kl: pooled(&|f| f.mean_kl),
-        top1_agreement: pooled(&|f| f.top1_agreement),
-        mean_rank: pooled(&|f| f.mean_rank),
-        first_divergence: crate::metrics::median(&divergences),
+        mean_kl: pooled.as_ref().map(|p| p.mean_kl),
+        top1_agreement: pooled.as_ref().map(|p| p.top1_agreement),
+        mean_rank: pooled.as_ref().map(|p| p.mean_rank),
+        first_divergence: pooled.as_ref().and_then(|p| p.first_divergence_median),
         kl_by_position,
         fidelity_bucket: fid.first().map_or(0, |f| f.bucket),
     }

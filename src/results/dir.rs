@@ -111,6 +111,18 @@ impl ResultsDir {
             }
             return Ok(());
         }
+        // Never write into a directory that holds something else: its files could be overwritten.
+        let foreign = std::fs::read_dir(&self.path)
+            .map_err(|e| Error::io(&self.path, e))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .find(|n| !n.starts_with(".lock"));
+        if let Some(name) = foreign {
+            return Err(Error::Input(format!(
+                "{} is not empty and is not a kvbench results directory (it holds {name}): choose another --out",
+                self.path.display()
+            )));
+        }
         let mut f = AtomicFile::create(&self.path.join("config.toml"))?;
         f.write_all(config_toml.as_bytes())
             .map_err(|e| Error::io(&file, e))?;
@@ -294,6 +306,41 @@ mod tests {
         assert!(ResultsDir::open(&d, None).is_err());
         assert_ne!(s1.samples_path(), s2.samples_path());
         drop((s1, s2));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn manifest(hash: &str) -> Manifest {
+        Manifest {
+            name: "t".into(),
+            config_hash: hash.into(),
+            kvbench: "0".into(),
+            model: "m".into(),
+            model_id: "m".into(),
+            dataset: "d".into(),
+            dataset_id: "d".into(),
+            units: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_directory_is_bound_to_one_config_and_foreign_ones_are_left_alone() {
+        let d = temp_dir("bind");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("notes.txt"), "mine").unwrap();
+        let dir = ResultsDir::open(&d, None).unwrap();
+        let err = dir.bind(&manifest("a"), "x").unwrap_err().to_string();
+        assert!(err.contains("not a kvbench results directory"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(d.join("notes.txt")).unwrap(),
+            "mine"
+        );
+        std::fs::remove_file(d.join("notes.txt")).unwrap();
+        dir.bind(&manifest("a"), "name = 't'\n").unwrap();
+        dir.bind(&manifest("a"), "ignored").unwrap();
+        let err = dir.bind(&manifest("b"), "x").unwrap_err().to_string();
+        assert!(err.contains("another configuration"), "{err}");
+        assert_eq!(read_manifest(&d).unwrap(), manifest("a"));
+        drop(dir);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

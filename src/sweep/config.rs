@@ -46,6 +46,27 @@ pub struct PolicyEntry {
     pub args: BTreeMap<String, toml::Value>,
 }
 
+impl PolicyEntry {
+    /// The entry of a policy given on the command line: one budget, `--policy-arg key=value`s.
+    pub fn from_flags(name: &str, budget: f64, policy_args: &[String]) -> Self {
+        let args = policy_args
+            .iter()
+            .filter_map(|a| a.split_once('='))
+            .map(|(k, v)| {
+                (
+                    k.trim().to_string(),
+                    toml::Value::String(v.trim().to_string()),
+                )
+            })
+            .collect();
+        PolicyEntry {
+            name: name.to_string(),
+            budgets: Some(vec![budget]),
+            args,
+        }
+    }
+}
+
 impl SweepConfig {
     /// Reads and checks a config file; errors name the file (and the key, from the TOML parser).
     pub fn load(path: &Path) -> Result<Self> {

@@ -75,6 +75,19 @@ pub struct ModelArgs {
     pub threads: Option<usize>,
 }
 
+/// A usage error when the directory of an output file given with `flag` does not exist (checked
+/// before any work, so that nothing is computed only to be lost).
+pub fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), UsageError> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if dir.is_some_and(|d| !d.is_dir()) {
+        return Err(UsageError(format!(
+            "{flag} {}: the directory does not exist",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Policies of a multi-policy benchmark (`perf`, `scaling`) at one budget (`full` without one): each
 /// `--policy-arg` goes to the policies that take its key, and a key no policy takes is an error.
 pub fn policy_specs(

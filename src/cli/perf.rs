@@ -36,9 +36,19 @@ pub struct PerfArgs {
     /// Policies measured one after another in the decode measurement, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "full")]
     pub policy: Vec<String>,
-    /// KV budget of the compressing policies (see `kvbench run --help`).
-    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
-    pub budget: f64,
+    /// KV budgets of the compressing policies, comma separated (see `kvbench run --help`); each
+    /// policy is measured at each.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.1",
+        allow_negative_numbers = true
+    )]
+    pub budget: Vec<f64>,
+    /// Also write the table's rows as JSON (one object per row: measurement, median, min, max,
+    /// every repeat) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub export_json: Option<std::path::PathBuf>,
     /// A policy parameter, `key=value` (repeatable; applies to every policy that has the key).
     #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
     pub policy_args: Vec<String>,
@@ -140,7 +150,18 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
-    let specs = super::policy_specs(&args.policy, args.budget, &args.policy_args)?;
+    if let Some(path) = &args.export_json {
+        super::check_output_dir("--export-json", path)?;
+    }
+    let mut specs = Vec::new();
+    for &b in &args.budget {
+        for s in super::policy_specs(&args.policy, b, &args.policy_args)? {
+            // `full` takes no budget: measure it once.
+            if s.name() != "full" || !specs.iter().any(|x: &PolicySpec| x.name() == "full") {
+                specs.push(s);
+            }
+        }
+    }
     let load_start = Instant::now();
     let model = args.model.load()?;
     let load_secs = load_start.elapsed().as_secs_f64();
@@ -184,6 +205,10 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         args.prompt_tokens,
         summary(&rates)
     );
+    let mut exported = vec![export_row(
+        serde_json::json!({"phase": "prefill", "prompt_tokens": args.prompt_tokens}),
+        &rates,
+    )];
 
     let decode_prompt = prompt_of(&model, args.decode_prompt_tokens)?;
     for spec in &specs {
@@ -225,6 +250,21 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 100.0 * achieved / bandwidth.max(1.0),
                 summary(&d.rates)
             );
+            exported.push(export_row(
+                serde_json::json!({
+                    "phase": "decode",
+                    "policy": spec.describe(),
+                    "batch": b,
+                    "prompt_tokens": args.decode_prompt_tokens,
+                    "new_tokens": args.decode_tokens,
+                    "policy_share_percent": metrics::median(&d.policy_share),
+                    "kv_ratio": metrics::median(&d.ratio),
+                    "peak_kv_and_state_bytes_per_sequence": d.peak_per_seq,
+                    "achieved_bytes_per_s": achieved,
+                    "fits_mem_limit": fit.is_some_and(|(f, _)| f == b),
+                }),
+                &d.rates,
+            ));
         }
         if let Some((0, per_seq)) = fit {
             println!(
@@ -242,5 +282,34 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             b as f64 / (1 << 20) as f64
         ))
     );
+    if let Some(path) = &args.export_json {
+        let doc = serde_json::json!({
+            "model": model.name,
+            "weights": args.model.weights,
+            "machine": metrics::machine(),
+            "threads": threads,
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "peak_rss_bytes": metrics::peak_rss_bytes(),
+            "rows": exported,
+        });
+        let mut f = kvbench::results::AtomicFile::create(path)?;
+        std::io::Write::write_all(&mut f, serde_json::to_string_pretty(&doc)?.as_bytes())
+            .map_err(|e| kvbench::Error::io(path, e))?;
+        f.commit()?;
+        println!("rows written to {}", path.display());
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One exported row: what was measured, tokens/s as median, min, max and every repeat.
+fn export_row(what: serde_json::Value, rates: &[f64]) -> serde_json::Value {
+    serde_json::json!({
+        "measurement": what,
+        "tokens_per_s_median": metrics::median(rates),
+        "tokens_per_s_min": rates.iter().copied().reduce(f64::min),
+        "tokens_per_s_max": rates.iter().copied().reduce(f64::max),
+        "tokens_per_s": rates,
+    })
 }

@@ -3,7 +3,7 @@
 //! same results layout (so rerunning the same command resumes).
 
 use super::study::{execute_plan, plan, ExecFlags};
-use super::{RuntimeArgs, UsageError};
+use super::RuntimeArgs;
 use clap::Args;
 use kvbench::eval::accuracy::{accuracy, mean_pass_at_k};
 use kvbench::eval::grade::Verdict;
@@ -77,14 +77,7 @@ fn config(args: &RunArgs) -> anyhow::Result<SweepConfig> {
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.trace {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        if dir.is_some_and(|d| !d.is_dir()) {
-            return Err(UsageError(format!(
-                "--trace {}: the directory does not exist",
-                path.display()
-            ))
-            .into());
-        }
+        super::check_output_dir("--trace", path)?;
     }
     let p = plan(config(&args)?)?;
     // Default directory: named after the policy and the config hash, so that rerunning the same
@@ -221,6 +214,13 @@ fn print_speed(records: &[&SampleRecord], wall: f64) {
         m.iter().map(|x| x.batch).max().unwrap_or(0),
         records.iter().map(|r| r.tokens).sum::<usize>(),
         wall
+    );
+    let p50: Vec<f64> = m.iter().map(|x| x.tpot_p50_secs).collect();
+    let p90: Vec<f64> = m.iter().map(|x| x.tpot_p90_secs).collect();
+    println!(
+        "time per output token: {:.1} ms median, {:.1} ms 90th percentile (medians over samples of each sample's decode steps)",
+        1e3 * metrics::median(&p50).unwrap_or(0.0),
+        1e3 * metrics::median(&p90).unwrap_or(0.0),
     );
     println!(
         "peak RSS {}, machine: {}",

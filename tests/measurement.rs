@@ -212,15 +212,14 @@ fn scaling_shows_full_growing_linearly_and_a_bounded_policy_flat() {
         String::from_utf8_lossy(&out.stderr)
     );
     let csv = std::fs::read_to_string(dir.join("scaling.csv")).unwrap();
-    let rows: Vec<Vec<&str>> = csv
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').collect())
-        .collect();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     let kv = |policy: &str| -> Vec<usize> {
         rows.iter()
-            .filter(|r| r[0] == policy)
-            .map(|r| r[3].parse().unwrap())
+            .filter(|r| r[col("policy")] == policy)
+            .map(|r| r[col("kv_bytes")].parse().unwrap())
             .collect()
     };
     let per_token = 30 * 2 * 3 * 64 * 4;

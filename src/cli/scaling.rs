@@ -39,19 +39,40 @@ pub struct ScalingArgs {
     /// Where to write scaling.csv and the plots.
     #[arg(long, value_name = "DIR", default_value = "results/scaling")]
     pub out: PathBuf,
+    /// Draw the plots again from a scaling.csv this command wrote, without measuring.
+    #[arg(long, value_name = "CSV")]
+    pub replot: Option<PathBuf>,
 }
 
+/// One row of `scaling.csv`.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Point {
+    #[serde(default)]
+    model: String,
     policy: String,
+    budget: f64,
     generated: usize,
     kv_bytes: usize,
-    full_bytes: usize,
-    state_bytes: usize,
-    rss: u64,
+    full_cache_bytes: usize,
+    policy_state_bytes: usize,
+    rss_bytes: u64,
     tokens_per_s: f64,
 }
 
 pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
+    if let Some(csv_path) = &args.replot {
+        let mut r = csv::Reader::from_path(csv_path)
+            .map_err(|e| super::UsageError(format!("--replot {}: {e}", csv_path.display())))?;
+        let points = r
+            .deserialize()
+            .collect::<Result<Vec<Point>, _>>()
+            .map_err(|e| super::UsageError(format!("--replot {}: {e}", csv_path.display())))?;
+        std::fs::create_dir_all(&args.out).map_err(|e| kvbench::Error::io(&args.out, e))?;
+        for f in plot_points(&points, &args.out)? {
+            println!("{}", f.display());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
     lengths.dedup();
@@ -107,12 +128,14 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
             if lengths.contains(&generated) {
                 let secs = segment.0.elapsed().as_secs_f64();
                 points.push(Point {
+                    model: model.name.clone(),
                     policy: spec.name().to_string(),
+                    budget: spec.budget().value(),
                     generated,
                     kv_bytes: state.cache.bytes(),
-                    full_bytes: state.seen * per_token,
-                    state_bytes: state.side_state_bytes(),
-                    rss: metrics::current_rss_bytes().unwrap_or(0),
+                    full_cache_bytes: state.seen * per_token,
+                    policy_state_bytes: state.side_state_bytes(),
+                    rss_bytes: metrics::current_rss_bytes().unwrap_or(0),
                     tokens_per_s: (generated - segment.1) as f64 / secs.max(1e-9),
                 });
                 segment = (Instant::now(), generated);
@@ -123,66 +146,81 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     let mib = |b: f64| b / (1 << 20) as f64;
     println!("\n| policy | generated | KV MiB | full cache MiB | KV / full | policy state KiB | RSS MiB | decode tok/s since last row |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let mut csv = String::from(
-        "policy,budget,generated,kv_bytes,full_cache_bytes,policy_state_bytes,rss_bytes,tokens_per_s\n",
-    );
+    let csv_path = args.out.join("scaling.csv");
+    let mut w = csv::Writer::from_writer(Vec::new());
     for p in &points {
         println!(
             "| {} | {} | {:.2} | {:.2} | {:.3} | {:.1} | {:.0} | {:.1} |",
             p.policy,
             p.generated,
             mib(p.kv_bytes as f64),
-            mib(p.full_bytes as f64),
-            p.kv_bytes as f64 / p.full_bytes.max(1) as f64,
-            p.state_bytes as f64 / 1024.0,
-            mib(p.rss as f64),
+            mib(p.full_cache_bytes as f64),
+            p.kv_bytes as f64 / p.full_cache_bytes.max(1) as f64,
+            p.policy_state_bytes as f64 / 1024.0,
+            mib(p.rss_bytes as f64),
             p.tokens_per_s
         );
-        let budget = if p.policy == "full" { 1.0 } else { args.budget };
-        csv.push_str(&format!(
-            "{},{budget},{},{},{},{},{},{:.3}\n",
-            p.policy, p.generated, p.kv_bytes, p.full_bytes, p.state_bytes, p.rss, p.tokens_per_s
-        ));
+        w.serialize(p)?;
     }
-    let csv_path = args.out.join("scaling.csv");
     let mut f = kvbench::results::AtomicFile::create(&csv_path)?;
-    f.write_all(csv.as_bytes())
+    f.write_all(&w.into_inner()?)
         .map_err(|e| kvbench::Error::io(&csv_path, e))?;
     f.commit()?;
-    let series = |y: &dyn Fn(&Point) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
-        specs
-            .iter()
-            .map(|s| {
-                let pts = points
-                    .iter()
-                    .filter(|p| p.policy == s.name())
-                    .map(|p| (p.generated as f64, y(p)))
-                    .collect();
-                (s.name().to_string(), pts)
-            })
-            .collect()
-    };
-    let subject = format!("{}, budget {}", model.name, args.budget);
     let mut files = vec![csv_path];
-    files.extend(kvbench::report::plot::lines(
-        &args.out.join("kv_vs_length"),
-        &format!("KV cache held vs generated length: {subject}"),
-        "generated tokens (log scale)",
-        "KV cache held (MiB)",
-        series(&|p| mib(p.kv_bytes as f64)),
-        true,
-    )?);
-    files.extend(kvbench::report::plot::lines(
-        &args.out.join("rss_vs_length"),
-        &format!("Process resident memory vs generated length: {subject}"),
-        "generated tokens (log scale)",
-        "resident memory (MiB)",
-        series(&|p| mib(p.rss as f64)),
-        true,
-    )?);
+    files.extend(plot_points(&points, &args.out)?);
     println!("\nwritten:");
     for f in files {
         println!("  {}", f.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The curves of KV bytes and resident memory against length, one line per policy in the order the
+/// points give.
+fn plot_points(points: &[Point], out: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let mut order: Vec<&str> = Vec::new();
+    for p in points {
+        if !order.contains(&p.policy.as_str()) {
+            order.push(&p.policy);
+        }
+    }
+    let series = |y: &dyn Fn(&Point) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+        order
+            .iter()
+            .map(|name| {
+                let pts = points
+                    .iter()
+                    .filter(|p| p.policy == *name)
+                    .map(|p| (p.generated as f64, y(p)))
+                    .collect();
+                (name.to_string(), pts)
+            })
+            .collect()
+    };
+    let budget = points
+        .iter()
+        .find(|p| p.policy != "full")
+        .map_or("-".to_string(), |p| p.budget.to_string());
+    let subject = match points.first().map(|p| p.model.as_str()) {
+        Some(m) if !m.is_empty() => format!("{m}, budget {budget}"),
+        _ => format!("budget {budget}"),
+    };
+    let mut files = kvbench::report::plot::lines(
+        &out.join("kv_vs_length"),
+        &format!("KV cache held vs generated length: {subject}"),
+        "generated tokens",
+        "KV cache held (MiB)",
+        series(&|p| mib(p.kv_bytes as f64)),
+        false,
+    )?;
+    files.extend(kvbench::report::plot::lines(
+        &out.join("rss_vs_length"),
+        &format!("Process resident memory vs generated length: {subject}"),
+        "generated tokens",
+        "resident memory (MiB)",
+        series(&|p| mib(p.rss_bytes as f64)),
+        false,
+    )?);
+    Ok(files)
 }

@@ -73,8 +73,9 @@ struct LineChart {
     log_x: bool,
 }
 
-fn color(i: usize) -> RGBColor {
-    const C: [RGBColor; 8] = [
+/// The colour of series `i`; `full` is always black.
+fn color(i: usize, label: &str) -> RGBColor {
+    const C: [RGBColor; 10] = [
         RGBColor(31, 119, 180),
         RGBColor(214, 39, 40),
         RGBColor(44, 160, 44),
@@ -83,7 +84,12 @@ fn color(i: usize) -> RGBColor {
         RGBColor(140, 86, 75),
         RGBColor(227, 119, 194),
         RGBColor(23, 190, 207),
+        RGBColor(188, 189, 34),
+        RGBColor(127, 127, 127),
     ];
+    if label == "full" || label == "full cache" {
+        return BLACK;
+    }
     C[i % C.len()]
 }
 
@@ -136,7 +142,14 @@ impl LineChart {
             .y_desc(self.y_label.as_str())
             .x_label_formatter(&|x| {
                 let v = if log_x { 10f64.powf(*x) } else { *x };
-                format!("{}", (v * 1000.0).round() / 1000.0)
+                // Two significant digits on a log axis, three decimals at most on a linear one.
+                let v = if log_x && v != 0.0 {
+                    let p = 10f64.powf(v.abs().log10().floor() - 1.0);
+                    (v / p).round() * p
+                } else {
+                    (v * 1000.0).round() / 1000.0
+                };
+                format!("{v}")
             })
             .y_label_formatter(&|y| format!("{}", (y * 100.0).round() / 100.0))
             .label_style(("sans-serif", 15))
@@ -152,7 +165,7 @@ impl LineChart {
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         }
         for (i, (label, points)) in self.series.iter().enumerate() {
-            let c = color(i);
+            let c = color(i, label);
             let pts: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (tx(x), y)).collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
@@ -167,13 +180,33 @@ impl LineChart {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            // Away from the lines: a falling curve leaves the upper right free, a rising one the lower.
+            .position(if self.falling() {
+                SeriesLabelPosition::UpperRight
+            } else {
+                SeriesLabelPosition::UpperLeft
+            })
             .label_font(("sans-serif", 15))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
             .map_err(&err)?;
         Ok(())
+    }
+
+    /// Whether the series mostly end lower than they start.
+    fn falling(&self) -> bool {
+        let (mut down, mut up) = (0, 0);
+        for (_, p) in &self.series {
+            if let (Some(a), Some(b)) = (p.first(), p.last()) {
+                if b.1 < a.1 {
+                    down += 1;
+                } else if b.1 > a.1 {
+                    up += 1;
+                }
+            }
+        }
+        down > up
     }
 
     fn write(&self, stem: &Path) -> Result<Vec<PathBuf>> {

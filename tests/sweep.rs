@@ -100,6 +100,25 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
     assert!(text.contains("9 work units"), "{text}");
     let expected = results(&a);
     assert_eq!(expected.len(), 9);
+    // Timings with known relations: alone in its batch, a sequence's share of the batch's decode time
+    // is its own decode time; step-time percentiles are ordered; fidelity is measured for the six
+    // compressing units only.
+    let records = read_samples(&a).unwrap().records;
+    for r in &records {
+        let m = r.metrics.as_ref().unwrap();
+        assert_eq!(m.batch, 1);
+        assert!((m.decode_share_secs - m.decode_secs).abs() < 1e-9);
+        if r.tokens > 1 {
+            assert!(0.0 < m.tpot_p50_secs && m.tpot_p50_secs <= m.tpot_p90_secs);
+        }
+        assert!(m.prefill_secs > 0.0 && m.machine.contains("cores"));
+        assert_eq!(
+            r.fidelity.is_some(),
+            r.policy_name != "full",
+            "{}",
+            r.policy
+        );
+    }
 
     // Killed with SIGKILL once two units are on disk, then resumed.
     let b = work.join("b");

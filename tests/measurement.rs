@@ -129,28 +129,19 @@ fn kv_bytes_of_a_full_cache_are_entries_times_the_layout() {
 #[test]
 fn fidelity_command_prints_json() {
     common::model(WeightFormat::Native);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args([
-            "fidelity",
-            "--policy",
-            "streaming",
-            "--budget",
-            "100000",
-            "--limit",
-            "1",
-            "--max-new-tokens",
-            "12",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = common::ok(&common::kvbench(&[
+        "fidelity",
+        "--policy",
+        "streaming",
+        "--budget",
+        "100000",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["mean_kl"], 0.0);
     assert_eq!(v["top1_agreement"], 1.0);
     assert_eq!(v["sequences"], 1);
@@ -187,30 +178,21 @@ fn policy_side_state_is_counted_apart_from_the_cache() {
 fn scaling_shows_full_growing_linearly_and_a_bounded_policy_flat() {
     common::model(WeightFormat::Native);
     let dir = std::env::temp_dir().join(format!("kvbench-scaling-{}", std::process::id()));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args([
-            "scaling",
-            "--policy",
-            "full,streaming",
-            "--budget",
-            "32",
-            "--policy-arg",
-            "buffer=8",
-            "--lengths",
-            "64,128,192",
-            "--prompt-tokens",
-            "16",
-            "--out",
-            dir.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::ok(&common::kvbench(&[
+        "scaling",
+        "--policy",
+        "full,streaming",
+        "--budget",
+        "32",
+        "--policy-arg",
+        "buffer=8",
+        "--lengths",
+        "64,128,192",
+        "--prompt-tokens",
+        "16",
+        "--out",
+        dir.to_str().unwrap(),
+    ]));
     let csv = std::fs::read_to_string(dir.join("scaling.csv")).unwrap();
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();

@@ -4,7 +4,6 @@ mod common;
 
 use kvbench::model::{LoadOptions, Model};
 use std::io::Write;
-use std::process::Command;
 
 fn load_err(path: &std::path::Path) -> String {
     match Model::load(path.to_str().unwrap(), &LoadOptions::default()) {
@@ -60,12 +59,7 @@ fn unknown_names_are_resolution_errors() {
     assert!(e.to_string().contains("no-such-model"), "{e}");
 }
 
-fn kvbench(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args(args)
-        .output()
-        .expect("run kvbench")
-}
+use common::kvbench;
 
 #[test]
 fn bad_flags_exit_with_code_2_and_say_which() {

@@ -8,11 +8,12 @@
 
 mod common;
 
+use common::{kvbench, ok};
 use kvbench::results::dir::read_samples;
 use kvbench::results::sample::SampleRecord;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CONFIG: &str = r#"
@@ -36,25 +37,6 @@ args = { buffer = 4, sinks = 2 }
 name = "rkv"
 args = { buffer = 4, window = 4 }
 "#;
-
-fn kvbench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args(args)
-        .env("RAYON_NUM_THREADS", "2")
-        .output()
-        .expect("run kvbench")
-}
-
-fn ok(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
 
 fn temp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("kvbench-sweep-{tag}-{}", std::process::id()));

@@ -30,16 +30,8 @@ pub fn kl_from_logits(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     kl.max(0.0)
 }
 
-/// The index of the largest logit (the first one on ties, as greedy sampling picks).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in logits.iter().enumerate() {
-        if x > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// The index of the largest logit (the first one on ties): the greedy token, as the sampler picks it.
+pub use crate::model::llama::argmax;
 
 /// Rank of `token` under `logits`: how many tokens have a strictly larger logit (0: the top).
 pub fn rank_of(logits: &[f32], token: u32) -> usize {

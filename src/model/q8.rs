@@ -27,7 +27,7 @@ pub struct Q8Matrix {
 }
 
 /// Quantizes `x` (`rows × k`, row-major) block-wise into scales and bytes.
-fn quantize_blocks(x: &[f32], k: usize, scales: &mut Vec<f32>, quants: &mut Vec<i8>) {
+pub(crate) fn quantize_blocks(x: &[f32], k: usize, scales: &mut Vec<f32>, quants: &mut Vec<i8>) {
     scales.clear();
     quants.clear();
     for block in x.chunks_exact(BLOCK) {
@@ -70,57 +70,51 @@ impl Q8Matrix {
         assert_eq!(x.len(), m * self.k, "Q8Matrix::matmul: bad input length");
         let (mut xs, mut xq) = (Vec::new(), Vec::new());
         quantize_blocks(x, self.k, &mut xs, &mut xq);
-        let mut out = vec![0f32; m * self.n];
         let kb = self.k / BLOCK;
-        // Columns are split into tasks; each writes its own columns of every row.
-        const COLS: usize = 64;
-        let out_ptr = SendPtr(out.as_mut_ptr());
         let avx2 = has_avx2();
-        (0..self.n.div_ceil(COLS)).into_par_iter().for_each(|task| {
-            let j0 = task * COLS;
-            let j1 = (j0 + COLS).min(self.n);
-            let out_ptr = &out_ptr;
-            for j in j0..j1 {
-                let wq = &self.quants[j * self.k..(j + 1) * self.k];
-                let ws = &self.scales[j * kb..(j + 1) * kb];
-                let mut r = 0;
-                while r < m {
-                    let rows = (m - r).min(4);
-                    let mut acc = [0f32; 4];
-                    if avx2 {
-                        // SAFETY: AVX2 was detected at run time; slices are in bounds by construction.
-                        unsafe {
-                            avx2::dot_rows(
-                                wq,
-                                ws,
-                                &xq[r * self.k..],
-                                &xs[r * kb..],
-                                self.k,
-                                rows,
-                                &mut acc,
-                            )
-                        };
-                    } else {
-                        portable_dot_rows(
-                            wq,
-                            ws,
-                            &xq[r * self.k..],
-                            &xs[r * kb..],
-                            self.k,
-                            rows,
-                            &mut acc,
-                        );
-                    }
-                    for (i, a) in acc.iter().take(rows).enumerate() {
-                        // SAFETY: (r + i, j) is inside `out`, and column j belongs to this task only.
-                        unsafe { *out_ptr.0.add((r + i) * self.n + j) = *a };
-                    }
-                    r += rows;
-                }
+        column_parallel(self.n, m, |j, r, rows, acc| {
+            let wq = &self.quants[j * self.k..(j + 1) * self.k];
+            let ws = &self.scales[j * kb..(j + 1) * kb];
+            let (xq, xs) = (&xq[r * self.k..], &xs[r * kb..]);
+            if avx2 {
+                // SAFETY: AVX2 was detected at run time; slices are in bounds by construction.
+                unsafe { avx2::dot_rows(wq, ws, xq, xs, self.k, rows, acc) };
+            } else {
+                portable_dot_rows(wq, ws, xq, xs, self.k, rows, acc);
             }
-        });
-        out
+        })
     }
+}
+
+/// Runs `y = x Wᵀ` for an `n`-row weight and `m` activation rows: output columns are split into
+/// parallel tasks, and `dot(j, r, rows, acc)` fills `acc[..rows]` with the products of weight row `j`
+/// and activation rows `r..r + rows` (at most 4), so each weight row is read once per 4 activation rows.
+/// Returns `m × n` row-major. Shared by the Q8_0 and Q4_1 kernels.
+pub(crate) fn column_parallel(
+    n: usize,
+    m: usize,
+    dot: impl Fn(usize, usize, usize, &mut [f32; 4]) + Sync,
+) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    const COLS: usize = 64;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    (0..n.div_ceil(COLS)).into_par_iter().for_each(|task| {
+        let out_ptr = &out_ptr;
+        for j in task * COLS..((task + 1) * COLS).min(n) {
+            let mut r = 0;
+            while r < m {
+                let rows = (m - r).min(4);
+                let mut acc = [0f32; 4];
+                dot(j, r, rows, &mut acc);
+                for (i, a) in acc.iter().take(rows).enumerate() {
+                    // SAFETY: (r + i, j) is inside `out`, and column j belongs to this task only.
+                    unsafe { *out_ptr.0.add((r + i) * n + j) = *a };
+                }
+                r += rows;
+            }
+        }
+    });
+    out
 }
 
 struct SendPtr(*mut f32);

@@ -1,10 +1,13 @@
 //! Weight storage formats and the linear layer that uses them.
 //!
 //! On a 2-core CPU the weight format decides speed more than anything else: candle's Q4_1 kernel is a
-//! scalar loop, its Q8_0 kernel uses AVX2, and its f32 gemm wins as soon as several rows share the
-//! weights (prefill, batched decoding). [`WeightFormat::Auto`] keeps a Q8_0 copy for single-row calls
-//! and an f32 copy for multi-row calls; the choice was measured (see the README's speed section).
+//! scalar loop, its Q8_0 kernel uses AVX2, and its f32 gemm wins as soon as many rows share the
+//! weights (prefill). [`WeightFormat::Auto`] keeps, for calls of few rows (decoding), the file's Q4_1
+//! blocks in kvbench's own kernel ([`crate::model::q4`]; other formats requantized to Q8_0 for
+//! [`crate::model::q8`]), and an f32 copy for calls of many rows; the choice was measured (see the
+//! README's speed section).
 
+use crate::model::q4::Q41Matrix;
 use crate::model::q8::Q8Matrix;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
@@ -24,10 +27,12 @@ use std::sync::Arc;
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum WeightFormat {
-    /// Q8_0 for calls of fewer than 64 rows (decoding), f32 for larger ones (prefill). Fast, more memory.
+    /// For calls of fewer than 64 rows (decoding) the file's Q4_1 blocks in kvbench's kernel (other
+    /// formats requantized to Q8_0); f32 for larger ones (prefill). Fast, more memory.
     #[default]
     Auto,
-    /// Keep the file's own quantization (Q4_1 for the default model).
+    /// Keep the file's own quantization (Q4_1 for the default model) in candle's kernels: the reference
+    /// path, equal to candle-transformers' quantized_llama, and slow (candle's Q4_1 kernel is scalar).
     Native,
     /// Requantize every matrix to Q8_0 at load time.
     Q8,
@@ -35,7 +40,7 @@ pub enum WeightFormat {
     F32,
 }
 
-/// Rows at or above which [`WeightFormat::Auto`] switches from the Q8_0 kernel to f32 gemm.
+/// Rows at or above which [`WeightFormat::Auto`] switches from the small-batch kernel to f32 gemm.
 /// Measured on the default model with 2 threads (`kvbench perf`, decode aggregate tokens/s, medians of 3):
 /// with candle's Q8_0 kernel, threshold 2 → batch 8: 83, batch 32: 125; 16 → 112 and 157; 64 → 102 and 115.
 /// With kvbench's own Q8_0 kernel ([`crate::model::q8`]), 16 → batch 8: 184, batch 32 (f32): 143; 64 →
@@ -49,6 +54,9 @@ enum SmallKernel {
     Candle(QMatMul),
     /// kvbench's weight-stationary Q8_0 product (CPU with AVX2): see [`crate::model::q8`].
     Own(Q8Matrix),
+    /// kvbench's weight-stationary Q4_1 product on the file's own blocks (CPU with AVX2): see
+    /// [`crate::model::q4`].
+    OwnQ41(Q41Matrix),
 }
 
 impl SmallKernel {
@@ -64,14 +72,25 @@ impl SmallKernel {
         ))?))
     }
 
+    /// The file's own Q4_1 blocks in kvbench's kernel when this device and CPU can run it.
+    fn q4_1(w: &QTensor, device: &Device) -> Result<Option<Self>> {
+        if w.dtype() != GgmlDType::Q4_1 || !device.is_cpu() || !crate::model::q8::has_avx2() {
+            return Ok(None);
+        }
+        let (n, k) = w.shape().dims2()?;
+        Ok(Q41Matrix::from_ggml(&w.data()?, n, k).map(SmallKernel::OwnQ41))
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let own = |matmul: &dyn Fn(&[f32], usize) -> Vec<f32>, n: usize| {
+            let rows = x.dim(0)?;
+            let input = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+            Tensor::from_vec(matmul(&input, rows), (rows, n), x.device())
+        };
         match self {
             SmallKernel::Candle(q) => q.forward(x),
-            SmallKernel::Own(q) => {
-                let rows = x.dim(0)?;
-                let input = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-                Tensor::from_vec(q.matmul(&input, rows), (rows, q.rows()), x.device())
-            }
+            SmallKernel::Own(q) => own(&|x, m| q.matmul(x, m), q.rows()),
+            SmallKernel::OwnQ41(q) => own(&|x, m| q.matmul(x, m), q.rows()),
         }
     }
 
@@ -83,6 +102,7 @@ impl SmallKernel {
                 t.elem_count() * t.dtype().size_in_bytes()
             }
             SmallKernel::Own(q) => q.bytes(),
+            SmallKernel::OwnQ41(q) => q.bytes(),
         }
     }
 }
@@ -120,10 +140,10 @@ impl Linear {
             WeightFormat::Q8 if !can_q8 => (None, Some(w.dequantize(device)?)),
             WeightFormat::Q8 => (Some(SmallKernel::q8(&w, device)?), None),
             WeightFormat::Auto => {
-                let small = if can_q8 {
-                    Some(SmallKernel::q8(&w, device)?)
-                } else {
-                    None
+                let small = match SmallKernel::q4_1(&w, device)? {
+                    Some(k) => Some(k),
+                    None if can_q8 => Some(SmallKernel::q8(&w, device)?),
+                    None => None,
                 };
                 (small, Some(w.dequantize(device)?))
             }

@@ -17,8 +17,8 @@ pub struct StudyOptions {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// How weights are held in memory: auto (Q8_0 for one-row calls, f32 for batches), native, q8,
-    /// f32 [default: auto].
+    /// How weights are held in memory: auto (the file's Q4_1, or Q8_0, for decoding; f32 for
+    /// prefill), native, q8, f32 [default: auto].
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weights: Option<WeightFormat>,

@@ -73,12 +73,7 @@ impl Q41Matrix {
         assert_eq!(x.len(), m * self.k, "Q41Matrix::matmul: bad input length");
         let (mut xs, mut xq) = (Vec::new(), Vec::new());
         quantize_blocks(x, self.k, &mut xs, &mut xq);
-        // dx_b · Σ_i xq_i per activation block: what each block's minimum multiplies.
-        let xsum: Vec<f32> = xq
-            .chunks_exact(BLOCK)
-            .zip(&xs)
-            .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
-            .collect();
+        let xsum = block_sums(&xq, &xs);
         let kb = self.k / BLOCK;
         let avx2 = has_avx2();
         column_parallel(self.n, m, |j, r, rows, acc| {
@@ -104,6 +99,14 @@ impl Q41Matrix {
             }
         })
     }
+}
+
+/// `dx_b · Σ_i xq_i` per activation block: what each block's minimum multiplies.
+fn block_sums(xq: &[i8], xs: &[f32]) -> Vec<f32> {
+    xq.chunks_exact(BLOCK)
+        .zip(xs)
+        .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
+        .collect()
 }
 
 /// One weight row's blocks.
@@ -149,6 +152,7 @@ fn portable_dot_rows(w: &Row, x: &Acts, rows: usize, acc: &mut [f32; 4]) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Acts, Row, BLOCK, NIBBLE_BYTES};
+    use crate::model::q8::avx2::hsum;
     use std::arch::x86_64::*;
 
     /// The 32 weights of block `b` as unsigned bytes, in weight order (low nibbles, then high).
@@ -168,13 +172,6 @@ mod avx2 {
         let pairs = _mm256_maddubs_epi16(w, x); // |pair| ≤ 2·15·127: no saturation
         let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), _mm256_set1_ps(scale), sum)
-    }
-
-    #[inline(always)]
-    unsafe fn hsum(s: __m256) -> f32 {
-        let v = _mm_add_ps(_mm256_extractf128_ps(s, 1), _mm256_castps256_ps128(s));
-        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-        _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)))
     }
 
     /// `Σ_b m_b · sum_b`, eight blocks at a time, then the remainder in block order.
@@ -249,6 +246,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::q8::tests::random;
     use rand::{Rng, SeedableRng};
 
     /// `n × k` random Q4_1 blocks in the file's layout.
@@ -263,11 +261,6 @@ mod tests {
             bytes.extend((0..NIBBLE_BYTES).map(|_| rng.random::<u8>()));
         }
         bytes
-    }
-
-    fn random(len: usize, seed: u64) -> Vec<f32> {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
     }
 
     #[test]
@@ -333,11 +326,7 @@ mod tests {
         let x = random(4 * k, 5);
         let (mut xs, mut xq) = (Vec::new(), Vec::new());
         quantize_blocks(&x, k, &mut xs, &mut xq);
-        let sum: Vec<f32> = xq
-            .chunks_exact(BLOCK)
-            .zip(&xs)
-            .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
-            .collect();
+        let sum = block_sums(&xq, &xs);
         let kb = k / BLOCK;
         for j in 0..n {
             let w = Row {

@@ -159,7 +159,7 @@ fn portable_dot_rows(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::BLOCK;
     use std::arch::x86_64::*;
 
@@ -216,8 +216,9 @@ mod avx2 {
         }
     }
 
+    /// The sum of a vector's eight lanes.
     #[inline(always)]
-    unsafe fn hsum(s: __m256) -> f32 {
+    pub(crate) unsafe fn hsum(s: __m256) -> f32 {
         let v = _mm_add_ps(_mm256_extractf128_ps(s, 1), _mm256_castps256_ps128(s));
         let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
         _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)))
@@ -274,11 +275,12 @@ mod avx2 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    fn random(len: usize, seed: u64) -> Vec<f32> {
+    /// `len` values uniform in [-1, 1) from `seed`.
+    pub(crate) fn random(len: usize, seed: u64) -> Vec<f32> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
     }

@@ -3,8 +3,9 @@
 //! Why it exists: the default model's layers are Q4_1 (per block of 32 weights: a scale `d`, a minimum
 //! `m` and 32 four-bit values `q`, weight = `d·q + m`). candle's Q4_1 kernel is a scalar loop, so until
 //! now decoding requantized every matrix to Q8_0 ([`crate::model::q8`]) and read 36 bytes per block
-//! instead of 20. Decoding a small batch is bound by reading the weights, so reading fewer bytes is the
-//! lever; and the file's own weights are used exactly, with no second rounding.
+//! where this kernel reads 24 (the file's 20, its two f16 scales widened to f32 once at load).
+//! Decoding a small batch is bound by reading the weights, so reading fewer bytes is the lever; and
+//! the file's own weights are used exactly, with no second rounding.
 //!
 //! The arithmetic is ggml's `Q4_1 × Q8_1`: activations are quantized per row and 32-block to i8 with
 //! `dx = max|x| / 127` (shared with the Q8_0 kernel), and

@@ -1,10 +1,11 @@
-//! Evaluation datasets: the built-in manifests (`datasets/*.toml`), JSON Lines loading with field names
-//! that can be overridden, resolution (`--data PATH`, then the hub through hf-hub, then kvbench's
-//! cache), and subset selection (`--ids`, `--shuffle-seed`, `--limit`).
+//! Evaluation datasets: the built-in manifests (`datasets/*.toml`), loading (JSON Lines or Parquet,
+//! [`super::rows`]) with field names that can be overridden, resolution (`--data PATH`, then the hub
+//! through hf-hub, then kvbench's cache), and subset selection (`--ids`, `--shuffle-seed`, `--limit`).
 //!
 //! A row without a problem or an answer is an error naming the file and line; a row count or sha256
 //! that differs from the manifest is a warning naming the file (the data may be a newer revision).
 
+pub use super::rows::Fields;
 use super::Problem;
 use crate::error::{Error, Result};
 use rand::{RngCore, SeedableRng};
@@ -57,24 +58,6 @@ pub fn manifest(name: &str) -> Option<Manifest> {
     manifests().into_iter().find(|m| m.name == name)
 }
 
-/// Field names of a JSON Lines file.
-#[derive(Debug, Clone)]
-pub struct Fields {
-    pub id: String,
-    pub problem: String,
-    pub answer: String,
-}
-
-impl Default for Fields {
-    fn default() -> Self {
-        Self {
-            id: "id".into(),
-            problem: "problem".into(),
-            answer: "answer".into(),
-        }
-    }
-}
-
 /// A loaded dataset with where it came from.
 #[derive(Debug, Clone)]
 pub struct Dataset {
@@ -86,45 +69,9 @@ pub struct Dataset {
     pub warnings: Vec<String>,
 }
 
-/// Reads a JSON Lines file of problems. A missing id becomes `line-N`; a missing or empty problem or
-/// answer is an error naming the line. Numeric answers are written as text.
-pub fn load_jsonl(path: &Path, fields: &Fields) -> Result<Vec<Problem>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let at = || format!("{}:{}", path.display(), i + 1);
-        let row: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| Error::Input(format!("{}: not a JSON object: {e}", at())))?;
-        let text_of = |key: &str| -> Option<String> {
-            match row.get(key)? {
-                serde_json::Value::String(s) if !s.trim().is_empty() => Some(s.clone()),
-                serde_json::Value::Number(n) => Some(match n.as_f64() {
-                    Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
-                    _ => n.to_string(),
-                }),
-                _ => None,
-            }
-        };
-        let problem = text_of(&fields.problem).ok_or_else(|| {
-            Error::Input(format!("{}: no '{}' (problem) field", at(), fields.problem))
-        })?;
-        let answer = text_of(&fields.answer).ok_or_else(|| {
-            Error::Input(format!("{}: no '{}' (answer) field", at(), fields.answer))
-        })?;
-        let id = text_of(&fields.id).unwrap_or_else(|| format!("line-{}", i + 1));
-        out.push(Problem {
-            id,
-            problem,
-            answer,
-        });
-    }
-    if out.is_empty() {
-        return Err(Error::Input(format!("{}: no problems", path.display())));
-    }
-    Ok(out)
+/// Reads a problem file: JSON Lines, or Parquet when the name ends in `.parquet` ([`super::rows`]).
+pub fn load(path: &Path, fields: &Fields) -> Result<Vec<Problem>> {
+    super::rows::load(path, fields)
 }
 
 /// kvbench's dataset cache: `$KVBENCH_CACHE/datasets` or `~/.cache/kvbench/datasets`.
@@ -137,11 +84,11 @@ pub fn cache_dir() -> PathBuf {
 pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields) -> Result<Dataset> {
     let manifest = manifest(name);
     let (path, problems, own_layout) = match data {
-        Some(p) => (p.to_path_buf(), load_jsonl(p, fields)?, true),
+        Some(p) => (p.to_path_buf(), load(p, fields)?, true),
         None => {
             let m = manifest.as_ref().ok_or_else(|| {
                 Error::Input(format!(
-                    "unknown dataset '{name}' (--dataset); built in: builtin, {}; or pass --data FILE.jsonl",
+                    "unknown dataset '{name}' (--dataset); built in: builtin, {}; or pass --data FILE (.jsonl or .parquet)",
                     names().join(", ")
                 ))
             })?;
@@ -179,7 +126,7 @@ pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields) -> Result<Datas
     })
 }
 
-/// The hub first (when the manifest names a JSON Lines source), then kvbench's cache. The flag says
+/// The hub first (when the manifest names a source), then kvbench's cache. The flag says
 /// whether the file is in kvbench's layout (the cache) rather than the upstream one (the hub).
 fn fetch(m: &Manifest) -> Result<(PathBuf, Vec<Problem>, bool)> {
     let cached = cache_dir().join(format!("{}.jsonl", m.name));
@@ -191,7 +138,7 @@ fn fetch(m: &Manifest) -> Result<(PathBuf, Vec<Problem>, bool)> {
                     problem: h.problem_field.clone(),
                     answer: h.answer_field.clone(),
                 };
-                let problems = load_jsonl(&path, &fields)?;
+                let problems = load(&path, &fields)?;
                 return Ok((path, problems, false));
             }
             Err(e) => e.to_string(),
@@ -199,11 +146,11 @@ fn fetch(m: &Manifest) -> Result<(PathBuf, Vec<Problem>, bool)> {
         None => "the manifest names no hub source".to_string(),
     };
     if cached.is_file() {
-        let problems = load_jsonl(&cached, &Fields::default())?;
+        let problems = load(&cached, &Fields::default())?;
         return Ok((cached, problems, true));
     }
     Err(Error::Input(format!(
-        "dataset '{}': hub: {hub_error}; not in kvbench's cache ({}); pass --data FILE.jsonl (fields id, problem, answer)",
+        "dataset '{}': hub: {hub_error}; not in kvbench's cache ({}); pass --data FILE (.jsonl or .parquet; fields id, problem, answer)",
         m.name,
         cached.display()
     )))
@@ -269,32 +216,18 @@ mod tests {
     fn manifests_parse() {
         assert_eq!(names(), vec!["math500", "aime24", "aime25", "amc23"]);
         assert_eq!(manifest("math500").unwrap().rows, 500);
-        assert!(manifest("math500").unwrap().hub.is_some());
+        assert!(names().iter().all(|n| manifest(n).unwrap().hub.is_some()));
     }
 
     #[test]
-    fn loading_names_the_bad_line_and_selection_is_deterministic() {
-        let dir = std::env::temp_dir().join(format!("kvbench-ds-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let good = dir.join("good.jsonl");
-        let rows: String = (0..10)
-            .map(|i| {
-                format!("{{\"id\": \"p{i}\", \"problem\": \"What is {i}?\", \"answer\": {i}}}\n")
+    fn selection_is_deterministic() {
+        let ps: Vec<Problem> = (0..10)
+            .map(|i| Problem {
+                id: format!("p{i}"),
+                problem: format!("What is {i}?"),
+                answer: i.to_string(),
             })
             .collect();
-        std::fs::write(&good, rows).unwrap();
-        let ps = load_jsonl(&good, &Fields::default()).unwrap();
-        assert_eq!(ps.len(), 10);
-        assert_eq!(ps[3].answer, "3");
-        let bad = dir.join("bad.jsonl");
-        std::fs::write(&bad, "{\"id\": \"a\", \"problem\": \"x\", \"answer\": \"1\"}\n{\"id\": \"b\", \"problem\": \"y\"}\n").unwrap();
-        let err = load_jsonl(&bad, &Fields::default())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("bad.jsonl:2") && err.contains("answer"),
-            "{err}"
-        );
         let a = select(ps.clone(), &[], Some(7), Some(4)).unwrap();
         let b = select(ps.clone(), &[], Some(7), Some(4)).unwrap();
         assert_eq!(a, b);
@@ -305,6 +238,5 @@ mod tests {
             ["p5", "p1"]
         );
         assert!(select(ps, &["nope".into()], None, None).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

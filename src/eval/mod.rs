@@ -5,6 +5,7 @@ pub mod builtin;
 pub mod dataset;
 pub mod grade;
 pub mod prompt;
+pub mod rows;
 
 /// One problem with its reference answer.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -31,8 +31,8 @@ pub struct StudyOptions {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
-    /// A JSON Lines file of problems (checked against the dataset's manifest when one is named); in a
-    /// config, relative to the config file.
+    /// A file of problems, JSON Lines or Parquet (`.parquet`), checked against the dataset's manifest
+    /// when one is named; in a config, relative to the config file.
     #[arg(long, value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,

@@ -1,6 +1,7 @@
 //! Hugging Face checkpoints (safetensors + config.json), checked against candle-transformers' own models
-//! on small random weights in f32: Qwen2 (q/k/v biases, tied or untied embeddings) and Llama (untied,
-//! with Llama 3 RoPE scaling, the Hugging Face rotate-half layout).
+//! on small random weights in f32: Qwen2 (q/k/v biases, tied or untied embeddings), Qwen3 (per-head
+//! RMSNorm of queries and keys, a head size that is not hidden / heads) and Llama (untied, with Llama 3
+//! RoPE scaling, the Hugging Face rotate-half layout).
 
 use candle_core::{DType, Device, Tensor};
 use kvbench::model::source::WeightSource;
@@ -17,9 +18,19 @@ const LAYERS: usize = 2;
 const VOCAB: usize = 101;
 const FFN: usize = 96;
 
-fn write_weights(dir: &Path, tied: bool, biases: bool) {
+/// What a test checkpoint has besides the common Llama tensors.
+#[derive(Clone, Copy)]
+struct Extras {
+    tied: bool,
+    qkv_biases: bool,
+    /// Per-head RMSNorm weights of queries and keys (Qwen3).
+    qk_norm: bool,
+    head_dim: usize,
+}
+
+fn write_weights(dir: &Path, x: Extras) {
     let dev = Device::Cpu;
-    let d = HIDDEN / HEADS;
+    let (tied, biases, d) = (x.tied, x.qkv_biases, x.head_dim);
     let mut t: HashMap<String, Tensor> = HashMap::new();
     let mut rand = |name: String, shape: &[usize], std: f32| {
         t.insert(name, Tensor::randn(0f32, std, shape, &dev).unwrap());
@@ -55,6 +66,10 @@ fn write_weights(dir: &Path, tied: bool, biases: bool) {
             &[HIDDEN, HEADS * d],
             0.2,
         );
+        if x.qk_norm {
+            rand(format!("{p}.self_attn.q_norm.weight"), &[d], 0.1);
+            rand(format!("{p}.self_attn.k_norm.weight"), &[d], 0.1);
+        }
         rand(format!("{p}.mlp.gate_proj.weight"), &[FFN, HIDDEN], 0.2);
         rand(format!("{p}.mlp.up_proj.weight"), &[FFN, HIDDEN], 0.2);
         rand(format!("{p}.mlp.down_proj.weight"), &[HIDDEN, FFN], 0.2);
@@ -89,7 +104,15 @@ fn reference_weights(dir: &Path) -> candle_nn::VarBuilder<'static> {
 }
 
 fn write_qwen2(dir: &Path, tied: bool) {
-    write_weights(dir, tied, true);
+    write_weights(
+        dir,
+        Extras {
+            tied,
+            qkv_biases: true,
+            qk_norm: false,
+            head_dim: HIDDEN / HEADS,
+        },
+    );
     let config = serde_json::json!({
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
         "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
@@ -180,7 +203,15 @@ fn input(tokens: &[u32]) -> Tensor {
 fn llama_with_llama3_rope_scaling_matches_candle_transformers() {
     let dir = std::env::temp_dir().join(format!("kvbench-llama-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    write_weights(&dir, false, false);
+    write_weights(
+        &dir,
+        Extras {
+            tied: false,
+            qkv_biases: false,
+            qk_norm: false,
+            head_dim: HIDDEN / HEADS,
+        },
+    );
     let config = serde_json::json!({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
@@ -211,6 +242,52 @@ fn llama_with_llama3_rope_scaling_matches_candle_transformers() {
             .unwrap()
     });
     eprintln!("llama max |logit difference| vs candle-transformers: {worst:e}");
+    assert!(worst < 1e-4, "logits differ by {worst}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn qwen3_with_qk_norm_and_its_own_head_size_matches_candle_transformers() {
+    let dir = std::env::temp_dir().join(format!("kvbench-qwen3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Qwen3's head size is set on its own (Qwen3-0.6B: 16 heads of 128 over a hidden size of 1024).
+    let head_dim = 2 * HIDDEN / HEADS;
+    write_weights(
+        &dir,
+        Extras {
+            tied: true,
+            qkv_biases: false,
+            qk_norm: true,
+            head_dim,
+        },
+    );
+    let config = serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
+        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "head_dim": head_dim, "attention_bias": false,
+        "max_position_embeddings": 512, "sliding_window": null, "max_window_layers": LAYERS,
+        "tie_word_embeddings": true, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "use_sliding_window": false, "hidden_act": "silu", "torch_dtype": "float32"
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let (mut src, cfg) = WeightSource::open_safetensors(&dir).unwrap();
+    assert!(cfg.qk_norm && !cfg.qkv_bias && cfg.head_dim == head_dim && cfg.tie_word_embeddings);
+    let ours = Transformer::load(&mut src, cfg, WeightFormat::F32, &Device::Cpu).unwrap();
+
+    use candle_transformers::models::qwen3;
+    let rc: qwen3::Config = serde_json::from_value(config).unwrap();
+    let mut reference = qwen3::ModelForCausalLM::new(&rc, reference_weights(&dir)).unwrap();
+    let worst = compare(&ours, |new, pos| {
+        reference
+            .forward(&input(new), pos)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    });
+    eprintln!("qwen3 max |logit difference| vs candle-transformers: {worst:e}");
     assert!(worst < 1e-4, "logits differ by {worst}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod error;
 pub mod eval;
 pub mod generate;
+pub mod kernels;
 pub mod metrics;
 pub mod model;
 pub mod policy;

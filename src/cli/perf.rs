@@ -52,6 +52,10 @@ pub struct PerfArgs {
     /// A policy parameter, `key=value` (repeatable; applies to every policy that has the key).
     #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
     pub policy_args: Vec<String>,
+    /// Skip the memory-bandwidth measurement (its 512 MiB of buffers would count in the peak RSS,
+    /// e.g. when the process's memory is compared with another engine's).
+    #[arg(long)]
+    pub no_bandwidth: bool,
     /// A KV-cache memory limit in MiB: each policy is also measured at the largest batch whose
     /// sequences' peak KV cache and policy state fit in it (measured at batch 1), up to 256.
     #[arg(long, value_name = "MIB")]
@@ -179,11 +183,16 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         "warm-up {} run(s), then median of {} repeats (min … max)\n",
         args.warmup, args.repeats
     );
-    let bandwidth = metrics::copy_bandwidth(256 << 20, 5);
-    println!(
-        "memory bandwidth (parallel copy of 256 MiB, read + write, median of 5): {:.1} GB/s\n",
-        bandwidth / 1e9
-    );
+    let bandwidth = if args.no_bandwidth {
+        f64::NAN
+    } else {
+        let b = metrics::copy_bandwidth(256 << 20, 5);
+        println!(
+            "memory bandwidth (parallel copy of 256 MiB, read + write, median of 5): {:.1} GB/s\n",
+            b / 1e9
+        );
+        b
+    };
     println!("| measurement | tokens/s (median) | range |");
     println!("|---|---:|---|");
 
@@ -239,7 +248,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 _ => String::new(),
             };
             println!(
-                "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of time, KV ratio {:.3}; reads {:.1} GB/s ({:.0}% of copy){fits} | {} |",
+                "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of time, KV ratio {:.3}; reads {:.1} GB/s{}{fits} | {} |",
                 spec.name(),
                 spec.budget(),
                 args.decode_prompt_tokens,
@@ -247,7 +256,11 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 metrics::median(&d.policy_share).unwrap_or(0.0),
                 metrics::median(&d.ratio).unwrap_or(1.0),
                 achieved / 1e9,
-                100.0 * achieved / bandwidth.max(1.0),
+                if bandwidth.is_nan() {
+                    String::new()
+                } else {
+                    format!(" ({:.0}% of copy)", 100.0 * achieved / bandwidth.max(1.0))
+                },
                 summary(&d.rates)
             );
             exported.push(export_row(

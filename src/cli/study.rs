@@ -242,7 +242,9 @@ fn run_units(
     flags: &ExecFlags<'_>,
 ) -> anyhow::Result<Vec<Failure>> {
     let o = &p.cfg.options;
+    let load_start = std::time::Instant::now();
     let model = load_model(o, flags.runtime)?;
+    let load_secs = load_start.elapsed().as_secs_f64();
     let template_hash = o.prompt().template_hash(model.template);
     dir.record_provenance(&serde_json::json!({
         "started_unix": std::time::SystemTime::now()
@@ -272,9 +274,11 @@ fn run_units(
         eprintln!("note: {note}");
     }
     eprintln!(
-        "kvbench: {} units on {} ({:?} template, prompt {:?}, hash {}), writing {}",
+        "kvbench: {} units on {} ({:.0} MiB of weights, loaded in {:.1} s; {:?} template, prompt {:?}, hash {}), writing {}",
         todo.len(),
         model.name,
+        model.transformer.weight_bytes() as f64 / (1 << 20) as f64,
+        load_secs,
         model.template,
         o.prompt(),
         template_hash,

@@ -9,9 +9,9 @@
 use crate::error::Result;
 use crate::model::attention;
 use crate::model::config::ModelConfig;
-use crate::model::source::{concat_rows, RawTensor, WeightSource};
+use crate::model::source::WeightSource;
 use crate::model::state::SeqState;
-use crate::model::weights::{Linear, RmsNorm, WeightFormat};
+use crate::model::weights::{Embedding, Linear, RmsNorm, WeightFormat};
 use crate::policy::{AttentionView, StepInfo};
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
@@ -32,7 +32,7 @@ struct Block {
 /// A loaded decoder: weights and shape. Immutable; all per-sequence state is in [`SeqState`].
 pub struct Transformer {
     pub config: ModelConfig,
-    embed: Tensor,
+    embed: Embedding,
     blocks: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
@@ -55,13 +55,7 @@ impl Transformer {
         format: WeightFormat,
         device: &Device,
     ) -> Result<Self> {
-        let to_linear = |w: RawTensor, b: Option<Tensor>| -> Result<Linear> {
-            Ok(match w {
-                RawTensor::Quantized(q) => Linear::from_qtensor(q, b, format, device)?,
-                RawTensor::Dense(t) => Linear::from_dense(t, b, format)?,
-            })
-        };
-        // Several projections of the same input, stacked into one matrix (one product instead of several).
+        // Several projections of the same input, stacked into one layer (one product instead of several).
         let stacked = |src: &mut WeightSource, names: &[&str], bias: bool| -> Result<Linear> {
             let mut ws = Vec::with_capacity(names.len());
             let mut bs = Vec::new();
@@ -71,17 +65,12 @@ impl Transformer {
                     bs.push(src.get(&format!("{name}.bias"), device)?.to_dense(device)?);
                 }
             }
-            let w = if ws.len() == 1 {
-                ws.pop().expect("one part")
-            } else {
-                concat_rows(ws, device)?
-            };
             let b = if bias {
                 Some(Tensor::cat(&bs, 0)?)
             } else {
                 None
             };
-            to_linear(w, b)
+            Ok(Linear::new(ws, b, format, device)?)
         };
         let linear = |src: &mut WeightSource, name: &str, bias: bool| stacked(src, &[name], bias);
         let norm = |src: &mut WeightSource, name: &str| -> Result<RmsNorm> {
@@ -124,12 +113,13 @@ impl Transformer {
                 down: linear(source, &format!("{p}.ffn_down"), false)?,
             });
         }
-        let embed_raw = source.get("token_embd.weight", device)?;
-        let embed = embed_raw.to_dense(device)?;
-        let lm_head = if config.tie_word_embeddings || !source.contains("output.weight") {
-            to_linear(embed_raw, None)?
-        } else {
-            linear(source, "output", false)?
+        let embed = Embedding::new(source.get("token_embd.weight", device)?, format, device)?;
+        let tied = config.tie_word_embeddings || !source.contains("output.weight");
+        let lm_head = match (tied, embed.matrix()) {
+            // One copy of the tied matrix serves the lookup and the output head.
+            (true, Some(m)) => Linear::shared(m)?,
+            (true, None) => linear(source, "token_embd", false)?,
+            (false, _) => linear(source, "output", false)?,
         };
         let norm = norm(source, "output_norm.weight")?;
         let weight_bytes = blocks
@@ -137,8 +127,12 @@ impl Transformer {
             .flat_map(|b| [&b.qkv, &b.wo, &b.gate_up, &b.down])
             .map(Linear::weight_bytes)
             .sum::<usize>()
-            + lm_head.weight_bytes()
-            + embed.elem_count() * 4;
+            + if tied && embed.matrix().is_some() {
+                0
+            } else {
+                lm_head.weight_bytes()
+            }
+            + embed.bytes();
         let inv_freq = config.rope_inv_freq();
         Ok(Self {
             config,
@@ -156,15 +150,15 @@ impl Transformer {
         &self.device
     }
 
-    /// Bytes of weights one forward step over `rows` rows reads (the matrices; embedding rows
-    /// looked up are negligible): what memory bandwidth a decode step needs besides the cache.
-    pub fn weight_bytes_read(&self, rows: usize) -> usize {
+    /// Bytes of weights one forward step reads (the matrices; embedding rows looked up are
+    /// negligible): what memory bandwidth a decode step needs besides the cache.
+    pub fn weight_bytes_read(&self, _rows: usize) -> usize {
         self.blocks
             .iter()
             .flat_map(|b| [&b.qkv, &b.wo, &b.gate_up, &b.down])
-            .map(|l| l.bytes_read(rows))
+            .map(Linear::weight_bytes)
             .sum::<usize>()
-            + self.lm_head.bytes_read(rows)
+            + self.lm_head.weight_bytes()
     }
 
     /// Bytes of weight memory held.
@@ -253,10 +247,9 @@ impl Transformer {
             ids.extend_from_slice(s.tokens);
         }
         let n_tok = ids.len();
-        let ids = Tensor::from_vec(ids, n_tok, &self.device)?;
         let (cos_v, sin_v) = self.rope_table_vecs(&positions);
         let half = d / 2;
-        let mut x = self.embed.index_select(&ids, 0)?;
+        let mut x = self.embed.lookup(&ids, &self.device)?;
         // Decoding on the CPU takes a path with fewer, larger steps (see `decode_attention_cpu`); the
         // generic path needs the tables as tensors.
         let decode_cpu = self.device.is_cpu() && !cfg.qk_norm && spans.iter().all(|&(_, t)| t == 1);

@@ -5,8 +5,6 @@ pub mod chat;
 pub mod config;
 pub mod hub;
 pub mod llama;
-pub mod q4;
-pub mod q8;
 pub mod resolve;
 pub mod source;
 pub mod state;

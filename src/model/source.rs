@@ -6,66 +6,74 @@
 
 use crate::error::{Error, Result};
 use crate::model::config::{Arch, HfConfig, Llama3RopeScaling, ModelConfig};
-use candle_core::quantized::{gguf_file, QTensor};
-use candle_core::{DType, Device, Tensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
+use candle_core::{DType, Device, Shape, Tensor};
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// A tensor as stored: quantized (GGUF) or dense (safetensors).
+/// A tensor as stored: a GGUF tensor's own bytes, or a dense (safetensors) tensor.
 pub enum RawTensor {
-    Quantized(QTensor),
+    /// The file's bytes of a GGUF tensor, its ggml type and its shape (`[rows, cols]`, candle's order).
+    Gguf {
+        dtype: GgmlDType,
+        shape: Shape,
+        bytes: Vec<u8>,
+    },
     Dense(Tensor),
 }
 
 impl RawTensor {
+    /// The tensor as candle's quantized tensor (candle's kernels, other devices).
+    pub fn to_qtensor(&self, device: &Device) -> candle_core::Result<QTensor> {
+        match self {
+            RawTensor::Gguf {
+                dtype,
+                shape,
+                bytes,
+            } => QTensor::new(
+                QStorage::from_data(std::borrow::Cow::Borrowed(bytes), device, *dtype)?,
+                shape.clone(),
+            ),
+            RawTensor::Dense(t) => QTensor::quantize(&t.to_dtype(DType::F32)?, GgmlDType::F32),
+        }
+    }
+
+    /// The tensor widened to f32 (norms, biases, `--weights f32`).
     pub fn to_dense(&self, device: &Device) -> candle_core::Result<Tensor> {
         match self {
-            RawTensor::Quantized(q) => q.dequantize(device),
+            RawTensor::Gguf { .. } => self.to_qtensor(device)?.dequantize(device),
             RawTensor::Dense(t) => t.to_dtype(DType::F32),
         }
     }
-}
 
-/// Stacks `[out_i, in]` matrices (and their biases) into one `[Σ out_i, in]` matrix, so that several
-/// projections of the same input run as one matrix product. Quantized rows are concatenated block by
-/// block (GGUF stores each row as whole blocks), so the result is bit-exact, with no requantization.
-pub fn concat_rows(parts: Vec<RawTensor>, device: &Device) -> candle_core::Result<RawTensor> {
-    let same_quant = match (
-        &parts[0],
-        parts.iter().all(|p| matches!(p, RawTensor::Quantized(_))),
-    ) {
-        (RawTensor::Quantized(first), true) => parts
-            .iter()
-            .all(|p| matches!(p, RawTensor::Quantized(q) if q.dtype() == first.dtype())),
-        _ => false,
-    };
-    if same_quant {
-        let mut bytes = Vec::new();
-        let (mut rows, mut cols, mut dtype) = (0, 0, None);
-        for p in &parts {
-            let RawTensor::Quantized(q) = p else {
-                unreachable!("checked above")
-            };
-            let (r, c) = q.shape().dims2()?;
-            rows += r;
-            cols = c;
-            dtype = Some(q.dtype());
-            bytes.extend_from_slice(&q.data()?);
+    /// The tensor in its stored float type, when it is one (F32, F16, BF16): never widened.
+    pub fn to_float(&self, device: &Device) -> candle_core::Result<Option<Tensor>> {
+        match self {
+            RawTensor::Gguf { dtype, shape, .. } => {
+                let dt = match dtype {
+                    GgmlDType::F32 => DType::F32,
+                    GgmlDType::F16 => DType::F16,
+                    GgmlDType::BF16 => DType::BF16,
+                    _ => return Ok(None),
+                };
+                let q = self.to_qtensor(device)?;
+                // candle widens F16/BF16 when dequantizing; narrow back to the stored type.
+                Ok(Some(
+                    q.dequantize(device)?.to_dtype(dt)?.reshape(shape.clone())?,
+                ))
+            }
+            RawTensor::Dense(t) => Ok(Some(t.clone())),
         }
-        let dtype = dtype.expect("at least one part");
-        let storage = candle_core::quantized::QStorage::from_data(
-            std::borrow::Cow::Owned(bytes),
-            device,
-            dtype,
-        )?;
-        return Ok(RawTensor::Quantized(QTensor::new(storage, (rows, cols))?));
     }
-    let dense = parts
-        .iter()
-        .map(|p| p.to_dense(device))
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(RawTensor::Dense(Tensor::cat(&dense, 0)?))
+
+    /// Rows and columns of a matrix.
+    pub fn dims2(&self) -> candle_core::Result<(usize, usize)> {
+        match self {
+            RawTensor::Gguf { shape, .. } => shape.dims2(),
+            RawTensor::Dense(t) => t.dims2(),
+        }
+    }
 }
 
 /// An opened weight container.
@@ -177,13 +185,25 @@ impl WeightSource {
                 content,
                 reader,
             } => {
-                if !content.tensor_infos.contains_key(name) {
+                let _ = device; // GGUF bytes are read to host memory; layers move them where they run.
+                let Some(info) = content.tensor_infos.get(name) else {
                     return Err(Error::model(&*path, format!("missing tensor '{name}'")));
-                }
-                let t = content
-                    .tensor(reader, name, device)
+                };
+                // The file's bytes, read once: kvbench's kernels use them as they are. Bounds were
+                // checked when the file was opened.
+                let size = info.shape.elem_count() / info.ggml_dtype.block_size()
+                    * info.ggml_dtype.type_size();
+                let mut bytes = vec![0u8; size];
+                reader
+                    .seek(SeekFrom::Start(content.tensor_data_offset + info.offset))
+                    .and_then(|_| reader.read_exact(&mut bytes))
                     .map_err(|e| Error::model(&*path, format!("tensor '{name}': {e}")))?;
-                Ok(RawTensor::Quantized(t))
+                Ok(RawTensor::Gguf {
+                    dtype: info.ggml_dtype,
+                    // candle's reader already turned GGUF's dimension order into `[rows, cols]`.
+                    shape: info.shape.clone(),
+                    bytes,
+                })
             }
             WeightSource::Safetensors { dir, tensors } => {
                 let hf = hf_name(name);

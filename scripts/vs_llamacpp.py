@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""kvbench against llama.cpp on the same GGUF file, in one interleaved run.
+
+For each model, ROUNDS times in turn: `kvbench perf` (prefill of 512 tokens; decode of 64 tokens after
+64-token prompts at batch 1, 8 and 32), llama.cpp's `llama-bench` (pp512, tg128) and
+`llama-batched-bench` (64-token prompts, 64 new tokens, 1, 8 and 32 sequences). Interleaving puts both
+engines under the same drift of this shared machine; the ratio is taken round by round. Prints, per
+measure, the median and range of each engine and of the ratio, and each process's peak RSS
+(its own accounting, from wait4). A benchmark, not a test.
+
+usage: scripts/vs_llamacpp.py [--model NAME_OR_GGUF ...] [--rounds 3] [--threads 2]
+                              [--llamacpp DIR] [--kvbench PATH]
+llama.cpp's tools come from ../shared/tools/llamacpp.sh (default DIR ~/.cache/llamacpp-anchor).
+Built-in model names are fetched by kvbench into its cache; the same file is given to llama.cpp.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run_rss(cmd, timeout):
+    """Runs cmd (no shell: arguments are a list); returns its stdout and its own peak RSS in MiB,
+    from wait4. The child is killed after `timeout` seconds."""
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    if proc.returncode != 0:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{text[-2000:]}")
+    return text, usage.ru_maxrss / 1024.0
+
+
+def gguf_path(model):
+    p = pathlib.Path(model)
+    if p.is_file():
+        return p
+    cache = pathlib.Path(os.environ.get("KVBENCH_CACHE", pathlib.Path.home() / ".cache" / "kvbench"))
+    found = sorted((cache / "models" / model).glob("*.gguf"))
+    if not found:
+        sys.exit(f"{model}: not a file and not in kvbench's cache ({cache}/models)")
+    return found[0]
+
+
+def kvbench_round(kvbench, model, threads):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "perf.json"
+        _, rss = run_rss(
+            [kvbench, "perf", "--model", model, "--threads", str(threads), "--prompt-tokens", "512",
+             "--batch", "1,8,32", "--decode-prompt-tokens", "64", "--decode-tokens", "64",
+             "--warmup", "1", "--repeats", "1", "--no-bandwidth", "--export-json", str(out)],
+            1800,
+        )
+        doc = json.loads(out.read_text())
+    got = {}
+    for row in doc["rows"]:
+        m = row["measurement"]
+        key = "pp512" if m["phase"] == "prefill" else f"decode b{m['batch']}"
+        got[key] = row["tokens_per_s_median"]
+    return got, rss
+
+
+def llama_round(tools, path, threads):
+    text, rss_bench = run_rss(
+        [tools / "llama-bench", "-m", path, "-t", str(threads), "-p", "512", "-n", "128", "-r", "1",
+         "-o", "json"],
+        1800,
+    )
+    got = {}
+    for row in json.loads(text):
+        if row["n_prompt"] and not row["n_gen"]:
+            got["pp512"] = row["avg_ts"]
+        elif row["n_gen"] and not row["n_prompt"]:
+            got["tg128"] = row["avg_ts"]
+    text, rss_batched = run_rss(
+        [tools / "llama-batched-bench", "-m", path, "-t", str(threads), "-c", "8192",
+         "-npp", "64", "-ntg", "64", "-npl", "1,8,32"],
+        1800,
+    )
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and cells[0] == "64" and cells[1] == "64" and cells[2].isdigit():
+            got[f"decode b{cells[2]}"] = float(cells[7])  # S_TG t/s
+    return got, rss_bench, rss_batched
+
+
+def spread(values):
+    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", help="built-in name or GGUF path (repeatable)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llamacpp", default=str(pathlib.Path.home() / ".cache" / "llamacpp-anchor"))
+    ap.add_argument("--kvbench", default=str(ROOT / "target" / "release" / "kvbench"))
+    a = ap.parse_args()
+    models = a.model or ["qwen2.5-coder-1.5b", "smollm2-135m"]
+    tools = pathlib.Path(a.llamacpp) / "build" / "bin"
+    if not (tools / "llama-batched-bench").exists():
+        sys.exit(f"no llama.cpp tools in {tools}: run ../shared/tools/llamacpp.sh first")
+    print(f"kvbench vs llama.cpp, {a.threads} threads, {a.rounds} interleaved rounds; "
+          "medians (min–max) of tokens/s, ratio kvbench/llama.cpp per round")
+    for model in models:
+        kv, ll, rss = {}, {}, {"kvbench perf": [], "llama-bench": [], "llama-batched-bench": []}
+        for r in range(a.rounds):
+            got, r_kv = kvbench_round(a.kvbench, model, a.threads)  # also fetches a built-in model
+            path = gguf_path(model)
+            got_ll, r_b, r_bb = llama_round(tools, path, a.threads)
+            for k, v in got.items():
+                kv.setdefault(k, []).append(v)
+            for k, v in got_ll.items():
+                ll.setdefault(k, []).append(v)
+            rss["kvbench perf"].append(r_kv)
+            rss["llama-bench"].append(r_b)
+            rss["llama-batched-bench"].append(r_bb)
+            print(f"  {model}: round {r + 1} of {a.rounds} done", file=sys.stderr)
+        print(f"\n{model} ({path.name}, {path.stat().st_size / 2**20:.0f} MiB)\n")
+        print("| measure | kvbench | llama.cpp | ratio | target |")
+        print("|---|---:|---:|---:|---:|")
+        pairs = [("prefill 512 tokens", "pp512", "pp512", "≥ 1.0"),
+                 ("decode batch 1 (vs llama-bench tg128)", "decode b1", "tg128", "≥ 1.0"),
+                 ("decode batch 1 (vs batched-bench)", "decode b1", "decode b1", ""),
+                 ("decode batch 8, aggregate", "decode b8", "decode b8", "≥ 1.2"),
+                 ("decode batch 32, aggregate", "decode b32", "decode b32", "≥ 1.2")]
+        for label, k_kv, k_ll, target in pairs:
+            if k_kv in kv and k_ll in ll:
+                ratios = [x / y for x, y in zip(kv[k_kv], ll[k_ll])]
+                print(f"| {label} | {spread(kv[k_kv])} | {spread(ll[k_ll])} | "
+                      f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {target} |")
+        print()
+        for name, values in rss.items():
+            print(f"peak RSS {name}: {spread(values)} MiB")
+
+
+if __name__ == "__main__":
+    main()

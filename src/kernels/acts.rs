@@ -1,0 +1,87 @@
+//! Activations quantized for the integer products: per row and block of `block` values (32, or 256
+//! for k-quant matrices as ggml's Q8_K), `d = max|x| / 127` and `q = round(x / d)`, as llama.cpp does.
+//! Formats with a minimum or an offset also need `Σ q` per 16 values, which [`Acts`] keeps beside
+//! (ggml's `bsums`).
+
+use super::HALF;
+
+/// `m` rows of `k` quantized activations.
+pub struct Acts {
+    pub m: usize,
+    pub k: usize,
+    /// Values per scale: 32 or 256.
+    pub block: usize,
+    /// `q[r * k + i]`.
+    pub q: Vec<i8>,
+    /// `d[r * (k / block) + b]`.
+    pub d: Vec<f32>,
+    /// `sums[r * (k / 16) + h]`: `Σ q` over the 16 values `16h … 16h + 15`.
+    pub sums: Vec<i16>,
+    /// `scaled[r * (k / block) + b]`: `d · Σ q` over block `b` (what a 32-wide block's minimum
+    /// multiplies).
+    pub scaled: Vec<f32>,
+}
+
+impl Acts {
+    pub fn quantize(x: &[f32], m: usize, k: usize, block: usize) -> Self {
+        debug_assert!(k.is_multiple_of(block) && x.len() == m * k);
+        let mut q = vec![0i8; m * k];
+        let mut d = Vec::with_capacity(m * k / block);
+        for (xb, qb) in x.chunks_exact(block).zip(q.chunks_exact_mut(block)) {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            for (o, v) in qb.iter_mut().zip(xb) {
+                *o = (v * inv).round() as i8;
+            }
+            d.push(scale);
+        }
+        // |Σ| ≤ 16 · 127: fits an i16.
+        let sums: Vec<i16> = q
+            .chunks_exact(HALF)
+            .map(|qs| qs.iter().map(|&v| v as i16).sum::<i16>())
+            .collect();
+        let per_block = block / HALF;
+        let scaled = sums
+            .chunks_exact(per_block)
+            .zip(&d)
+            .map(|(s, d)| d * s.iter().map(|&v| v as i32).sum::<i32>() as f32)
+            .collect();
+        Self {
+            m,
+            k,
+            block,
+            q,
+            d,
+            sums,
+            scaled,
+        }
+    }
+
+    /// Row `r`'s quantized values.
+    #[inline(always)]
+    pub fn row(&self, r: usize) -> &[i8] {
+        &self.q[r * self.k..(r + 1) * self.k]
+    }
+
+    /// Row `r`'s block scales.
+    #[inline(always)]
+    pub fn scales(&self, r: usize) -> &[f32] {
+        let kb = self.k / self.block;
+        &self.d[r * kb..(r + 1) * kb]
+    }
+
+    /// Row `r`'s `d · Σ q` per block.
+    #[inline(always)]
+    pub fn row_scaled(&self, r: usize) -> &[f32] {
+        let kb = self.k / self.block;
+        &self.scaled[r * kb..(r + 1) * kb]
+    }
+
+    /// Row `r`'s sums per 16 values.
+    #[inline(always)]
+    pub fn row_sums(&self, r: usize) -> &[i16] {
+        let kh = self.k / HALF;
+        &self.sums[r * kh..(r + 1) * kh]
+    }
+}

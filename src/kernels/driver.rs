@@ -1,0 +1,70 @@
+//! The multi-row driver: `y = x Wᵀ` for a [`QMatrix`] and quantized activations.
+//!
+//! Output columns are split into tasks run in parallel. Within a task, activation rows go in tiles of
+//! [`TILE`] (a tile of 1,536-wide rows is 96 KiB of bytes: it stays in cache while the task's weight
+//! rows stream past), and every block of a weight row is decoded once per four activation rows (in
+//! registers by the AVX2 kernels; the portable path unpacks the row once per tile). Decoding (a few
+//! rows) is one tile: each weight row is read once per call.
+
+use super::acts::Acts;
+use super::dot::{portable, Path};
+use super::{QMatrix, Unpacked};
+use rayon::prelude::*;
+
+/// Activation rows per tile.
+const TILE: usize = 64;
+/// Output columns per task (weight rows unpacked and used by one thread in turn).
+const COLS: usize = 32;
+
+pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
+    let (n, m, k) = (w.rows(), x.m, w.cols());
+    let mut out = vec![0f32; m * n];
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let has_min = w.has_min();
+    let path = if path == Path::Avx2 && !super::dot::has_avx2() {
+        Path::Portable
+    } else {
+        path
+    };
+    (0..n.div_ceil(COLS)).into_par_iter().for_each_init(
+        || Unpacked::with_len(k, has_min),
+        |unpacked, task| {
+            let out_ptr = &out_ptr;
+            let cols = task * COLS..((task + 1) * COLS).min(n);
+            for t0 in (0..m).step_by(TILE) {
+                let t1 = (t0 + TILE).min(m);
+                for j in cols.clone() {
+                    let (format, bytes) = w.row(j);
+                    if path == Path::Portable {
+                        format.unpack_row(bytes, unpacked);
+                    }
+                    let mut r = t0;
+                    while r < t1 {
+                        let rows = (t1 - r).min(4);
+                        let mut acc = [0f32; 4];
+                        match path {
+                            #[cfg(target_arch = "x86_64")]
+                            // SAFETY: `Path::Avx2` is only chosen on CPUs with AVX2, FMA and F16C;
+                            // the row holds whole blocks and the activation rows exist.
+                            Path::Avx2 => unsafe {
+                                super::avx2::dot_rows(format, bytes, x, r, rows, &mut acc)
+                            },
+                            _ => portable(unpacked, format.has_min(), x, r, rows, &mut acc),
+                        }
+                        for (i, a) in acc.iter().take(rows).enumerate() {
+                            // SAFETY: (r + i, j) is inside `out`, and column j belongs to this task only.
+                            unsafe { *out_ptr.0.add((r + i) * n + j) = *a };
+                        }
+                        r += rows;
+                    }
+                }
+            }
+        },
+    );
+    out
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: tasks write disjoint columns of the output through this pointer.
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}

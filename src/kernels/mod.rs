@@ -1,0 +1,279 @@
+//! Matrix products computed directly on GGUF's quantized blocks.
+//!
+//! Why it exists: a model file is its weights. Decoding is bound by reading them and prefill by
+//! multiplying them, so kvbench keeps every matrix in the file's own block format (Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), resident once, and multiplies from those blocks: no f32 or
+//! requantized copy of the model (issue 12).
+//!
+//! The layout, so that adding a format touches one place:
+//! - [`format`]: the formats and their block sizes; the one `match` that dispatches a row's unpacking;
+//! - [`legacy`] and [`kquants`]: one file per block family, each turning a row of blocks into the
+//!   common unpacked form ([`Unpacked`]);
+//! - [`acts`]: activations quantized per block to 8 bits, as ggml does (32-wide, or 256-wide for
+//!   k-quant matrices);
+//! - [`dot`]: the integer dot products of unpacked weights and quantized activations, AVX2 and portable;
+//! - [`driver`]: the multi-row driver: output columns split across threads, activation rows in tiles
+//!   that stay in cache, each weight row unpacked once per tile and multiplied with every row of it.
+
+pub mod acts;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+pub mod dot;
+pub mod driver;
+pub mod format;
+pub mod kquants;
+pub mod legacy;
+
+pub use format::BlockFormat;
+
+use std::sync::Arc;
+
+/// Elements per group: the unit of the integer dot product (one 256-bit register of bytes).
+pub const GROUP: usize = 32;
+/// Elements per scale lane: k-quants such as Q6_K scale every 16 weights.
+pub const HALF: usize = 16;
+
+/// One weight row in the kernels' common form: weight `i` is `q[i] · scale(i) + min[i / 16]`, where
+/// `scale(i)` is `scales[(i / 32) · 8 + 4 · ((i % 32) / 16)]` (each group stores its two half-scales as
+/// eight lanes, laid out as the AVX2 product's lanes: four for elements 0–15, four for 16–31).
+#[derive(Debug, Clone, Default)]
+pub struct Unpacked {
+    /// Quantized values: signed for symmetric formats, 0…63 for formats with a minimum.
+    pub q: Vec<i8>,
+    /// Eight f32 lanes per group of 32.
+    pub scales: Vec<f32>,
+    /// The additive minimum per 16 weights (formats with a minimum only; otherwise empty).
+    pub mins: Vec<f32>,
+}
+
+impl Unpacked {
+    pub fn with_len(k: usize, has_min: bool) -> Self {
+        Self {
+            q: vec![0; k],
+            scales: vec![0.0; k / GROUP * 8],
+            mins: if has_min {
+                vec![0.0; k / HALF]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// Sets group `g`'s two half-scales.
+    #[inline(always)]
+    pub fn set_scales(&mut self, g: usize, lo: f32, hi: f32) {
+        let s = &mut self.scales[g * 8..g * 8 + 8];
+        s[..4].fill(lo);
+        s[4..].fill(hi);
+    }
+
+    /// The weights as f32, exactly as ggml dequantizes them.
+    pub fn dequantize(&self, out: &mut [f32]) {
+        for (i, o) in out.iter_mut().enumerate() {
+            let s = self.scales[i / GROUP * 8 + 4 * ((i % GROUP) / HALF)];
+            let m = self.mins.get(i / HALF).copied().unwrap_or(0.0);
+            *o = self.q[i] as f32 * s + m;
+        }
+    }
+}
+
+/// A run of consecutive output rows stored in one block format.
+#[derive(Debug, Clone)]
+struct Part {
+    format: BlockFormat,
+    /// First output row of this part.
+    start: usize,
+    rows: usize,
+    /// The file's blocks, row-major: `rows × row_bytes`.
+    bytes: Vec<u8>,
+    row_bytes: usize,
+}
+
+/// A `[n, k]` weight matrix (`n` outputs, `k` inputs) held in the file's quantized blocks, possibly
+/// several formats stacked by rows (a Q4_K_M file mixes Q4_K and Q6_K projections of one input).
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    parts: Vec<Part>,
+    n: usize,
+    k: usize,
+}
+
+/// Why a tensor cannot be a [`QMatrix`].
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("block format {0} has no kvbench kernel")]
+    Unsupported(String),
+    #[error("a row of {k} weights is not a whole number of {format:?} blocks of {block}")]
+    RowLength {
+        k: usize,
+        format: BlockFormat,
+        block: usize,
+    },
+    #[error("{found} bytes for {rows} rows of {k} {format:?} weights, expected {expected}")]
+    Size {
+        found: usize,
+        expected: usize,
+        rows: usize,
+        k: usize,
+        format: BlockFormat,
+    },
+    #[error("stacked parts have {found} inputs, the first has {expected}")]
+    Inputs { found: usize, expected: usize },
+    #[error(
+        "k-quant and 32-wide block formats cannot share one matrix (their activations differ)"
+    )]
+    Families,
+}
+
+impl QMatrix {
+    /// A matrix from the file's blocks (`n` rows of `k` weights).
+    pub fn new(
+        format: BlockFormat,
+        bytes: Vec<u8>,
+        n: usize,
+        k: usize,
+    ) -> Result<Self, KernelError> {
+        let row_bytes = format.row_bytes(k)?;
+        let expected = row_bytes.saturating_mul(n);
+        if bytes.len() != expected {
+            return Err(KernelError::Size {
+                found: bytes.len(),
+                expected,
+                rows: n,
+                k,
+                format,
+            });
+        }
+        Ok(Self {
+            parts: vec![Part {
+                format,
+                start: 0,
+                rows: n,
+                bytes,
+                row_bytes,
+            }],
+            n,
+            k,
+        })
+    }
+
+    /// Stacks matrices of the same input width by rows, each keeping its own format.
+    pub fn stack(mats: Vec<QMatrix>) -> Result<Self, KernelError> {
+        let k = mats.first().map_or(0, |m| m.k);
+        let families: std::collections::HashSet<bool> = mats
+            .iter()
+            .flat_map(|m| m.parts.iter().map(|p| p.format.is_k_quant()))
+            .collect();
+        if families.len() > 1 {
+            return Err(KernelError::Families);
+        }
+        let mut parts = Vec::new();
+        let mut n = 0;
+        for m in mats {
+            if m.k != k {
+                return Err(KernelError::Inputs {
+                    found: m.k,
+                    expected: k,
+                });
+            }
+            for mut p in m.parts {
+                p.start = n;
+                n += p.rows;
+                parts.push(p);
+            }
+        }
+        Ok(Self { parts, n, k })
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Inputs per row.
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held: the file's blocks, nothing else.
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.bytes.len()).sum()
+    }
+
+    /// The formats of the parts, in row order.
+    pub fn formats(&self) -> Vec<BlockFormat> {
+        self.parts.iter().map(|p| p.format).collect()
+    }
+
+    /// The activation block: 256 for k-quant matrices (ggml's Q8_K), 32 for the others (Q8_0/Q8_1).
+    /// [`stack`](Self::stack) keeps the two families apart.
+    pub fn act_block(&self) -> usize {
+        if self.parts[0].format.is_k_quant() {
+            256
+        } else {
+            GROUP
+        }
+    }
+
+    /// Whether `other` may be stacked under this matrix (same inputs, same family of formats).
+    pub fn stacks_with(&self, other: &QMatrix) -> bool {
+        self.k == other.k && self.act_block() == other.act_block()
+    }
+
+    fn has_min(&self) -> bool {
+        self.parts.iter().any(|p| p.format.has_min())
+    }
+
+    /// Row `j`'s blocks and format.
+    #[inline]
+    pub fn row(&self, j: usize) -> (BlockFormat, &[u8]) {
+        let p = self
+            .parts
+            .iter()
+            .find(|p| j < p.start + p.rows)
+            .expect("row index inside the matrix");
+        let r = j - p.start;
+        (p.format, &p.bytes[r * p.row_bytes..(r + 1) * p.row_bytes])
+    }
+
+    /// Unpacks row `j` into `out` (sized by [`Unpacked::with_len`] for this matrix).
+    pub fn unpack_row(&self, j: usize, out: &mut Unpacked) {
+        let (format, bytes) = self.row(j);
+        format.unpack_row(bytes, out);
+    }
+
+    /// Row `j` as f32, exactly as ggml dequantizes it (embedding lookups).
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        let mut u = Unpacked::with_len(self.k, true);
+        u.mins.fill(0.0);
+        self.unpack_row(j, &mut u);
+        u.dequantize(out);
+    }
+
+    /// The whole matrix as f32, row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.n * self.k];
+        for (j, row) in out.chunks_exact_mut(self.k).enumerate() {
+            self.dequantize_row(j, row);
+        }
+        out
+    }
+
+    /// `y = x Wᵀ`: `x` is `m × k` row-major; returns `m × n` row-major.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_with(x, m, dot::Path::best())
+    }
+
+    /// [`matmul`](Self::matmul) on a chosen code path (tests compare the paths).
+    pub fn matmul_with(&self, x: &[f32], m: usize, path: dot::Path) -> Vec<f32> {
+        assert_eq!(x.len(), m * self.k, "QMatrix::matmul: bad input length");
+        let acts = acts::Acts::quantize(x, m, self.k, self.act_block());
+        driver::run(self, &acts, path)
+    }
+}
+
+/// A matrix shared by two layers (tied embeddings and output head).
+pub type SharedQMatrix = Arc<QMatrix>;
+
+#[cfg(test)]
+mod tests;

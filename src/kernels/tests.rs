@@ -1,0 +1,178 @@
+//! Every format's kernel against candle's dequantization, the AVX2 path against the portable one, and
+//! a row's result against its batch.
+
+use super::dot::{has_avx2, Path};
+use super::*;
+use candle_core::quantized::{QStorage, QTensor};
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+
+/// `len` values uniform in [-1, 1) from `seed`.
+pub(crate) fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// An `n × k` matrix quantized to `format` by candle, as the file's bytes.
+fn quantized(format: BlockFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    let w = Tensor::from_vec(random(n * k, seed), (n, k), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&w, format.to_ggml()).unwrap();
+    q.data().unwrap().into_owned()
+}
+
+/// candle's dequantization of the same bytes.
+fn candle_dequantized(format: BlockFormat, bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
+    let storage = QStorage::from_data(
+        std::borrow::Cow::Borrowed(bytes),
+        &Device::Cpu,
+        format.to_ggml(),
+    )
+    .unwrap();
+    QTensor::new(storage, (n, k))
+        .unwrap()
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// Checks `y = x Wᵀ` against the f32 product of the dequantized weights: only activations are rounded,
+/// each by at most half its block's scale.
+pub(crate) fn assert_within_activation_rounding(
+    w: &[f32],
+    x: &[f32],
+    y: &[f32],
+    n: usize,
+    k: usize,
+    block: usize,
+) {
+    let m = x.len() / k;
+    for r in 0..m {
+        let xr = &x[r * k..(r + 1) * k];
+        for j in 0..n {
+            let wj = &w[j * k..(j + 1) * k];
+            let exact: f64 = (0..k).map(|i| xr[i] as f64 * wj[i] as f64).sum();
+            let bound: f64 = (0..k)
+                .map(|i| {
+                    let b = i / block * block;
+                    let dx = xr[b..b + block].iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                    (wj[i].abs() * dx / 2.0) as f64
+                })
+                .sum();
+            let got = y[r * n + j] as f64;
+            assert!(
+                (got - exact).abs() <= bound * 1.001 + 1e-4 * exact.abs().max(1.0),
+                "row {r}, column {j}: {got} vs {exact} (bound {bound})"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_format_dequantizes_exactly_as_candle_does() {
+    for format in BlockFormat::ALL {
+        let (n, k) = (3, 512);
+        let bytes = quantized(format, n, k, 1);
+        let ours = QMatrix::new(format, bytes.clone(), n, k)
+            .unwrap()
+            .dequantize();
+        assert_eq!(ours, candle_dequantized(format, &bytes, n, k), "{format:?}");
+    }
+}
+
+#[test]
+fn every_format_multiplies_within_the_activation_rounding() {
+    for format in BlockFormat::ALL {
+        let (n, k) = (37, 512);
+        let q = QMatrix::new(format, quantized(format, n, k, 2), n, k).unwrap();
+        let w = q.dequantize();
+        for m in [1, 3, 4, 9, 70] {
+            let x = random(m * k, 3 + m as u64);
+            for path in [Path::Portable, Path::best()] {
+                let y = q.matmul_with(&x, m, path);
+                assert_within_activation_rounding(&w, &x, &y, n, k, q.act_block());
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_and_portable_paths_agree() {
+    if !has_avx2() {
+        eprintln!("no AVX2 on this CPU: only the portable path runs");
+        return;
+    }
+    for format in BlockFormat::ALL {
+        let (n, k) = (19, 768);
+        let q = QMatrix::new(format, quantized(format, n, k, 4), n, k).unwrap();
+        let x = random(6 * k, 5);
+        let a = q.matmul_with(&x, 6, Path::Portable);
+        let b = q.matmul_with(&x, 6, Path::Avx2);
+        for (p, s) in a.iter().zip(&b) {
+            assert!(
+                (p - s).abs() <= 1e-4 * p.abs().max(1.0),
+                "{format:?}: {p} vs {s}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_row_is_independent_of_its_batch() {
+    for format in BlockFormat::ALL {
+        let (n, k) = (33, 256);
+        let q = QMatrix::new(format, quantized(format, n, k, 6), n, k).unwrap();
+        let x = random(70 * k, 7);
+        let all = q.matmul(&x, 70);
+        for r in [0, 2, 65] {
+            let one = q.matmul(&x[r * k..(r + 1) * k], 1);
+            assert_eq!(&all[r * n..(r + 1) * n], &one[..], "{format:?} row {r}");
+        }
+    }
+}
+
+#[test]
+fn stacked_formats_equal_their_parts() {
+    let k = 512;
+    let parts = [
+        (BlockFormat::Q4K, 10),
+        (BlockFormat::Q6K, 7),
+        (BlockFormat::Q5K, 5),
+    ];
+    let mats: Vec<QMatrix> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, &(f, n))| QMatrix::new(f, quantized(f, n, k, 10 + i as u64), n, k).unwrap())
+        .collect();
+    let stacked = QMatrix::stack(mats.clone()).unwrap();
+    assert_eq!(stacked.rows(), 22);
+    let x = random(3 * k, 11);
+    let y = stacked.matmul(&x, 3);
+    let mut col = 0;
+    for m in &mats {
+        let w = m.dequantize();
+        let mut part = vec![0f32; 3 * m.rows()];
+        for r in 0..3 {
+            part[r * m.rows()..(r + 1) * m.rows()]
+                .copy_from_slice(&y[r * 22 + col..r * 22 + col + m.rows()]);
+        }
+        assert_within_activation_rounding(&w, &x, &part, m.rows(), k, 256);
+        col += m.rows();
+    }
+}
+
+#[test]
+fn wrong_sizes_are_refused() {
+    assert!(QMatrix::new(BlockFormat::Q4_1, vec![0; 20], 1, 64).is_err());
+    assert!(QMatrix::new(BlockFormat::Q4_1, vec![0; 20], 1, 30).is_err());
+    assert!(QMatrix::new(BlockFormat::Q4K, vec![0; 144], 1, 128).is_err());
+    let a = QMatrix::new(BlockFormat::Q8_0, vec![0; 34], 1, 32).unwrap();
+    let b = QMatrix::new(BlockFormat::Q8_0, vec![0; 68], 1, 64).unwrap();
+    assert!(QMatrix::stack(vec![a, b]).is_err());
+    let legacy = QMatrix::new(BlockFormat::Q8_0, vec![0; 34 * 8], 1, 256).unwrap();
+    let kquant = QMatrix::new(BlockFormat::Q4K, vec![0; 144], 1, 256).unwrap();
+    assert!(!legacy.stacks_with(&kquant));
+    assert!(QMatrix::stack(vec![legacy, kquant]).is_err());
+}

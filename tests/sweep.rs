@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 const CONFIG: &str = r#"
 name = "resume-test"
+model = "smollm2-135m"
 dataset = "builtin"
 limit = 3
 max_new_tokens = 24

@@ -2,9 +2,8 @@
 //!
 //! Output columns are split into tasks run in parallel. Within a task, activation rows go in tiles of
 //! [`TILE`] (a tile of 1,536-wide rows is 96 KiB of bytes: it stays in cache while the task's weight
-//! rows stream past), and every block of a weight row is decoded once per four activation rows (in
-//! registers by the AVX2 kernels; the portable path unpacks the row once per tile). Decoding (a few
-//! rows) is one tile: each weight row is read once per call.
+//! rows stream past); each weight row is decoded once per tile (into L1) and multiplied with eight
+//! activation rows at a time. Decoding (a few rows) is one tile: each weight row is read once per call.
 
 use super::acts::Acts;
 use super::dot::{portable, Path};
@@ -27,29 +26,41 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
         path
     };
     (0..n.div_ceil(COLS)).into_par_iter().for_each_init(
-        || Unpacked::with_len(k, has_min),
-        |unpacked, task| {
+        || Scratch {
+            unpacked: Unpacked::with_len(k, has_min),
+            #[cfg(target_arch = "x86_64")]
+            prepared: Default::default(),
+        },
+        |scratch, task| {
             let out_ptr = &out_ptr;
             let cols = task * COLS..((task + 1) * COLS).min(n);
             for t0 in (0..m).step_by(TILE) {
                 let t1 = (t0 + TILE).min(m);
                 for j in cols.clone() {
                     let (format, bytes) = w.row(j);
-                    if path == Path::Portable {
-                        format.unpack_row(bytes, unpacked);
+                    match path {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: `Path::Avx2` is only taken on CPUs with AVX2, FMA and F16C (checked
+                        // above); the row holds whole blocks of `k` weights.
+                        Path::Avx2 => unsafe {
+                            super::avx2::prepare(format, bytes, k, &mut scratch.prepared)
+                        },
+                        _ => format.unpack_row(bytes, &mut scratch.unpacked),
                     }
                     let mut r = t0;
                     while r < t1 {
-                        let rows = (t1 - r).min(4);
-                        let mut acc = [0f32; 4];
+                        let rows = (t1 - r).min(ROWS);
+                        let mut acc = [0f32; ROWS];
                         match path {
                             #[cfg(target_arch = "x86_64")]
-                            // SAFETY: `Path::Avx2` is only chosen on CPUs with AVX2, FMA and F16C;
-                            // the row holds whole blocks and the activation rows exist.
+                            // SAFETY: as above; the row was prepared for `k` weights and the
+                            // activation rows `r .. r + rows` exist.
                             Path::Avx2 => unsafe {
-                                super::avx2::dot_rows(format, bytes, x, r, rows, &mut acc)
+                                super::avx2::dot_rows(&scratch.prepared, x, r, rows, &mut acc)
                             },
-                            _ => portable(unpacked, format.has_min(), x, r, rows, &mut acc),
+                            _ => {
+                                portable(&scratch.unpacked, format.has_min(), x, r, rows, &mut acc)
+                            }
                         }
                         for (i, a) in acc.iter().take(rows).enumerate() {
                             // SAFETY: (r + i, j) is inside `out`, and column j belongs to this task only.
@@ -62,6 +73,16 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
         },
     );
     out
+}
+
+/// Activation rows one kernel call multiplies with a decoded weight row.
+const ROWS: usize = 8;
+
+/// A task's decoded weight row.
+struct Scratch {
+    unpacked: Unpacked,
+    #[cfg(target_arch = "x86_64")]
+    prepared: super::avx2::Prepared,
 }
 
 struct SendPtr(*mut f32);

@@ -83,6 +83,48 @@ fn bad_flags_exit_with_code_2_and_say_which() {
 
     let out = kvbench(&["run", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
+
+    // Threads are bounded (four per logical core) and at least one, checked before anything starts.
+    for threads in ["0", "100000", "-3", "many"] {
+        let flag = format!("--threads={threads}");
+        let out = kvbench(&["run", &flag]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--threads {threads}: {err}");
+        assert!(
+            err.contains("--threads") && err.contains("four per logical core"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn prompt_and_new_tokens_beyond_the_context_are_refused_before_running() {
+    common::model(kvbench::model::weights::WeightFormat::Native); // make sure the model is cached
+    let dir = std::env::temp_dir().join(format!("kvbench-context-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // SmolLM2's context is 8,192 tokens.
+    let out = kvbench(&[
+        "run",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "8180",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("max_new_tokens 8180") && err.contains("context of 8192"),
+        "{err}"
+    );
+    assert!(
+        kvbench::results::dir::read_samples(&dir)
+            .map(|s| s.records.is_empty())
+            .unwrap_or(true),
+        "no sample was run"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

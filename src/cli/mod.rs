@@ -72,8 +72,8 @@ pub struct ModelArgs {
     /// A tokenizer.json to use instead of the one in the model.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Compute threads (default: all logical cores).
-    #[arg(long)]
+    /// Compute threads, 1 to four per logical core (default: all logical cores).
+    #[arg(long, value_parser = kvbench::parse_threads)]
     pub threads: Option<usize>,
 }
 
@@ -134,8 +134,8 @@ pub struct RuntimeArgs {
     /// A tokenizer.json to use instead of the one in the model.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Compute threads (default: all logical cores).
-    #[arg(long)]
+    /// Compute threads, 1 to four per logical core (default: all logical cores).
+    #[arg(long, value_parser = kvbench::parse_threads)]
     pub threads: Option<usize>,
 }
 

@@ -245,6 +245,7 @@ fn run_units(
     let load_start = std::time::Instant::now();
     let model = load_model(o, flags.runtime)?;
     let load_secs = load_start.elapsed().as_secs_f64();
+    kvbench::sweep::execute::check_context(&model, &p.plan)?;
     let template_hash = o.prompt().template_hash(model.template);
     dir.record_provenance(&serde_json::json!({
         "started_unix": std::time::SystemTime::now()

@@ -96,14 +96,7 @@ pub unsafe fn prepare(format: BlockFormat, w: &[u8], k: usize, out: &mut Prepare
                 let h = std::slice::from_raw_parts(p, 16);
                 let s = &h[4..16];
                 for j in 0..8 {
-                    let (sc, m) = if j < 4 {
-                        (s[j] & 63, s[j + 4] & 63)
-                    } else {
-                        (
-                            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
-                            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-                        )
-                    };
+                    let (sc, m) = super::kquants::scale_min(j, s);
                     out.sv[8 * b + j] = [sc as i16; 16];
                     out.corr[b][2 * j] = m as i16;
                     out.corr[b][2 * j + 1] = m as i16;
@@ -220,7 +213,7 @@ pub unsafe fn dot_rows(p: &Prepared, x: &Acts, r0: usize, rows: usize, acc: &mut
 
 /// The sum of a vector's eight lanes.
 #[inline(always)]
-unsafe fn hsum(s: __m256) -> f32 {
+pub(crate) unsafe fn hsum(s: __m256) -> f32 {
     let v = _mm_add_ps(_mm256_extractf128_ps(s, 1), _mm256_castps256_ps128(s));
     let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
     _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)))
@@ -228,7 +221,7 @@ unsafe fn hsum(s: __m256) -> f32 {
 
 /// 32 weights from 16 bytes of nibbles at `p`: low nibbles are weights 0–15, high nibbles 16–31.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles(p: *const u8) -> __m256i {
     let raw = _mm_loadu_si128(p as *const __m128i);
     let low = _mm_set1_epi8(0x0F);
     let lo = _mm_and_si128(raw, low);
@@ -238,7 +231,7 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 
 /// 0x10 in byte `i` where bit `i` of the 32 bits at `p` is set (Q5_0/Q5_1's fifth bits).
 #[inline(always)]
-unsafe fn fifth_bits(p: *const u8) -> __m256i {
+pub(crate) unsafe fn fifth_bits(p: *const u8) -> __m256i {
     let bits = u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
     // byte i takes the source byte i / 8, then tests its bit i % 8
     let spread = _mm256_shuffle_epi8(
@@ -313,11 +306,11 @@ unsafe fn kquant<const R: usize>(p: &Prepared, x: &Acts, r0: usize, acc: &mut [f
         for g in 0..8 {
             let w = _mm256_loadu_si256(q.add(256 * b + 32 * g) as *const __m256i);
             let sv = _mm256_loadu_si256(p.sv.get_unchecked(8 * b + g).as_ptr() as *const __m256i);
-            for i in 0..R {
+            for (i, sum) in isum.iter_mut().enumerate() {
                 let xv = _mm256_loadu_si256(xq.add(i * k + 256 * b + 32 * g) as *const __m256i);
                 // |pair| ≤ 2·63·127; times |scale| ≤ 128, over 8 groups: well inside i32.
                 let pairs = _mm256_maddubs_epi16(w, xv);
-                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(pairs, sv));
+                *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, sv));
             }
         }
         let cv = _mm256_loadu_si256(p.corr.get_unchecked(b).as_ptr() as *const __m256i);

@@ -38,6 +38,23 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                 let t1 = (t0 + TILE).min(m);
                 for j in cols.clone() {
                     let (format, bytes) = w.row(j);
+                    #[cfg(target_arch = "x86_64")]
+                    if path == Path::Avx2 && m < TILED_MIN_ROWS {
+                        let mut r = t0;
+                        while r < t1 {
+                            let rows = (t1 - r).min(4);
+                            let mut acc = [0f32; 4];
+                            // SAFETY: AVX2, FMA and F16C were checked above; the row holds whole
+                            // blocks of `k` weights and the activation rows `r .. r + rows` exist.
+                            unsafe { super::fused::dot_rows(format, bytes, x, r, rows, &mut acc) };
+                            for (i, a) in acc.iter().take(rows).enumerate() {
+                                // SAFETY: (r + i, j) is inside `out`; column j is this task's only.
+                                unsafe { *out_ptr.0.add((r + i) * n + j) = *a };
+                            }
+                            r += rows;
+                        }
+                        continue;
+                    }
                     match path {
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: `Path::Avx2` is only taken on CPUs with AVX2, FMA and F16C (checked
@@ -74,6 +91,12 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
     );
     out
 }
+
+/// Calls with fewer activation rows use the kernels that decode blocks in registers (decoding); from
+/// here on a weight row is decoded once per tile. Measured on Qwen2.5-Coder-1.5B (README, speed): the
+/// register kernels decode at batch 1 in 11.5 tokens/s where the tiled ones manage 7.4, and the tiled
+/// ones prefill 512 tokens in 29.9 tokens/s where the register ones manage 25.6.
+const TILED_MIN_ROWS: usize = 16;
 
 /// Activation rows one kernel call multiplies with a decoded weight row.
 const ROWS: usize = 8;

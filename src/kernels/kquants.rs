@@ -9,7 +9,7 @@ use super::Unpacked;
 /// Scale and minimum (6 bits each) of sub-block `j` of Q4_K/Q5_K's packed 12 bytes
 /// (ggml's `get_scale_min_k4`).
 #[inline(always)]
-fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

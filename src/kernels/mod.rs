@@ -11,9 +11,11 @@
 //!   common unpacked form ([`Unpacked`]);
 //! - [`acts`]: activations quantized per block to 8 bits, as ggml does (32-wide, or 256-wide for
 //!   k-quant matrices);
-//! - [`dot`]: the integer dot products of unpacked weights and quantized activations, AVX2 and portable;
+//! - [`fused`] (a few rows: blocks decoded in registers) and [`avx2`] (many rows: each weight row decoded
+//!   once per tile): the AVX2 kernels, with the same arithmetic;
+//! - [`dot`]: the choice of path and the portable kernel they are tested against;
 //! - [`driver`]: the multi-row driver: output columns split across threads, activation rows in tiles
-//!   that stay in cache, each weight row unpacked once per tile and multiplied with every row of it.
+//!   that stay in cache.
 
 pub mod acts;
 #[cfg(target_arch = "x86_64")]
@@ -21,6 +23,8 @@ pub mod avx2;
 pub mod dot;
 pub mod driver;
 pub mod format;
+#[cfg(target_arch = "x86_64")]
+pub mod fused;
 pub mod kquants;
 pub mod legacy;
 

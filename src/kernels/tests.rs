@@ -107,18 +107,23 @@ fn simd_and_portable_paths_agree() {
     for format in BlockFormat::ALL {
         let (n, k) = (19, 768);
         let q = QMatrix::new(format, quantized(format, n, k, 4), n, k).unwrap();
-        let x = random(6 * k, 5);
-        let a = q.matmul_with(&x, 6, Path::Portable);
-        let b = q.matmul_with(&x, 6, Path::Avx2);
-        for (p, s) in a.iter().zip(&b) {
-            assert!(
-                (p - s).abs() <= 1e-4 * p.abs().max(1.0),
-                "{format:?}: {p} vs {s}"
-            );
+        // 6 rows take the kernels that decode in registers, 40 the tiled ones.
+        for m in [6, 40] {
+            let x = random(m * k, 5);
+            let a = q.matmul_with(&x, m, Path::Portable);
+            let b = q.matmul_with(&x, m, Path::Avx2);
+            for (p, s) in a.iter().zip(&b) {
+                assert!(
+                    (p - s).abs() <= 1e-4 * p.abs().max(1.0),
+                    "{format:?}, {m} rows: {p} vs {s}"
+                );
+            }
         }
     }
 }
 
+/// A row computed alone (registers kernels), in a small batch, and in a large one (tiled kernels) gives
+/// the same bits.
 #[test]
 fn a_row_is_independent_of_its_batch() {
     for format in BlockFormat::ALL {
@@ -126,6 +131,8 @@ fn a_row_is_independent_of_its_batch() {
         let q = QMatrix::new(format, quantized(format, n, k, 6), n, k).unwrap();
         let x = random(70 * k, 7);
         let all = q.matmul(&x, 70);
+        let few = q.matmul(&x[..5 * k], 5);
+        assert_eq!(&all[..5 * n], &few[..], "{format:?}: 5 rows against 70");
         for r in [0, 2, 65] {
             let one = q.matmul(&x[r * k..(r + 1) * k], 1);
             assert_eq!(&all[r * n..(r + 1) * n], &one[..], "{format:?} row {r}");

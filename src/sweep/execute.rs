@@ -42,6 +42,42 @@ pub struct Failure {
     pub error: String,
 }
 
+/// Bytes of problem text allowed per token of the model's context: no tokenizer makes fewer than one
+/// token of 64 bytes, so a longer text cannot fit and is refused before it is tokenized (a 200 MB
+/// problem would otherwise take gigabytes inside the tokenizer).
+const MAX_BYTES_PER_TOKEN: usize = 64;
+
+/// Checks, before anything runs, that every problem's prompt plus `max_new_tokens` fits the model's
+/// context; the error names the problem and both numbers.
+pub fn check_context(model: &Model, plan: &Plan) -> Result<()> {
+    let context = model.transformer.config.max_position_embeddings;
+    let max_new = plan.decoding.max_new_tokens;
+    if max_new >= context {
+        return Err(crate::Error::Input(format!(
+            "max_new_tokens {max_new} does not fit the model's context of {context} tokens (with any prompt)"
+        )));
+    }
+    for p in &plan.problems {
+        let text = plan.decoding.prompt.render(model.template, &p.problem);
+        if text.len() > context.saturating_mul(MAX_BYTES_PER_TOKEN) {
+            return Err(crate::Error::Input(format!(
+                "problem '{}' is {} bytes long: more than the model's context of {context} tokens can hold",
+                p.id,
+                text.len()
+            )));
+        }
+        let prompt = model.tokenizer.encode(&text)?.len();
+        if prompt + max_new > context {
+            return Err(crate::Error::Input(format!(
+                "problem '{}': a prompt of {prompt} tokens plus max_new_tokens {max_new} is {} tokens, more than the model's context of {context}",
+                p.id,
+                prompt + max_new
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Runs `units` (all from `plan`, in plan order) on `model`. `on_token` is called for every generated
 /// token, `on_done` for every finished unit; an error from `on_done` (the results file cannot be
 /// written) stops execution.

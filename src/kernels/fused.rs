@@ -1,0 +1,317 @@
+//! AVX2 kernels for a few activation rows (decoding): each weight block is decoded in registers and
+//! multiplied with up to four rows while it sits there, with no pass through memory, as ggml's
+//! `vec_dot` kernels do. For more rows the driver decodes a row once per tile instead
+//! ([`crate::kernels::avx2`]), which pays from about 16 rows on (measured: see the README's speed section).
+//!
+//! The arithmetic is the tiled kernels' exactly (the same integer sums, the same float operations in the
+//! same order), so a row's output does not depend on which kernel its batch size chose: a sequence
+//! decodes to the same bits alone or in any batch.
+
+use super::acts::Acts;
+use super::avx2::{fifth_bits, hsum, nibbles};
+use super::format::f16_at;
+use super::kquants::scale_min;
+use super::BlockFormat;
+use std::arch::x86_64::*;
+
+/// Products of one weight row (`w`, the file's blocks in `format`) with activation rows
+/// `r0 .. r0 + rows` (1–4) into `acc[..rows]`, each block decoded in registers.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `w` must hold whole blocks for `x.k` weights and `x` the
+/// rows asked for, quantized in the format's activation block (32, or 256 for k-quants).
+pub unsafe fn dot_rows(
+    format: BlockFormat,
+    w: &[u8],
+    x: &Acts,
+    r0: usize,
+    rows: usize,
+    acc: &mut [f32; 4],
+) {
+    match format {
+        BlockFormat::Q4_0 => legacy_rows::<Q4_0>(w, x, r0, rows, acc),
+        BlockFormat::Q4_1 => legacy_rows::<Q4_1>(w, x, r0, rows, acc),
+        BlockFormat::Q5_0 => legacy_rows::<Q5_0>(w, x, r0, rows, acc),
+        BlockFormat::Q5_1 => legacy_rows::<Q5_1>(w, x, r0, rows, acc),
+        BlockFormat::Q8_0 => legacy_rows::<Q8_0>(w, x, r0, rows, acc),
+        BlockFormat::Q4K => kquant_rows::<Q4K>(w, x, r0, rows, acc),
+        BlockFormat::Q5K => kquant_rows::<Q5K>(w, x, r0, rows, acc),
+        BlockFormat::Q6K => kquant_rows::<Q6K>(w, x, r0, rows, acc),
+    }
+}
+
+/// How a 32-weight block is decoded.
+trait Legacy {
+    const BYTES: usize;
+    /// Signed weights (Q8_0) go through the sign trick; the others are 0…31 with an additive term.
+    const SIGNED: bool;
+    /// The block's 32 weights, its scale `d`, and the term `m` added to every weight.
+    unsafe fn load(p: *const u8) -> (__m256i, f32, f32);
+}
+
+struct Q4_0;
+struct Q4_1;
+struct Q5_0;
+struct Q5_1;
+struct Q8_0;
+
+impl Legacy for Q4_0 {
+    const BYTES: usize = 18;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(std::slice::from_raw_parts(p, 2), 0);
+        (nibbles(p.add(2)), d, -8.0 * d)
+    }
+}
+
+impl Legacy for Q4_1 {
+    const BYTES: usize = 20;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
+        let h = std::slice::from_raw_parts(p, 4);
+        (nibbles(p.add(4)), f16_at(h, 0), f16_at(h, 2))
+    }
+}
+
+impl Legacy for Q5_0 {
+    const BYTES: usize = 22;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(std::slice::from_raw_parts(p, 2), 0);
+        let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2)));
+        (q, d, -16.0 * d)
+    }
+}
+
+impl Legacy for Q5_1 {
+    const BYTES: usize = 24;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
+        let h = std::slice::from_raw_parts(p, 4);
+        let q = _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4)));
+        (q, f16_at(h, 0), f16_at(h, 2))
+    }
+}
+
+impl Legacy for Q8_0 {
+    const BYTES: usize = 34;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(std::slice::from_raw_parts(p, 2), 0);
+        (_mm256_loadu_si256(p.add(2) as *const __m256i), d, 0.0)
+    }
+}
+
+#[inline(always)]
+unsafe fn legacy_rows<F: Legacy>(w: &[u8], x: &Acts, r0: usize, rows: usize, acc: &mut [f32; 4]) {
+    match rows {
+        1 => legacy::<F, 1>(w, x, r0, acc),
+        2 => legacy::<F, 2>(w, x, r0, acc),
+        3 => legacy::<F, 3>(w, x, r0, acc),
+        _ => legacy::<F, 4>(w, x, r0, acc),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy<F: Legacy, const R: usize>(w: &[u8], x: &Acts, r0: usize, acc: &mut [f32; 4]) {
+    debug_assert_eq!(x.block, 32);
+    let kb = x.k / 32;
+    let ones = _mm256_set1_epi16(1);
+    let mut xq = [std::ptr::null::<i8>(); R];
+    let mut xd = [std::ptr::null::<f32>(); R];
+    let mut xs = [std::ptr::null::<f32>(); R];
+    for i in 0..R {
+        xq[i] = x.row(r0 + i).as_ptr();
+        xd[i] = x.scales(r0 + i).as_ptr();
+        xs[i] = x.row_scaled(r0 + i).as_ptr();
+    }
+    let mut total = [_mm256_setzero_ps(); R];
+    let mut extra = [0f32; R];
+    let wp = w.as_ptr();
+    for b in 0..kb {
+        let (q, d, m) = F::load(wp.add(b * F::BYTES));
+        let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
+        let dv = _mm256_set1_ps(d);
+        for i in 0..R {
+            let xv = _mm256_loadu_si256(xq[i].add(b * 32) as *const __m256i);
+            // |pair| ≤ 2·128·127 (signed) or 2·31·127: no saturation.
+            let pairs = if F::SIGNED {
+                _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q))
+            } else {
+                _mm256_maddubs_epi16(q, xv)
+            };
+            let sum = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)), dv);
+            total[i] = _mm256_fmadd_ps(sum, _mm256_broadcast_ss(&*xd[i].add(b)), total[i]);
+            if !F::SIGNED {
+                extra[i] = m.mul_add(*xs[i].add(b), extra[i]);
+            }
+        }
+    }
+    for i in 0..R {
+        acc[i] = hsum(total[i]) + extra[i];
+    }
+}
+
+/// How a 256-weight k-quant super-block is decoded.
+trait KQuant {
+    const BYTES: usize;
+    /// The super-block's `d` and `dmin`; `scales[h]`, the integer scale of weights `16h … 16h + 15`;
+    /// `corr[h]`, what multiplies their activation sum (subtracted, times `dmin`).
+    unsafe fn header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32);
+    /// Group `g`'s 32 weights, unsigned.
+    unsafe fn group(p: *const u8, g: usize) -> __m256i;
+}
+
+struct Q4K;
+struct Q5K;
+struct Q6K;
+
+/// Q4_K/Q5_K's header: 6-bit scales and minima of eight 32-weight sub-blocks (ggml's
+/// `get_scale_min_k4`), each spread over its two halves.
+#[inline(always)]
+unsafe fn k45_header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32) {
+    let h = std::slice::from_raw_parts(p, 16);
+    let s = &h[4..16];
+    for j in 0..8 {
+        let (sc, m) = scale_min(j, s);
+        scales[2 * j] = sc as i16;
+        scales[2 * j + 1] = sc as i16;
+        corr[2 * j] = m as i16;
+        corr[2 * j + 1] = m as i16;
+    }
+    (f16_at(h, 0), f16_at(h, 2))
+}
+
+/// Group `g` of Q4_K/Q5_K's nibbles at `qs`: chunk `g / 2`, low nibbles for even `g`, high for odd.
+#[inline(always)]
+unsafe fn k45_nibbles(qs: *const u8, g: usize) -> __m256i {
+    let raw = _mm256_loadu_si256(qs.add(32 * (g / 2)) as *const __m256i);
+    let raw = if g.is_multiple_of(2) {
+        raw
+    } else {
+        _mm256_srli_epi16(raw, 4)
+    };
+    _mm256_and_si256(raw, _mm256_set1_epi8(0x0F))
+}
+
+impl KQuant for Q4K {
+    const BYTES: usize = 144;
+    #[inline(always)]
+    unsafe fn header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32) {
+        k45_header(p, scales, corr)
+    }
+    #[inline(always)]
+    unsafe fn group(p: *const u8, g: usize) -> __m256i {
+        k45_nibbles(p.add(16), g)
+    }
+}
+
+impl KQuant for Q5K {
+    const BYTES: usize = 176;
+    #[inline(always)]
+    unsafe fn header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32) {
+        k45_header(p, scales, corr)
+    }
+    #[inline(always)]
+    unsafe fn group(p: *const u8, g: usize) -> __m256i {
+        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+        let bit = _mm256_and_si256(
+            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g as i32)),
+            _mm256_set1_epi8(1),
+        );
+        _mm256_or_si256(k45_nibbles(p.add(48), g), _mm256_slli_epi16(bit, 4))
+    }
+}
+
+impl KQuant for Q6K {
+    const BYTES: usize = 210;
+    #[inline(always)]
+    unsafe fn header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32) {
+        let b = std::slice::from_raw_parts(p, 210);
+        for h in 0..16 {
+            let sc = b[192 + h] as i8 as i16;
+            scales[h] = sc;
+            corr[h] = 32 * sc; // the weights are q − 32
+        }
+        let d = f16_at(b, 208);
+        (d, d)
+    }
+    #[inline(always)]
+    unsafe fn group(p: *const u8, g: usize) -> __m256i {
+        let (half, t) = (g / 4, g % 4);
+        let ql = _mm256_loadu_si256(p.add(64 * half + 32 * (t % 2)) as *const __m256i);
+        let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
+        let low = _mm256_set1_epi8(0x0F);
+        let lo = if t < 2 {
+            _mm256_and_si256(ql, low)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16(ql, 4), low)
+        };
+        let hi = _mm256_and_si256(
+            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t as i32)),
+            _mm256_set1_epi8(3),
+        );
+        _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4))
+    }
+}
+
+#[inline(always)]
+unsafe fn kquant_rows<F: KQuant>(w: &[u8], x: &Acts, r0: usize, rows: usize, acc: &mut [f32; 4]) {
+    match rows {
+        1 => kquant::<F, 1>(w, x, r0, acc),
+        2 => kquant::<F, 2>(w, x, r0, acc),
+        3 => kquant::<F, 3>(w, x, r0, acc),
+        _ => kquant::<F, 4>(w, x, r0, acc),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kquant<F: KQuant, const R: usize>(w: &[u8], x: &Acts, r0: usize, acc: &mut [f32; 4]) {
+    debug_assert_eq!(x.block, 256);
+    let kb = x.k / 256;
+    let mut xq = [std::ptr::null::<i8>(); R];
+    let mut xd = [std::ptr::null::<f32>(); R];
+    let mut xs = [std::ptr::null::<i16>(); R];
+    for i in 0..R {
+        xq[i] = x.row(r0 + i).as_ptr();
+        xd[i] = x.scales(r0 + i).as_ptr();
+        xs[i] = x.row_sums(r0 + i).as_ptr();
+    }
+    let mut total = [_mm256_setzero_ps(); R];
+    let (mut scales, mut corr) = ([0i16; 16], [0i16; 16]);
+    let wp = w.as_ptr();
+    for b in 0..kb {
+        let p = wp.add(b * F::BYTES);
+        let (d, dmin) = F::header(p, &mut scales, &mut corr);
+        let mut isum = [_mm256_setzero_si256(); R];
+        for g in 0..8 {
+            let q = F::group(p, g);
+            let sv = _mm256_set_m128i(
+                _mm_set1_epi16(scales[2 * g + 1]),
+                _mm_set1_epi16(scales[2 * g]),
+            );
+            for i in 0..R {
+                let xv = _mm256_loadu_si256(xq[i].add(b * 256 + g * 32) as *const __m256i);
+                // |pair| ≤ 2·63·127; times |scale| ≤ 128, over 8 groups: well inside i32.
+                let pairs = _mm256_maddubs_epi16(q, xv);
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(pairs, sv));
+            }
+        }
+        let cv = _mm256_loadu_si256(corr.as_ptr() as *const __m256i);
+        let (dv, dminv) = (_mm256_set1_ps(d), _mm256_set1_ps(dmin));
+        for i in 0..R {
+            let sums = _mm256_loadu_si256(xs[i].add(16 * b) as *const __m256i);
+            let c = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, cv));
+            let v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isum[i]), dv, _mm256_mul_ps(c, dminv));
+            total[i] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*xd[i].add(b)), total[i]);
+        }
+    }
+    for i in 0..R {
+        acc[i] = hsum(total[i]);
+    }
+}

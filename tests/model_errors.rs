@@ -84,6 +84,18 @@ fn bad_flags_exit_with_code_2_and_say_which() {
     let out = kvbench(&["run", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
 
+    for limit in ["-5", "0", "nan", "inf"] {
+        let flag = format!("--mem-limit={limit}");
+        let out = kvbench(&["perf", &flag]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("--mem-limit"), "{err}");
+    }
+    let out = kvbench(&["run", "--limit", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "--limit 0: {err}");
+    assert!(err.contains("--limit 0"), "{err}");
+
     // Threads are bounded (four per logical core) and at least one, checked before anything starts.
     for threads in ["0", "100000", "-3", "many"] {
         let flag = format!("--threads={threads}");

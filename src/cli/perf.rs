@@ -154,6 +154,14 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
+    if let Some(limit) = args.mem_limit {
+        if !(limit.is_finite() && limit > 0.0) {
+            return Err(UsageError(format!(
+                "--mem-limit {limit}: expected a positive number of MiB"
+            ))
+            .into());
+        }
+    }
     if let Some(path) = &args.export_json {
         super::check_output_dir("--export-json", path)?;
     }

@@ -183,6 +183,22 @@ pub fn select(
     shuffle_seed: Option<u64>,
     limit: Option<usize>,
 ) -> Result<Vec<Problem>> {
+    // Two problems under one id would merge as samples of one problem (cons@n voting across different
+    // gold answers): refused, as is asking for one id twice.
+    let mut seen = std::collections::HashSet::new();
+    if let Some(p) = problems.iter().find(|p| !seen.insert(p.id.as_str())) {
+        return Err(Error::Input(format!(
+            "two problems share the id '{}': ids must be unique",
+            p.id
+        )));
+    }
+    let mut asked = std::collections::HashSet::new();
+    if let Some(id) = ids.iter().find(|id| !asked.insert(id.as_str())) {
+        return Err(Error::Input(format!("--ids: '{id}' is named twice")));
+    }
+    if limit == Some(0) {
+        return Err(Error::Input("--limit 0 selects no problem".into()));
+    }
     let mut chosen = if ids.is_empty() {
         problems
     } else {
@@ -211,6 +227,32 @@ pub fn select(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn problem(id: &str) -> Problem {
+        Problem {
+            id: id.into(),
+            problem: format!("problem {id}"),
+            answer: "1".into(),
+        }
+    }
+
+    #[test]
+    fn duplicate_ids_and_an_empty_limit_are_refused() {
+        let set = || vec![problem("a"), problem("b")];
+        let err = select(vec![problem("a"), problem("a")], &[], None, None).unwrap_err();
+        assert!(err.to_string().contains("'a'"), "{err}");
+        let err = select(set(), &["b".into(), "b".into()], None, None).unwrap_err();
+        assert!(
+            err.to_string().contains("--ids") && err.to_string().contains("'b'"),
+            "{err}"
+        );
+        let err = select(set(), &[], None, Some(0)).unwrap_err();
+        assert!(err.to_string().contains("--limit"), "{err}");
+        assert_eq!(
+            select(set(), &["b".into()], None, Some(1)).unwrap()[0].id,
+            "b"
+        );
+    }
 
     #[test]
     fn manifests_parse() {

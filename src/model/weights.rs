@@ -241,7 +241,12 @@ impl Embedding {
                 WeightFormat::Native | WeightFormat::F32 => false,
             };
         if !own {
-            return Ok(Embedding::Dense(raw.to_dense(device)?));
+            // A float table keeps its stored type (rows are widened on lookup) unless f32 is asked for.
+            let table = match (format, raw.to_float(device)?) {
+                (WeightFormat::F32, _) | (_, None) => raw.to_dense(device)?,
+                (_, Some(t)) => t,
+            };
+            return Ok(Embedding::Dense(table));
         }
         match Weight::new(raw, format, device)? {
             Weight::Own(m) => Ok(Embedding::Own(m)),
@@ -271,7 +276,7 @@ impl Embedding {
             }
             Embedding::Dense(t) => {
                 let ids = Tensor::from_slice(ids, ids.len(), device)?;
-                t.index_select(&ids, 0)
+                t.index_select(&ids, 0)?.to_dtype(DType::F32)
             }
         }
     }

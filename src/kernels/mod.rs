@@ -30,8 +30,6 @@ pub mod legacy;
 
 pub use format::BlockFormat;
 
-use std::sync::Arc;
-
 /// Elements per group: the unit of the integer dot product (one 256-bit register of bytes).
 pub const GROUP: usize = 32;
 /// Elements per scale lane: k-quants such as Q6_K scale every 16 weights.
@@ -275,9 +273,6 @@ impl QMatrix {
         driver::run(self, &acts, path)
     }
 }
-
-/// A matrix shared by two layers (tied embeddings and output head).
-pub type SharedQMatrix = Arc<QMatrix>;
 
 #[cfg(test)]
 mod tests;

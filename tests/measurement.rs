@@ -36,7 +36,7 @@ fn a_budget_covering_the_sequence_has_kl_zero_and_full_agreement() {
         let f = teacher_forced(
             &m.transformer,
             &prompt,
-            s.build(&ctx),
+            s.build(&ctx).unwrap(),
             SamplingParams::greedy(),
             40,
             &m.tokenizer.eos_ids,
@@ -63,7 +63,7 @@ fn first_divergence_is_where_free_running_greedy_outputs_part() {
     let f = teacher_forced(
         &m.transformer,
         &prompt,
-        s.build(&ctx),
+        s.build(&ctx).unwrap(),
         SamplingParams::greedy(),
         steps,
         &[],
@@ -89,7 +89,7 @@ fn first_divergence_is_where_free_running_greedy_outputs_part() {
             .tokens
     };
     let full = run(Box::new(kvbench::policy::Full));
-    let other = run(s.build(&ctx));
+    let other = run(s.build(&ctx).unwrap());
     assert_eq!(
         full[..d],
         other[..d],
@@ -157,7 +157,7 @@ fn policy_side_state_is_counted_apart_from_the_cache() {
             prompt: prompt.clone(),
             sampling: SamplingParams::greedy(),
             max_new_tokens: 20,
-            policy: s.build(&ctx),
+            policy: s.build(&ctx).unwrap(),
             trace: false,
         };
         generate_batch(&m.transformer, vec![r], &[], &mut |_, _| {})

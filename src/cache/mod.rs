@@ -23,6 +23,10 @@ pub struct LayerCache {
     peak_len: usize,
     /// Number of gathers (compression events) so far.
     compressions: usize,
+    /// Entries at the start of the current forward step, and the most held during it (after this
+    /// step's append, before the policy compresses).
+    step_start_len: usize,
+    step_max_len: usize,
 }
 
 /// Keys and values of one layer as host f32 slices: borrowed from the buffers on the CPU, copied
@@ -61,6 +65,8 @@ impl LayerCache {
             positions: vec![Vec::new(); kv_heads],
             peak_len: 0,
             compressions: 0,
+            step_start_len: 0,
+            step_max_len: 0,
         })
     }
 
@@ -148,9 +154,19 @@ impl LayerCache {
         &self.positions[h]
     }
 
+    /// Bytes of keys and values of one entry (all heads).
+    fn entry_bytes(&self) -> usize {
+        self.kv_heads * self.head_dim * 2 * self.k.dtype().size_in_bytes()
+    }
+
     /// Exact bytes of keys and values held (not the allocated capacity).
     pub fn bytes(&self) -> usize {
-        self.len * self.kv_heads * self.head_dim * 2 * self.k.dtype().size_in_bytes()
+        self.len * self.entry_bytes()
+    }
+
+    /// Bytes of the key and value buffers allocated (they double when full and never shrink).
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity() * self.entry_bytes()
     }
 
     /// Appends `t` new entries: `k`, `v` are `[kv_heads, t, head_dim]`; `first_pos` is the logical
@@ -169,6 +185,7 @@ impl LayerCache {
         }
         self.len += t;
         self.peak_len = self.peak_len.max(self.len);
+        self.step_max_len = self.step_max_len.max(self.len);
         Ok(())
     }
 
@@ -246,6 +263,9 @@ pub struct KvCache {
     /// Sum over finished steps of the tokens seen: what a full cache would have held.
     seen_steps: u64,
     seen: usize,
+    /// The most bytes held at any moment so far (inside steps too), and the most allocated.
+    peak_bytes: usize,
+    peak_capacity_bytes: usize,
 }
 
 impl KvCache {
@@ -265,6 +285,8 @@ impl KvCache {
             steps: 0,
             seen_steps: 0,
             seen: 0,
+            peak_bytes: 0,
+            peak_capacity_bytes: 0,
         })
     }
 
@@ -291,9 +313,42 @@ impl KvCache {
         for (acc, layer) in self.entry_steps.iter_mut().zip(&self.layers) {
             *acc += layer.len() as u64;
         }
+        // Layers run in order, each appending then compressing: while layer l holds its most, the
+        // layers before it are already compressed and the ones after it have not appended yet.
+        let before: Vec<usize> = self
+            .layers
+            .iter()
+            .map(|c| c.step_start_len * c.entry_bytes())
+            .collect();
+        let after: Vec<usize> = self.layers.iter().map(LayerCache::bytes).collect();
+        let (mut done, mut pending) = (0usize, before.iter().sum::<usize>());
+        for (l, c) in self.layers.iter().enumerate() {
+            pending -= before[l];
+            let moment = done + c.step_max_len.max(c.len) * c.entry_bytes() + pending;
+            self.peak_bytes = self.peak_bytes.max(moment);
+            done += after[l];
+        }
+        self.peak_capacity_bytes = self
+            .peak_capacity_bytes
+            .max(self.layers.iter().map(LayerCache::capacity_bytes).sum());
+        for c in self.layers.iter_mut() {
+            c.step_start_len = c.len;
+            c.step_max_len = c.len;
+        }
         self.steps += 1;
         self.seen_steps += seen as u64;
         self.seen = seen;
+    }
+
+    /// The most key and value bytes held at any moment so far, inside steps too (the uncompressed
+    /// prompt before prefill compression, a compressing step's extra entries).
+    pub fn peak_bytes(&self) -> usize {
+        self.peak_bytes
+    }
+
+    /// The most bytes of key and value buffers allocated so far (capacity, not entries held).
+    pub fn peak_capacity_bytes(&self) -> usize {
+        self.peak_capacity_bytes
     }
 
     /// Retained-entry statistics so far.
@@ -337,11 +392,6 @@ impl CacheStats {
         self.mean_entries.iter().sum::<f64>() / self.mean_entries.len().max(1) as f64
     }
 
-    /// Time-averaged entries held over the full cache's, mean over layers: the achieved ratio.
-    pub fn achieved_ratio(&self) -> f64 {
-        self.mean_entries() / self.full_mean_entries.max(1e-9)
-    }
-
     /// Compression events of the layer that compressed most often.
     pub fn events(&self) -> usize {
         self.compressions.iter().copied().max().unwrap_or(0)
@@ -374,6 +424,32 @@ mod tests {
         assert_eq!(k[1][99][0], 199.0);
         // 100 entries × 2 heads × 4 dims × (k + v) × 4 bytes
         assert_eq!(c.bytes(), 100 * 2 * 4 * 2 * 4);
+    }
+
+    #[test]
+    fn the_peak_counts_the_moment_inside_a_step_and_capacity_is_apart() {
+        let dev = Device::Cpu;
+        let mut cache = KvCache::new(2, 2, 4, DType::F32, &dev).unwrap();
+        let entry = 2 * 4 * 2 * 4;
+        let k = Tensor::zeros((2, 10, 4), DType::F32, &dev).unwrap();
+        // A prefill of 10 compressed to 4 per layer, layer by layer as the engine runs them.
+        for l in 0..2 {
+            let c = cache.layer_mut(l);
+            c.append(&k, &k, 0).unwrap();
+            c.gather(&[vec![0, 1, 2, 9], vec![0, 1, 2, 9]]).unwrap();
+        }
+        cache.end_step(10);
+        assert_eq!(cache.bytes(), 8 * entry, "held at the end of the step");
+        // While layer 1 held its 10, layer 0 held its 4.
+        assert_eq!(cache.peak_bytes(), 14 * entry);
+        assert_eq!(cache.peak_capacity_bytes(), 2 * 64 * entry);
+        // A decode step that appends one and keeps it does not raise the peak.
+        let one = Tensor::zeros((2, 1, 4), DType::F32, &dev).unwrap();
+        for l in 0..2 {
+            cache.layer_mut(l).append(&one, &one, 10).unwrap();
+        }
+        cache.end_step(11);
+        assert_eq!(cache.peak_bytes(), 14 * entry);
     }
 
     #[test]

@@ -37,7 +37,19 @@ pub struct FidelityArgs {
 }
 
 pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
-    let spec = PolicySpec::from_args(&args.policy, args.budget, &args.policy_args)?;
+    let spec = PolicySpec::from_args_with_rule(
+        &args.policy,
+        args.budget,
+        args.options.budget_rule(),
+        &args.policy_args,
+    )?;
+    if spec.needs_full_mean() {
+        return Err(super::UsageError(format!(
+            "--budget {}: a ratio budget is resolved from the full run's mean generation length, which `fidelity` does not run; use `kvbench run --policy {} --budget {} --fidelity` (it runs full first), an absolute budget, or --budget-rule seen",
+            args.budget, args.policy, args.budget
+        ))
+        .into());
+    }
     let p = plan(SweepConfig {
         name: format!("fidelity-{}-{}", spec.name(), args.budget),
         options: args.options.clone(),
@@ -67,7 +79,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
         let f = teacher_forced(
             &model.transformer,
             &prompt,
-            spec.build(&ctx),
+            spec.build(&ctx)?,
             SamplingParams {
                 temperature: d.temperature,
                 top_p: d.top_p,

@@ -95,6 +95,7 @@ pub fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), UsageE
 pub fn policy_specs(
     names: &[String],
     budget: f64,
+    rule: kvbench::policy::BudgetRule,
     args: &[String],
 ) -> anyhow::Result<Vec<kvbench::policy::PolicySpec>> {
     use kvbench::policy::PolicySpec;
@@ -115,7 +116,7 @@ pub fn policy_specs(
                 a.clone()
             })
             .collect();
-        specs.push(PolicySpec::from_args(name, b, &mine)?);
+        specs.push(PolicySpec::from_args_with_rule(name, b, rule, &mine)?);
     }
     if let Some(i) = used.iter().position(|u| !u) {
         return Err(UsageError(format!(
@@ -230,8 +231,8 @@ pub fn run() -> anyhow::Result<ExitCode> {
         }
         Command::Policies => {
             for (name, about) in kvbench::policy::POLICIES {
-                // Defaults as resolved at a fractional budget (every policy accepts one).
-                let spec = kvbench::policy::PolicySpec::new(name, 0.1, Default::default())?;
+                // Defaults as resolved at an absolute budget (every policy accepts one).
+                let spec = kvbench::policy::PolicySpec::new(name, 256.0, Default::default())?;
                 let params: Vec<String> = spec
                     .resolved()
                     .iter()

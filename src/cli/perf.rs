@@ -45,6 +45,10 @@ pub struct PerfArgs {
         allow_negative_numbers = true
     )]
     pub budget: Vec<f64>,
+    /// How a budget at most 1 is read: `ratio` (resolved against --decode-tokens, the full run's
+    /// generation length here) or `seen` (see `kvbench run --help`).
+    #[arg(long, value_enum, default_value = "ratio")]
+    pub budget_rule: kvbench::policy::BudgetRule,
     /// Also write the table's rows as JSON (one object per row: measurement, median, min, max,
     /// every repeat) to this file.
     #[arg(long, value_name = "FILE")]
@@ -62,14 +66,16 @@ pub struct PerfArgs {
     pub mem_limit: Option<f64>,
 }
 
-/// What one decode measurement gave: per measured repeat, aggregate tokens/s, policy share, KV
-/// ratio; and per sequence the peak KV bytes (with policy state) and the time-averaged KV bytes.
+/// What one decode measurement gave: per measured repeat, aggregate tokens/s, the policy's share of
+/// decode time (its decode-time work over decode time), the KV ratio in bytes (time-averaged bytes
+/// held over a full cache's); and per sequence the peak KV bytes (with policy state) and the KV
+/// bytes a decode step reads for attention (sparse attention reads fewer than it holds).
 struct Decode {
     rates: Vec<f64>,
     policy_share: Vec<f64>,
     ratio: Vec<f64>,
     peak_per_seq: usize,
-    mean_kv_per_seq: f64,
+    read_per_step_per_seq: f64,
 }
 
 fn measure_decode(
@@ -85,18 +91,20 @@ fn measure_decode(
         policy_share: Vec::new(),
         ratio: Vec::new(),
         peak_per_seq: 0,
-        mean_kv_per_seq: 0.0,
+        read_per_step_per_seq: 0.0,
     };
     for i in 0..args.warmup + args.repeats {
         let requests = (0..b)
-            .map(|_| Request {
-                prompt: prompt.to_vec(),
-                sampling: SamplingParams::greedy(),
-                max_new_tokens: args.decode_tokens,
-                policy: spec.build(&ctx),
-                trace: false,
+            .map(|_| -> anyhow::Result<Request> {
+                Ok(Request {
+                    prompt: prompt.to_vec(),
+                    sampling: SamplingParams::greedy(),
+                    max_new_tokens: args.decode_tokens,
+                    policy: spec.build(&ctx)?,
+                    trace: false,
+                })
             })
-            .collect();
+            .collect::<anyhow::Result<Vec<_>>>()?;
         // No end tokens: every sequence decodes exactly --decode-tokens tokens.
         let gens = generate_batch(&model.transformer, requests, &[], &mut |_, _| {})?;
         let secs = gens
@@ -107,16 +115,27 @@ fn measure_decode(
         let decoded: usize = gens.iter().map(|g| g.tokens.len() - 1).sum();
         if i >= args.warmup {
             d.rates.push(decoded as f64 / secs);
-            let policy: f64 = gens.iter().map(|g| g.policy_time.as_secs_f64()).sum();
+            let policy: f64 = gens
+                .iter()
+                .map(|g| (g.policy_time.saturating_sub(g.policy_prefill_time)).as_secs_f64())
+                .sum();
             d.policy_share.push(100.0 * policy / (secs * b as f64));
-            d.ratio.push(gens[0].cache.achieved_ratio());
+            d.ratio.push(
+                gens.iter()
+                    .map(|g| g.kv_bytes_mean / g.kv_bytes_full_mean.max(1e-9))
+                    .sum::<f64>()
+                    / gens.len() as f64,
+            );
             d.peak_per_seq = gens
                 .iter()
                 .map(|g| g.kv_bytes_peak + g.policy_state_bytes_peak)
                 .max()
                 .unwrap_or(0);
-            d.mean_kv_per_seq =
-                gens.iter().map(|g| g.kv_bytes_mean).sum::<f64>() / gens.len() as f64;
+            d.read_per_step_per_seq = gens
+                .iter()
+                .map(|g| g.decode_bytes_read as f64 / (g.tokens.len().max(2) - 1) as f64)
+                .sum::<f64>()
+                / gens.len() as f64;
         }
     }
     Ok(d)
@@ -167,7 +186,8 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     }
     let mut specs = Vec::new();
     for &b in &args.budget {
-        for s in super::policy_specs(&args.policy, b, &args.policy_args)? {
+        for s in super::policy_specs(&args.policy, b, args.budget_rule, &args.policy_args)? {
+            let s = s.resolve(args.decode_tokens as f64)?;
             // `full` takes no budget: measure it once.
             if s.name() != "full" || !specs.iter().any(|x: &PolicySpec| x.name() == "full") {
                 specs.push(s);
@@ -242,10 +262,11 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         }
         for &b in &batches {
             let d = measure_decode(&model, spec, &decode_prompt, b, &args)?;
-            // Bytes a decode step reads: the weights once for the batch, each sequence's cache.
+            // Bytes a decode step reads: the weights once for the batch, and what each sequence's
+            // attention read (all its entries, or a sparse policy's choice), as counted by the engine.
             let rate = metrics::median(&d.rates).unwrap_or(0.0);
             let step_bytes =
-                model.transformer.weight_bytes_read(b) as f64 + b as f64 * d.mean_kv_per_seq;
+                model.transformer.weight_bytes_read(b) as f64 + b as f64 * d.read_per_step_per_seq;
             let achieved = step_bytes * rate / b as f64;
             let fits = match fit {
                 Some((f, per_seq)) if f == b => format!(
@@ -256,13 +277,14 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 _ => String::new(),
             };
             println!(
-                "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of time, KV ratio {:.3}; reads {:.1} GB/s{}{fits} | {} |",
+                "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of decode time, KV bytes ratio {:.3}, attention reads {:.0} KiB per step and sequence; reads {:.1} GB/s{}{fits} | {} |",
                 spec.name(),
                 spec.budget(),
                 args.decode_prompt_tokens,
                 args.decode_tokens,
                 metrics::median(&d.policy_share).unwrap_or(0.0),
                 metrics::median(&d.ratio).unwrap_or(1.0),
+                d.read_per_step_per_seq / 1024.0,
                 achieved / 1e9,
                 if bandwidth.is_nan() {
                     String::new()
@@ -282,6 +304,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                     "kv_ratio": metrics::median(&d.ratio),
                     "peak_kv_and_state_bytes_per_sequence": d.peak_per_seq,
                     "achieved_bytes_per_s": achieved,
+                    "kv_bytes_read_per_step_per_sequence": d.read_per_step_per_seq,
                     "fits_mem_limit": fit.is_some_and(|(f, _)| f == b),
                 }),
                 &d.rates,

@@ -24,8 +24,9 @@ pub struct RunArgs {
     /// interpretation of the paper's abstract). `kvbench policies` lists their parameters.
     #[arg(long, default_value = "full")]
     pub policy: String,
-    /// KV budget: at most 1 is a fraction of the tokens seen so far (rounded up), above 1 an absolute
-    /// number of entries per layer and KV head; each policy may exceed it by its declared buffer.
+    /// KV budget: above 1 a fixed number of entries per layer and KV head; at most 1 a ratio r, the
+    /// fixed budget ⌈r × mean generation length of the full run on the same problems⌉ (run first), as
+    /// the papers define it (see --budget-rule). Each policy may exceed it by its declared buffer.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub budget: f64,
     /// A policy parameter, `key=value` (repeatable), e.g. `--policy-arg window=16`.
@@ -54,7 +55,19 @@ pub struct RunArgs {
 /// The one-policy sweep `run` stands for: the policy at the budget, and `full` unless told not to.
 fn config(args: &RunArgs) -> anyhow::Result<SweepConfig> {
     // Validate the policy (and its arguments) before anything is loaded.
-    let spec = PolicySpec::from_args(&args.policy, args.budget, &args.policy_args)?;
+    let spec = PolicySpec::from_args_with_rule(
+        &args.policy,
+        args.budget,
+        args.options.budget_rule(),
+        &args.policy_args,
+    )?;
+    if args.no_baseline && spec.needs_full_mean() {
+        return Err(super::UsageError(format!(
+            "--budget {} is a ratio of the full run's mean generation length, and --no-baseline drops the full run: drop --no-baseline, give an absolute budget (entries, above 1), or --budget-rule seen",
+            args.budget
+        ))
+        .into());
+    }
     let mut policies = vec![PolicyEntry::from_flags(
         &args.policy,
         args.budget,
@@ -85,7 +98,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let out = p.cfg.options.out.clone().unwrap_or_else(|| {
         PathBuf::from("results").join(format!("{}-{}", p.cfg.name, &p.hash[..8]))
     });
-    let spec = p.plan.specs[0].clone();
+    // The policy's index (the plan puts `full` first).
+    let mine_index = p
+        .plan
+        .specs
+        .iter()
+        .position(|s| s.name() == args.policy)
+        .unwrap_or(0);
+    let spec = p.plan.specs[mine_index].clone();
     eprintln!(
         "kvbench run: {} on {} problems × {} samples ({}), prompt {:?}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {:?}",
         p.cfg.options.model(),
@@ -106,9 +126,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         &ExecFlags {
             out: out.clone(),
             shard: None,
+            phase: super::study::Phase::All,
             lenient: args.lenient,
             runtime: &args.runtime,
-            trace_file: args.trace.clone().map(|t| (t, 0)),
+            trace_file: args.trace.clone().map(|t| (t, mine_index)),
             show_output: args.show_output,
         },
     )?;
@@ -117,7 +138,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         done.records.iter().map(|r| (r.unit.as_str(), r)).collect();
     let mine: Vec<&SampleRecord> = p
         .plan
-        .units_of(0)
+        .units_of(mine_index)
         .filter_map(|u| by_unit.get(u.id.as_str()).copied())
         .collect();
     print_samples(&mine);
@@ -241,27 +262,42 @@ fn print_kv(records: &[&SampleRecord], spec: &PolicySpec) {
         println!("budget rule: none (full cache)");
     } else {
         println!("budget rule: {}", spec.budget().rule());
+        let resolved = records
+            .iter()
+            .find_map(|r| r.budget_entries.zip(r.full_mean_tokens));
+        if let Some((b, full_mean)) = resolved {
+            println!("resolved: B = {b} entries per layer and KV head (the full run's mean generation length: {full_mean:.1} tokens)");
+        }
     }
-    let (entries, full) = (mean(&|x| x.entries_mean), mean(&|x| x.entries_full_mean));
     println!(
-        "retained entries per layer and head: time-averaged {:.1} vs {:.1} for a full cache (achieved ratio {:.3}); peak {} (largest layer), {:.1} compression events per sequence",
-        entries,
-        full,
-        entries / full.max(1e-9),
+        "retained entries per layer and head: time-averaged {:.1} vs {:.1} for a full cache; peak {} (largest layer), {:.1} compression events per sequence",
+        mean(&|x| x.entries_mean),
+        mean(&|x| x.entries_full_mean),
         m.iter().map(|x| x.entries_peak).max().unwrap_or(0),
         mean(&|x| x.events as f64),
     );
     let mib = |b: f64| b / (1 << 20) as f64;
-    let decode: f64 = m.iter().map(|x| x.decode_secs).sum();
+    let kv_mean = mean(&|x| x.kv_bytes_mean);
+    let kv_full_mean = mean(&|x| x.kv_bytes_full_mean);
     println!(
-        "KV per sequence: peak {:.2} MiB vs {:.2} MiB full, time-averaged {:.2} MiB vs {:.2} MiB; policy side state peak {:.1} KiB; policy time {:.2} s ({:.1}% of decode)",
+        "KV per sequence: peak {:.2} MiB (the most held at any moment; {:.2} MiB allocated) vs {:.2} MiB full, time-averaged {:.2} MiB vs {:.2} MiB (KV ratio {:.3}, in bytes); policy side state peak {:.1} KiB",
         mib(mean(&|x| x.kv_bytes_peak as f64)),
+        mib(mean(&|x| x.kv_bytes_capacity_peak.unwrap_or(0) as f64)),
         mib(mean(&|x| x.kv_bytes_full_peak as f64)),
-        mib(mean(&|x| x.kv_bytes_mean)),
-        mib(mean(&|x| x.kv_bytes_full_mean)),
+        mib(kv_mean),
+        mib(kv_full_mean),
+        kv_mean / kv_full_mean.max(1e-9),
         mean(&|x| x.policy_state_bytes_peak as f64) / 1024.0,
-        m.iter().map(|x| x.policy_secs).sum::<f64>(),
-        100.0 * m.iter().map(|x| x.policy_secs).sum::<f64>() / decode.max(1e-9)
+    );
+    let sum = |f: &dyn Fn(&SampleMetrics) -> f64| m.iter().map(|x| f(x)).sum::<f64>();
+    let pre = sum(&|x| x.policy_prefill_secs.unwrap_or(0.0));
+    let dec = sum(&|x| x.policy_secs) - pre;
+    println!(
+        "policy time: {:.2} s at prefill ({:.1}% of prefill time), {:.2} s while decoding ({:.1}% of decode time)",
+        pre,
+        100.0 * pre / sum(&|x| x.prefill_secs).max(1e-9),
+        dec,
+        100.0 * dec / sum(&|x| x.decode_secs).max(1e-9)
     );
 }
 

@@ -24,9 +24,13 @@ pub struct ScalingArgs {
     /// Policies, comma separated [default: every policy].
     #[arg(long, value_delimiter = ',')]
     pub policy: Vec<String>,
-    /// KV budget of the compressing policies.
+    /// KV budget of the compressing policies: above 1 entries per layer and KV head; at most 1 a
+    /// ratio, resolved against the longest length (the one sequence's full generation length).
     #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub budget: f64,
+    /// How a budget at most 1 is read (see `kvbench run --help`).
+    #[arg(long, value_enum, default_value = "ratio")]
+    pub budget_rule: kvbench::policy::BudgetRule,
     /// A policy parameter, `key=value` (repeatable; applies to every policy that has the key).
     #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
     pub policy_args: Vec<String>,
@@ -89,8 +93,12 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     } else {
         args.policy.clone()
     };
-    let mut specs = super::policy_specs(&names, args.budget, &args.policy_args)?;
+    let mut specs = super::policy_specs(&names, args.budget, args.budget_rule, &args.policy_args)?;
     specs.sort_by_key(|s| s.name() == "full");
+    let longest_length = *lengths.last().unwrap_or(&1);
+    for s in specs.iter_mut() {
+        *s = s.resolve(longest_length as f64)?;
+    }
     std::fs::create_dir_all(&args.out).map_err(|e| kvbench::Error::io(&args.out, e))?;
     let model = args.model.load()?;
     let prompt = prompt_of(&model, args.prompt_tokens)?;
@@ -114,7 +122,7 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     for spec in &specs {
         bar.set_message(spec.name().to_string());
         let ctx = model.policy_context(spec, longest);
-        let mut state = model.transformer.new_state(spec.build(&ctx))?;
+        let mut state = model.transformer.new_state(spec.build(&ctx)?)?;
         let mut input = prompt.clone();
         let mut segment = (Instant::now(), 0usize);
         for generated in 1..=longest {

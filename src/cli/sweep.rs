@@ -29,6 +29,10 @@ pub struct SweepArgs {
     /// Run only shard i of n (1-based): the units whose id hashes to it, into the same directory.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
+    /// Run only the full-cache units (`full`) or only the others (`policies`): ratio budgets are
+    /// resolved from the full run, so on a cluster the full phase runs first.
+    #[arg(long, value_enum, default_value = "all")]
+    pub phase: super::study::Phase,
     /// Print a script that runs the sweep on a cluster instead of running it.
     #[arg(long, value_enum)]
     pub emit: Option<Emit>,
@@ -81,6 +85,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             out: &out_abs,
             shards: args.shards,
             concurrency: args.concurrency,
+            full_first: p.plan.needs_full_mean(),
         })
         .map_err(super::UsageError)?;
         print!("{script}");
@@ -92,6 +97,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         &ExecFlags {
             out: out.clone(),
             shard: args.shard,
+            phase: args.phase,
             lenient: args.lenient,
             runtime: &args.runtime,
             trace_file: None,

@@ -44,12 +44,21 @@ pub struct Generation {
     pub prefill_time: Duration,
     /// Wall time from the end of prefill to this sequence's last token (shared with the batch).
     pub decode_time: Duration,
-    /// Time spent inside the policy's hooks.
+    /// Time spent inside the policy's hooks, all of it and at prefill (the rest is decode's).
     pub policy_time: Duration,
+    #[serde(default)]
+    pub policy_prefill_time: Duration,
     pub cache: crate::cache::CacheStats,
-    /// KV bytes held at the end and at the peak.
+    /// KV bytes held at the end, and the most held at any moment (inside steps too).
     pub kv_bytes_final: usize,
     pub kv_bytes_peak: usize,
+    /// Bytes decode steps read for attention (every entry, or a sparse policy's choice and what it
+    /// read to choose).
+    #[serde(default)]
+    pub decode_bytes_read: u64,
+    /// The most bytes of KV buffers allocated (capacity: buffers double and never shrink).
+    #[serde(default)]
+    pub kv_bytes_capacity_peak: usize,
     /// KV bytes a full cache would hold at the end (the peak of the full cache).
     pub kv_bytes_full: usize,
     /// KV bytes held, averaged over forward steps (prefill included), and the same for a full cache.
@@ -84,9 +93,9 @@ pub fn generate_batch(
         finish: Option<FinishReason>,
         next: u32,
         prefill_time: Duration,
+        policy_prefill_time: Duration,
         decode_start: Instant,
         decode_time: Duration,
-        peak_bytes: usize,
         /// Sum of bytes held after each forward step, and the number of steps.
         bytes_steps: (f64, usize),
         step_secs: Vec<f32>,
@@ -107,7 +116,8 @@ pub fn generate_batch(
         let prefill_time = start.elapsed();
         let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
         let next = sampler.sample(&logits);
-        let peak_bytes = state.cache.bytes();
+        let held = state.cache.bytes();
+        let policy_prefill_time = state.policy_time;
         let mut a = Active {
             state,
             sampler,
@@ -116,10 +126,10 @@ pub fn generate_batch(
             finish: None,
             next,
             prefill_time,
+            policy_prefill_time,
             decode_start: Instant::now(),
             decode_time: Duration::ZERO,
-            peak_bytes,
-            bytes_steps: (peak_bytes as f64, 1),
+            bytes_steps: (held as f64, 1),
             step_secs: Vec::new(),
             side_peak: 0,
         };
@@ -186,7 +196,6 @@ pub fn generate_batch(
             seqs[i].step_secs.push(step);
             let s = &mut seqs[i];
             let bytes = s.state.cache.bytes();
-            s.peak_bytes = s.peak_bytes.max(bytes);
             s.bytes_steps.0 += bytes as f64;
             s.bytes_steps.1 += 1;
             s.side_peak = s.side_peak.max(s.state.side_state_bytes());
@@ -212,8 +221,11 @@ pub fn generate_batch(
                 prefill_time: s.prefill_time,
                 decode_time: s.decode_time,
                 policy_time: s.state.policy_time,
+                policy_prefill_time: s.policy_prefill_time,
+                decode_bytes_read: s.state.decode_bytes_read,
                 kv_bytes_final: s.state.cache.bytes(),
-                kv_bytes_peak: s.peak_bytes,
+                kv_bytes_peak: s.state.cache.peak_bytes(),
+                kv_bytes_capacity_peak: s.state.cache.peak_capacity_bytes(),
                 kv_bytes_full: stats.full_final_entries * full_bytes_per_token,
                 kv_bytes_mean: s.bytes_steps.0 / s.bytes_steps.1 as f64,
                 kv_bytes_full_mean: stats.full_mean_entries * full_bytes_per_token as f64,

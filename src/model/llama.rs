@@ -405,6 +405,9 @@ impl Transformer {
             Some(q) if st.caps.sparse_attention => st.select_attention(step, l, q)?,
             _ => None,
         };
+        if t == 1 && !step.is_prefill {
+            st.count_decode_read(l, subset.as_deref());
+        }
         let layer = st.cache.layer(l);
         let n = layer.len();
         // Decoding on the CPU reads the cache in place; everything else goes through candle ops.
@@ -554,6 +557,7 @@ impl Transformer {
                 } else {
                     None
                 };
+                st.count_decode_read(l, subset.as_deref());
                 let layer = st.cache.layer(l);
                 let n = layer.len();
                 let gc = hq / heads;

@@ -21,6 +21,9 @@ pub struct SeqState {
     pub prompt_len: usize,
     /// Time spent inside policy hooks.
     pub policy_time: std::time::Duration,
+    /// Bytes of keys and values (and of a sparse policy's selection data) decode steps read for
+    /// attention: every entry, or only the ones a sparse policy chose.
+    pub decode_bytes_read: u64,
     /// Compression events with the positions kept, when tracing is on.
     pub trace: Option<Vec<TraceEvent>>,
 }
@@ -87,12 +90,28 @@ impl SeqState {
             generated: 0,
             prompt_len: 0,
             policy_time: std::time::Duration::ZERO,
+            decode_bytes_read: 0,
             trace: None,
         })
     }
 }
 
 impl SeqState {
+    /// Counts what one decode step's attention over layer `l` reads: every entry's key and value,
+    /// or those of `subset` plus what the policy read to choose them.
+    pub(crate) fn count_decode_read(&mut self, l: usize, subset: Option<&[Vec<usize>]>) {
+        let layer = self.cache.layer(l);
+        let per_head_entry = layer.bytes() / (layer.len().max(1) * layer.kv_heads().max(1));
+        let bytes = match subset {
+            Some(sub) => {
+                sub.iter().map(Vec::len).sum::<usize>() * per_head_entry
+                    + self.policy.selection_bytes_read()
+            }
+            None => layer.bytes(),
+        };
+        self.decode_bytes_read += bytes as u64;
+    }
+
     /// Asks the policy which entries each head of layer `l` attends to this step (timed as policy
     /// work).
     pub(crate) fn select_attention(

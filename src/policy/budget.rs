@@ -1,53 +1,118 @@
-//! The one budget rule every policy follows and every result reports.
+//! The budget rules every policy follows and every result reports.
 //!
-//! `--budget` at most 1 is a fraction of the full cache: after a compression the policy keeps at most
-//! `ceil(fraction × tokens seen so far)` entries per layer and KV head. Above 1 it is an absolute
-//! number of entries per layer and KV head. Either way a policy never goes below its always-kept set
-//! (its observation window, its sink tokens): that floor is part of the policy's declared bound, and
-//! so is its buffer (the entries it may accumulate between compressions). The engine checks the bound
-//! after every step and fails loudly when a policy holds more.
+//! - A budget `B > 1` is a fixed number of entries per layer and KV head for the whole run, as R-KV
+//!   and LazyEviction define it (the size after a compression; a policy may exceed it by its declared
+//!   buffer between compressions).
+//! - A budget `r ≤ 1` under the default rule, `ratio`, is the references' "budget ratio": the fixed
+//!   budget `B = ⌈r × mean generation length of the full-cache run on the same problems⌉`, never below
+//!   the policy's own always-kept set. It is resolved from the `full` records of the same study before
+//!   the policy's units run ([`Budget::resolve`]), and every record stores `B` and the mean it came from.
+//! - Under the rule `seen` (kvbench 0.2's rule, kept by name) `r ≤ 1` is a growing fraction: after a
+//!   compression at most `⌈r × tokens seen so far⌉` entries. Its curves are not comparable with the
+//!   papers'.
+//!
+//! Either way a policy never goes below its always-kept set (its observation window, its sink
+//! tokens): that floor is part of the policy's declared bound, and so is its buffer. The engine checks
+//! the bound after every step and fails loudly when a policy holds more.
 
 use crate::error::{Error, Result};
 use std::fmt;
 
-/// A KV budget: a fraction of the tokens seen, or an absolute entry count per layer and head.
+/// The largest absolute budget: far beyond any context, small enough that bounds built on it (budget
+/// plus buffer, times layers and heads) cannot overflow.
+pub const MAX_ENTRIES: usize = 1 << 30;
+
+/// How a budget at most 1 is read.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetRule {
+    /// `B = ⌈r × the full run's mean generation length⌉`, fixed for the run (the papers' ratio).
+    #[default]
+    Ratio,
+    /// At most `⌈r × tokens seen⌉` after each compression: the cache grows with the trace.
+    Seen,
+}
+
+/// A KV budget as the user wrote it, or resolved.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Budget {
-    Fraction(f64),
+    /// Entries per layer and KV head, fixed for the run.
     Entries(usize),
+    /// A ratio of the full run's mean generation length, not yet resolved into entries.
+    Ratio(f64),
+    /// A fraction of the tokens seen so far (rule `seen`).
+    Seen(f64),
 }
 
 impl Budget {
-    /// Reads the `--budget` value.
-    pub fn from_value(value: f64) -> Result<Self> {
+    /// Reads a `--budget` value under `rule`.
+    pub fn from_value(value: f64, rule: BudgetRule) -> Result<Self> {
         if !value.is_finite() || value <= 0.0 {
             return Err(Error::Input(format!(
                 "budget must be a positive number (--budget, or `budgets` in a sweep config), got {value}"
             )));
         }
         if value <= 1.0 {
-            return Ok(Budget::Fraction(value));
+            return Ok(match rule {
+                BudgetRule::Ratio => Budget::Ratio(value),
+                BudgetRule::Seen => Budget::Seen(value),
+            });
         }
         if value.fract() != 0.0 {
             return Err(Error::Input(format!(
                 "--budget {value}: above 1 the budget is a whole number of entries per layer and KV head"
             )));
         }
+        if value > MAX_ENTRIES as f64 {
+            return Err(Error::Input(format!(
+                "--budget {value}: at most {MAX_ENTRIES} entries per layer and KV head"
+            )));
+        }
         Ok(Budget::Entries(value as usize))
     }
 
-    /// Entries a policy may keep after compressing a sequence that has seen `seen` tokens.
+    /// Entries a policy may keep after compressing a sequence that has seen `seen` tokens. An
+    /// unresolved ratio has no entry count: policies are built from resolved budgets only
+    /// ([`crate::policy::PolicySpec::build`] refuses), so it answers the cap.
     pub fn entries(&self, seen: usize) -> usize {
         match *self {
-            Budget::Fraction(f) => (f * seen as f64).ceil() as usize,
+            Budget::Seen(f) => ((f * seen as f64).ceil() as usize).min(MAX_ENTRIES),
             Budget::Entries(n) => n,
+            Budget::Ratio(_) => MAX_ENTRIES,
         }
+    }
+
+    /// The fixed budget a ratio stands for, given the full run's mean generation length and the
+    /// policy's floor (its always-kept entries). Other budgets are returned as they are.
+    pub fn resolve(&self, full_mean_tokens: f64, floor: usize) -> Budget {
+        match *self {
+            Budget::Ratio(r) => {
+                let b = (r * full_mean_tokens.max(0.0)).ceil() as usize;
+                Budget::Entries(b.clamp(floor.max(1), MAX_ENTRIES))
+            }
+            other => other,
+        }
+    }
+
+    /// Whether this budget waits for the full run's mean length.
+    pub fn is_ratio(&self) -> bool {
+        matches!(self, Budget::Ratio(_))
     }
 
     /// The `--budget` number as written.
     pub fn value(&self) -> f64 {
         match *self {
-            Budget::Fraction(f) => f,
+            Budget::Ratio(f) | Budget::Seen(f) => f,
             Budget::Entries(n) => n as f64,
         }
     }
@@ -55,8 +120,11 @@ impl Budget {
     /// The rule in words, for reports.
     pub fn rule(&self) -> String {
         match *self {
-            Budget::Fraction(f) => format!(
-                "fraction {f}: at most ceil({f} × tokens seen) entries per layer and KV head after a compression, plus the policy's buffer"
+            Budget::Seen(f) => format!(
+                "seen {f}: at most ceil({f} × tokens seen) entries per layer and KV head after a compression, plus the policy's buffer (not comparable with the papers' budgets)"
+            ),
+            Budget::Ratio(r) => format!(
+                "ratio {r}: B = ceil({r} × mean generation length of the full run on the same problems) entries per layer and KV head, fixed for the run"
             ),
             Budget::Entries(n) => format!(
                 "absolute: at most {n} entries per layer and KV head after a compression, plus the policy's buffer"
@@ -67,7 +135,10 @@ impl Budget {
 
 impl fmt::Display for Budget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.value())
+        match self {
+            Budget::Seen(v) => write!(f, "{v} budget_rule=seen"),
+            other => write!(f, "{}", other.value()),
+        }
     }
 }
 
@@ -76,17 +147,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fraction_rounds_up_and_absolute_is_fixed() {
-        let b = Budget::from_value(0.1).unwrap();
+    fn seen_rounds_up_and_absolute_is_fixed() {
+        let b = Budget::from_value(0.1, BudgetRule::Seen).unwrap();
         assert_eq!(b.entries(1000), 100);
         assert_eq!(b.entries(1001), 101);
         assert_eq!(b.entries(0), 0);
-        assert_eq!(Budget::from_value(1.0).unwrap().entries(37), 37);
-        let b = Budget::from_value(256.0).unwrap();
+        assert_eq!(
+            Budget::from_value(1.0, BudgetRule::Seen)
+                .unwrap()
+                .entries(37),
+            37
+        );
+        let b = Budget::from_value(256.0, BudgetRule::Ratio).unwrap();
         assert_eq!(b, Budget::Entries(256));
         assert_eq!(b.entries(10_000), 256);
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 2.5] {
-            assert!(Budget::from_value(bad).is_err(), "{bad}");
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 2.5, 2e19, 1e308] {
+            assert!(Budget::from_value(bad, BudgetRule::Ratio).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_ratio_resolves_from_the_full_mean_with_the_policy_floor() {
+        let r = Budget::from_value(0.1, BudgetRule::Ratio).unwrap();
+        assert!(r.is_ratio());
+        assert_eq!(r.resolve(365.2, 8), Budget::Entries(37));
+        assert_eq!(
+            r.resolve(40.0, 8),
+            Budget::Entries(8),
+            "never below the floor"
+        );
+        assert_eq!(r.resolve(0.0, 0), Budget::Entries(1));
+        // Absolute and seen budgets do not change.
+        assert_eq!(Budget::Entries(64).resolve(1e9, 8), Budget::Entries(64));
+        assert_eq!(Budget::Seen(0.5).resolve(10.0, 8), Budget::Seen(0.5));
     }
 }

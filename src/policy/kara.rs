@@ -33,10 +33,12 @@ pub struct Config {
 
 impl Config {
     pub fn parse(p: &mut Params, budget: Budget) -> Result<Self> {
-        let Budget::Fraction(rho) = budget else {
-            return Err(crate::Error::Input(format!(
-                "policy 'kara' takes a fractional --budget (its retention ratio ρ, at most 1), got {budget}"
-            )));
+        // Kara's own budget is its retention ratio ρ. An absolute budget B is read as
+        // ρ = B / (the full run's mean generation length), so it is resolved before Kara is built
+        // (`PolicySpec::resolve`); until then ρ is a placeholder that is never run.
+        let rho = match budget {
+            Budget::Ratio(r) | Budget::Seen(r) => r,
+            Budget::Entries(_) => 1.0,
         };
         let window = p.positive("window", 128)?;
         let gamma = p.get("gamma", 0.5f64)?;

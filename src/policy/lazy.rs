@@ -59,6 +59,11 @@ impl Config {
         })
     }
 
+    /// The fewest entries kept: the window.
+    pub fn floor(&self) -> usize {
+        self.window
+    }
+
     /// `Cap`, the entries kept after an eviction (window included).
     fn cap(&self, seen: usize) -> usize {
         self.budget.entries(seen).max(self.window)

@@ -26,7 +26,7 @@ mod streaming;
 mod tests;
 mod window;
 
-pub use budget::Budget;
+pub use budget::{Budget, BudgetRule};
 pub use h2o::H2o;
 pub use kara::Kara;
 pub use lazy::{LazyEviction, Tracker};
@@ -119,6 +119,12 @@ pub trait Policy: Send {
         _cache: &LayerCache,
     ) -> candle_core::Result<Option<Vec<Vec<usize>>>> {
         Ok(None)
+    }
+
+    /// Bytes the last [`Policy::select_attention`] read to choose (chunk summaries and the like),
+    /// besides the entries chosen: part of a sparse decode step's memory traffic.
+    fn selection_bytes_read(&self) -> usize {
+        0
     }
 
     /// The most entries layer `layer` may hold per head at the end of a step once `seen` tokens
@@ -236,42 +242,77 @@ enum Config {
     Kara(kara::Config),
 }
 
-/// A policy as the user named it: name, budget and parameters, checked at parse time.
+/// A policy as the user named it: name, budget and parameters, checked at parse time. A ratio budget
+/// (see [`budget`]) is resolved against the full run's mean generation length before the policy is
+/// built ([`PolicySpec::resolve`]).
 #[derive(Debug, Clone)]
 pub struct PolicySpec {
     name: String,
+    /// The budget as written (its value and rule identify the spec).
+    requested: Budget,
+    /// The budget the policy runs with: `requested`, or its resolution.
     budget: Budget,
+    /// The full run's mean generation length a resolution used.
+    full_mean_tokens: Option<f64>,
+    args: BTreeMap<String, String>,
     config: Config,
     /// Every parameter with its resolved value (defaults included).
     resolved: BTreeMap<String, String>,
 }
 
+fn parse_config(
+    name: &str,
+    budget: Budget,
+    args: BTreeMap<String, String>,
+) -> Result<(Config, BTreeMap<String, String>)> {
+    let mut p = Params::new(name, args);
+    let config = match name {
+        "full" => Config::Full,
+        "streaming" => Config::Streaming(streaming::Config::parse(&mut p, budget)?),
+        "h2o" => Config::H2o(h2o::Config::parse(&mut p, budget)?),
+        "snapkv" | "pyramidkv" | "rkv" => {
+            Config::Window(window::Config::parse(name, &mut p, budget)?)
+        }
+        "lazy" => Config::Lazy(lazy::Config::parse(&mut p, budget)?),
+        "rocket" => Config::Rocket(rocket::Config::parse(&mut p, budget)?),
+        "kara" => Config::Kara(kara::Config::parse(&mut p, budget)?),
+        other => {
+            return Err(Error::Input(format!(
+                "unknown policy '{other}' (--policy); available: {}",
+                policy_names().join(", ")
+            )))
+        }
+    };
+    Ok((config, p.finish()?))
+}
+
 impl PolicySpec {
-    /// Parses a policy from its name, `--budget` value and `key=value` parameters.
+    /// Parses a policy from its name, `--budget` value (under the default rule, `ratio`) and
+    /// `key=value` parameters.
     pub fn new(name: &str, budget: f64, args: BTreeMap<String, String>) -> Result<Self> {
-        let budget = Budget::from_value(budget)?;
-        let mut p = Params::new(name, args);
-        let config = match name {
-            "full" => Config::Full,
-            "streaming" => Config::Streaming(streaming::Config::parse(&mut p, budget)?),
-            "h2o" => Config::H2o(h2o::Config::parse(&mut p, budget)?),
-            "snapkv" | "pyramidkv" | "rkv" => {
-                Config::Window(window::Config::parse(name, &mut p, budget)?)
-            }
-            "lazy" => Config::Lazy(lazy::Config::parse(&mut p, budget)?),
-            "rocket" => Config::Rocket(rocket::Config::parse(&mut p, budget)?),
-            "kara" => Config::Kara(kara::Config::parse(&mut p, budget)?),
-            other => {
-                return Err(Error::Input(format!(
-                    "unknown policy '{other}' (--policy); available: {}",
-                    policy_names().join(", ")
-                )))
-            }
+        Self::with_rule(name, budget, BudgetRule::default(), args)
+    }
+
+    /// Parses a policy whose budget at most 1 is read under `rule`.
+    pub fn with_rule(
+        name: &str,
+        budget: f64,
+        rule: BudgetRule,
+        args: BTreeMap<String, String>,
+    ) -> Result<Self> {
+        let budget = if name == "full" {
+            // The baseline has no budget: whatever was written, it is the whole cache.
+            Budget::Seen(1.0)
+        } else {
+            Budget::from_value(budget, rule)?
         };
-        let resolved = p.finish()?;
+        let (config, resolved) = parse_config(name, budget, args.clone())?;
         Ok(Self {
             name: name.to_string(),
+            requested: budget,
             budget,
+            full_mean_tokens: None,
+            args,
             config,
             resolved,
         })
@@ -282,12 +323,91 @@ impl PolicySpec {
         Self::new(name, budget, Params::parse_pairs(args)?)
     }
 
+    /// Parses `--policy-arg key=value` strings, with a budget rule.
+    pub fn from_args_with_rule(
+        name: &str,
+        budget: f64,
+        rule: BudgetRule,
+        args: &[String],
+    ) -> Result<Self> {
+        Self::with_rule(name, budget, rule, Params::parse_pairs(args)?)
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The budget as written.
     pub fn budget(&self) -> Budget {
-        self.budget
+        self.requested
+    }
+
+    /// The fixed entries per layer and KV head the policy runs with, once known (absolute budgets,
+    /// resolved ratios; for Kara, whose native budget is a ratio, the absolute budget it was given).
+    pub fn budget_entries(&self) -> Option<usize> {
+        match (self.budget, self.requested) {
+            (Budget::Entries(n), _) | (_, Budget::Entries(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The full run's mean generation length the budget was resolved from.
+    pub fn full_mean_tokens(&self) -> Option<f64> {
+        self.full_mean_tokens
+    }
+
+    /// Whether the policy cannot be built before the full run's mean generation length is known: a
+    /// ratio budget (the references' definition), or for Kara (whose own budget is its retention
+    /// ratio ρ) an absolute one, read as `ρ = B / mean`.
+    pub fn needs_full_mean(&self) -> bool {
+        if self.full_mean_tokens.is_some() {
+            return false;
+        }
+        match self.config {
+            Config::Full => false,
+            Config::Kara(_) => matches!(self.requested, Budget::Entries(_)),
+            _ => self.requested.is_ratio(),
+        }
+    }
+
+    /// The fewest entries the policy keeps whatever its budget (its window, its sinks).
+    fn floor(&self) -> usize {
+        match &self.config {
+            Config::Full | Config::Kara(_) => 1,
+            Config::Streaming(c) => c.floor(),
+            Config::H2o(_) => 1,
+            Config::Window(c) => c.floor(),
+            Config::Lazy(c) => c.floor(),
+            Config::Rocket(c) => c.floor(),
+        }
+    }
+
+    /// This spec with its budget resolved from the full run's mean generation length (the same spec
+    /// when it needs none).
+    pub fn resolve(&self, full_mean_tokens: f64) -> Result<Self> {
+        if !self.needs_full_mean() {
+            return Ok(self.clone());
+        }
+        if !(full_mean_tokens.is_finite() && full_mean_tokens > 0.0) {
+            return Err(Error::Input(format!(
+                "{}: the full run's mean generation length is {full_mean_tokens}, so budget {} cannot be resolved",
+                self.name, self.requested
+            )));
+        }
+        let budget = match (&self.config, self.requested) {
+            (Config::Kara(_), Budget::Entries(n)) => {
+                Budget::Ratio((n as f64 / full_mean_tokens).min(1.0))
+            }
+            (_, b) => b.resolve(full_mean_tokens, self.floor()),
+        };
+        let (config, resolved) = parse_config(&self.name, budget, self.args.clone())?;
+        Ok(Self {
+            budget,
+            full_mean_tokens: Some(full_mean_tokens),
+            config,
+            resolved,
+            ..self.clone()
+        })
     }
 
     /// Every parameter and its value, defaults included.
@@ -295,16 +415,35 @@ impl PolicySpec {
         &self.resolved
     }
 
-    /// `name budget=B key=value …`, for logs and reports.
+    /// `name budget=B key=value …`, for logs, reports and unit ids (the budget as written).
     pub fn describe(&self) -> String {
         if matches!(self.config, Config::Full) {
             return "full (no compression; the budget does not apply)".into();
         }
-        let mut s = format!("{} budget={}", self.name, self.budget);
+        let mut s = format!("{} budget={}", self.name, self.requested);
         for (k, v) in &self.resolved {
             s.push_str(&format!(" {k}={v}"));
         }
         s
+    }
+
+    /// [`Self::describe`] plus the resolution, when there was one.
+    pub fn describe_resolved(&self) -> String {
+        match (self.full_mean_tokens, &self.budget) {
+            (Some(mean), Budget::Entries(b)) => {
+                format!(
+                    "{} (B = {b} from the full mean of {mean:.1} tokens)",
+                    self.describe()
+                )
+            }
+            (Some(mean), Budget::Ratio(rho)) => {
+                format!(
+                    "{} (ρ = {rho:.4} from the full mean of {mean:.1} tokens)",
+                    self.describe()
+                )
+            }
+            _ => self.describe(),
+        }
     }
 
     /// Kara needs the tokenizer's delimiter table; other policies do not.
@@ -312,9 +451,15 @@ impl PolicySpec {
         matches!(self.config, Config::Kara(_))
     }
 
-    /// A fresh policy value for one sequence.
-    pub fn build(&self, ctx: &BuildContext) -> Box<dyn Policy> {
-        match &self.config {
+    /// A fresh policy value for one sequence; refused while the budget waits for the full run.
+    pub fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Policy>> {
+        if self.needs_full_mean() {
+            return Err(Error::Input(format!(
+                "{}: budget {} is a ratio of the full run's mean generation length and was not resolved (run `full` on the same problems first, or give an absolute budget, or --budget-rule seen)",
+                self.name, self.requested
+            )));
+        }
+        Ok(match &self.config {
             Config::Full => Box::new(Full),
             Config::Streaming(c) => Box::new(StreamingLlm::new(c.clone())),
             Config::H2o(c) => Box::new(H2o::new(c.clone())),
@@ -322,7 +467,7 @@ impl PolicySpec {
             Config::Lazy(c) => Box::new(LazyEviction::new(c.clone(), ctx)),
             Config::Rocket(c) => Box::new(RocketKv::new(c.clone(), ctx)),
             Config::Kara(c) => Box::new(Kara::new(c.clone(), ctx)),
-        }
+        })
     }
 }
 

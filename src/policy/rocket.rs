@@ -37,6 +37,11 @@ impl Config {
             split: p.get("split", RocketSplit::Hf)?,
         })
     }
+
+    /// The fewest entries kept: the prompt's observation window.
+    pub fn floor(&self) -> usize {
+        self.window
+    }
 }
 
 /// RocketKV's budget split for one sequence (spec §3(f)).
@@ -107,6 +112,8 @@ pub struct RocketKv {
     split: Option<Split>,
     /// Per layer, per KV head: the chunk summaries of stage 2.
     summaries: Vec<Vec<ChunkSummary>>,
+    /// Bytes the last stage-2 selection read from the summaries.
+    last_read: usize,
 }
 
 impl RocketKv {
@@ -117,6 +124,7 @@ impl RocketKv {
             head_dim: ctx.head_dim,
             split: None,
             summaries: Vec::new(),
+            last_read: 0,
         }
     }
 
@@ -356,6 +364,8 @@ impl Policy for RocketKv {
         if summaries.len() != heads || summaries.iter().any(|s| s.covered > n) {
             *summaries = vec![ChunkSummary::new(split.chunk, d); heads];
         }
+        // Stage 2 reads, per head, one bound (max or min) of each kept dimension of every chunk.
+        self.last_read = heads * n.div_ceil(split.chunk) * split.dims * 4;
         let picked = cache.with_host(|kv| {
             summaries
                 .iter_mut()
@@ -368,6 +378,10 @@ impl Policy for RocketKv {
                 .collect()
         })?;
         Ok(Some(picked))
+    }
+
+    fn selection_bytes_read(&self) -> usize {
+        self.last_read
     }
 
     fn state_bytes(&self) -> usize {

@@ -32,6 +32,11 @@ impl Config {
         })
     }
 
+    /// The fewest entries kept: the sinks plus one recent entry.
+    pub fn floor(&self) -> usize {
+        self.sinks + 1
+    }
+
     /// Entries kept after a trim: the budget, never fewer than the sinks plus one recent entry.
     fn keep(&self, seen: usize) -> usize {
         self.budget.entries(seen).max(self.sinks + 1)

@@ -19,7 +19,10 @@ fn policy(name: &str, budget: f64, args: &[(&str, &str)]) -> Box<dyn Policy> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    PolicySpec::new(name, budget, args).unwrap().build(&ctx())
+    PolicySpec::new(name, budget, args)
+        .unwrap()
+        .build(&ctx())
+        .unwrap()
 }
 
 /// A one-head cache holding `keys` (`[n][3]`) at positions 0..n.

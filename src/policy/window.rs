@@ -117,23 +117,43 @@ impl Config {
         })
     }
 
+    /// The fewest entries kept: the observation window.
+    pub fn floor(&self) -> usize {
+        self.window
+    }
+
     /// The budget `B` (window included) for a sequence that has seen `seen` tokens.
     fn total(&self, seen: usize) -> usize {
         self.budget.entries(seen).max(self.window)
     }
 
+    /// Layer `l`'s budget (window included): `B`, or PyramidKV's schedule on `B`.
+    fn layer_budget(&self, l: usize, layers: usize, seen: usize) -> usize {
+        let total = self.total(seen);
+        match self.pyramid {
+            Some(beta) => pyramid_schedule(total, self.window, beta, l, layers),
+            None => total,
+        }
+    }
+
     /// Entries layer `l` of `layers` keeps when compressing `n` entries (window included), or `None`
     /// when it keeps them all.
     fn keep(&self, l: usize, layers: usize, n: usize, seen: usize) -> Option<usize> {
-        let total = self.total(seen);
-        if n < total {
+        let budget = self.layer_budget(l, layers, seen);
+        if n < budget || (self.pyramid.is_some() && n == budget) {
             return None;
         }
-        let Some(beta) = self.pyramid else {
-            return Some(total);
-        };
-        Some(pyramid_budget(total, self.window, beta, l, layers, n).min(n))
+        Some(budget)
     }
+}
+
+/// PyramidKV's layer budget as kvbench applies it, at every compression in both modes: the schedule
+/// of [`pyramid_budget`] on `B` alone (`n` unbounded), never on the current cache length. Deviation
+/// from KVCache-Factory, which clamps the schedule to the prompt length (and falls back to uniform
+/// below `2(B − w)` prompt entries) at its one prefill compression: applied to the growing cache at
+/// decode triggers, that clamp made every layer keep `B` and no pyramid was ever built.
+pub fn pyramid_schedule(b: usize, w: usize, beta: usize, l: usize, layers: usize) -> usize {
+    pyramid_budget(b, w, beta, l, layers, usize::MAX / 4)
 }
 
 /// PyramidKV's layer budget (KVCache-Factory, integer arithmetic): `b_min = (B−w)/β`,
@@ -254,20 +274,10 @@ impl Policy for WindowPolicy {
         cache.gather(&kept)
     }
 
-    fn entry_limit(&self, _layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
+    fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         let c = &self.config;
-        let per_layer = |seen: usize| {
-            let total = c.total(seen);
-            match c.pyramid {
-                // Every layer keeps at most what layer 0 keeps, and layer 0 at most its unclamped
-                // budget (clamping lowers the top and raises the bottom of the pyramid, so per-layer
-                // unclamped budgets are not bounds for the upper layers).
-                Some(beta) => {
-                    pyramid_budget(total, c.window, beta, 0, self.layers, usize::MAX / 4).max(total)
-                }
-                None => total,
-            }
-        };
+        // Each layer's own budget: PyramidKV's upper layers are bounded by their smaller share.
+        let per_layer = |seen: usize| c.layer_budget(layer, self.layers, seen);
         match c.mode {
             WindowMode::Decode => Some(per_layer(seen) + c.buffer),
             // Generated tokens are never evicted: only the prompt is bounded.
@@ -291,7 +301,10 @@ mod tests {
         assert_eq!(b[31], 60);
         let mean = b.iter().sum::<usize>() as f64 / 32.0;
         assert!((mean - 1021.0).abs() < 1.0, "{mean}");
-        // Short caches fall back to the uniform budget.
+        // The schedule kvbench applies is the unclamped one, whatever the cache holds.
+        assert_eq!(pyramid_schedule(1024, 8, 20, 0, 32), 1990);
+        assert_eq!(pyramid_schedule(1024, 8, 20, 31, 32), 68);
+        // The reference's clamp on a short prompt: uniform below 2(B − w) entries.
         assert_eq!(pyramid_budget(1024, 8, 20, 5, 32, 1500), 1024);
         assert_eq!(pyramid_budget(1024, 8, 20, 0, 32, 2100), 1990);
         // Clamped (β large, so b_max ≥ n − w): b_max = n − w, b_min = 2(B−w) − b_max.

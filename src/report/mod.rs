@@ -95,6 +95,10 @@ pub struct Row {
     pub dataset: String,
     pub policy: String,
     pub budget: Option<f64>,
+    /// The fixed budget B the policy ran with (entries per layer and KV head), and for a ratio
+    /// budget the full run's mean generation length it was resolved from.
+    pub budget_entries: Option<usize>,
+    pub full_mean_tokens: Option<f64>,
     /// The policy with every parameter (`PolicySpec::describe`).
     pub config: String,
     pub problems: usize,
@@ -103,34 +107,39 @@ pub struct Row {
     pub stderr: f64,
     /// Majority vote, when some problem has more than one sample.
     pub cons: Option<f64>,
-    /// pass@1 over the `full` row's (None without a full row or when full scores 0).
+    /// Comparisons with the `full` row of the same model and data, over the problems both have
+    /// (`shared_problems`): pass@1 over full's (None without a full row or when full scores 0 there),
+    /// and mean output tokens over full's, minus one.
+    pub shared_problems: Option<usize>,
     pub accuracy_vs_full: Option<f64>,
     pub mean_tokens: f64,
-    /// Mean output tokens over the `full` row's, minus one.
     pub tokens_change_vs_full: Option<f64>,
     pub truncation_rate: f64,
     pub no_answer_rate: f64,
-    /// Mean over samples of the per-sample peak and time-averaged KV bytes, and their ratio to a full
-    /// cache over the same tokens.
-    pub kv_peak_bytes: f64,
-    pub kv_mean_bytes: f64,
-    pub kv_ratio: f64,
+    /// Mean over samples (those with metrics; None when none has) of the per-sample peak (the most
+    /// held at any moment), allocated capacity peak and time-averaged KV bytes, and the KV ratio in
+    /// bytes: time-averaged bytes over a full cache's for the same tokens.
+    pub kv_peak_bytes: Option<f64>,
+    pub kv_capacity_peak_bytes: Option<f64>,
+    pub kv_mean_bytes: Option<f64>,
+    pub kv_ratio: Option<f64>,
     /// Mean over samples of the peak bytes of policy side state (not in the KV figures).
-    pub policy_state_peak_bytes: f64,
-    pub events: f64,
+    pub policy_state_peak_bytes: Option<f64>,
+    pub events: Option<f64>,
     /// Aggregate decode tokens/s and end-to-end seconds (prefill plus decode shares), from the
     /// speed machine's records only; None when it has none in this row.
     pub decode_tokens_per_s: Option<f64>,
     pub end_to_end_s: Option<f64>,
     /// Median time to first token (prefill), seconds.
     pub ttft_s: Option<f64>,
-    /// Share of decode time spent inside the policy.
-    pub policy_share: Option<f64>,
+    /// The policy's work at prefill over prefill time, and its work while decoding over decode time.
+    pub policy_prefill_share: Option<f64>,
+    pub policy_decode_share: Option<f64>,
     /// Median over samples of each sample's median and 90th-percentile time per output token, seconds.
     pub tpot_p50_s: Option<f64>,
     pub tpot_p90_s: Option<f64>,
     /// Mean share of repeated 4-gram windows in the last 512 output tokens.
-    pub repetition: f64,
+    pub repetition: Option<f64>,
     /// Teacher-forced fidelity against full, pooled over the steps of the samples that measured it:
     /// mean KL (nats), top-1 agreement, mean rank of full's token, and the median first divergence
     /// (a sample that never diverges counts its length).
@@ -198,27 +207,28 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
             .or_default()
             .push(r);
     }
-    let mut rows: Vec<Row> = groups
-        .into_values()
-        .map(|rs| row(&rs, speed_machine.as_deref()))
-        .collect();
-    // Comparisons with the full row of the same model and data.
-    let fulls: HashMap<(String, String), (f64, f64)> = rows
+    let groups: Vec<Vec<&SampleRecord>> = groups.into_values().collect();
+    // The full records of each model and data, for the comparisons.
+    let fulls: HashMap<(&str, &str), &Vec<&SampleRecord>> = groups
         .iter()
-        .filter(|r| r.policy == "full")
-        .map(|r| {
-            (
-                (r.model.clone(), r.dataset.clone()),
-                (r.pass_at_1, r.mean_tokens),
-            )
+        .filter(|rs| is_full(rs[0]))
+        .map(|rs| ((rs[0].model.as_str(), rs[0].dataset.as_str()), rs))
+        .collect();
+    let rows: Vec<Row> = groups
+        .iter()
+        .map(|rs| {
+            let mut r = row(rs, speed_machine.as_deref());
+            if let Some(full) = fulls.get(&(rs[0].model.as_str(), rs[0].dataset.as_str())) {
+                let p = paired(full, rs);
+                r.shared_problems = Some(p.problems);
+                r.accuracy_vs_full = (p.full_pass > 0.0).then(|| p.pass / p.full_pass);
+                r.tokens_change_vs_full =
+                    (p.full_tokens > 0.0).then(|| p.tokens / p.full_tokens - 1.0);
+            }
+            r
         })
         .collect();
-    for r in rows.iter_mut() {
-        if let Some(&(acc, tokens)) = fulls.get(&(r.model.clone(), r.dataset.clone())) {
-            r.accuracy_vs_full = (acc > 0.0).then(|| r.pass_at_1 / acc);
-            r.tokens_change_vs_full = (tokens > 0.0).then(|| r.mean_tokens / tokens - 1.0);
-        }
-    }
+    let mut rows = rows;
     rows.sort_by(|a, b| {
         (&a.model, &a.dataset, a.policy != "full", &a.policy)
             .cmp(&(&b.model, &b.dataset, b.policy != "full", &b.policy))
@@ -229,6 +239,49 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
         rows,
         speed_machine,
         other_machines,
+    }
+}
+
+fn is_full(r: &SampleRecord) -> bool {
+    r.policy_name == "full" || (r.policy_name.is_empty() && r.policy.starts_with("full"))
+}
+
+/// A row and the full row compared over the problems both have: mean pass@1 (per problem, the mean
+/// over its samples) and mean output tokens of each side on those problems.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Paired {
+    pub problems: usize,
+    pub full_pass: f64,
+    pub pass: f64,
+    pub full_tokens: f64,
+    pub tokens: f64,
+}
+
+/// Compares `mine` with `full` over the problem ids both have.
+pub fn paired(full: &[&SampleRecord], mine: &[&SampleRecord]) -> Paired {
+    // Per problem: (correct, tokens, samples).
+    fn per<'a>(rs: &[&'a SampleRecord]) -> HashMap<&'a str, (f64, f64, usize)> {
+        let mut m: HashMap<&str, (f64, f64, usize)> = HashMap::new();
+        for r in rs {
+            let e = m.entry(r.problem_id.as_str()).or_default();
+            e.0 += f64::from(u8::from(r.correct));
+            e.1 += r.tokens as f64;
+            e.2 += 1;
+        }
+        m
+    }
+    let (f, m) = (per(full), per(mine));
+    let shared: Vec<&str> = m.keys().filter(|k| f.contains_key(*k)).copied().collect();
+    let n = shared.len().max(1) as f64;
+    let mean = |map: &HashMap<&str, (f64, f64, usize)>, pick: fn(&(f64, f64, usize)) -> f64| {
+        shared.iter().map(|k| pick(&map[k])).sum::<f64>() / n
+    };
+    Paired {
+        problems: shared.len(),
+        full_pass: mean(&f, |e| e.0 / e.2 as f64),
+        pass: mean(&m, |e| e.0 / e.2 as f64),
+        full_tokens: mean(&f, |e| e.1 / e.2 as f64),
+        tokens: mean(&m, |e| e.1 / e.2 as f64),
     }
 }
 
@@ -256,11 +309,19 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
     let acc = accuracy(&per_problem);
     let n = rs.len() as f64;
     let mean = |f: &dyn Fn(&SampleRecord) -> f64| rs.iter().map(|r| f(r)).sum::<f64>() / n;
+    // Metrics: averaged over the records that have them; missing when none has.
+    let measured: Vec<&crate::results::sample::SampleMetrics> =
+        rs.iter().filter_map(|r| r.metrics.as_ref()).collect();
     let metric = |f: &dyn Fn(&crate::results::sample::SampleMetrics) -> f64| {
-        mean(&|r| r.metrics.as_ref().map_or(0.0, f))
+        (!measured.is_empty())
+            .then(|| measured.iter().map(|m| f(m)).sum::<f64>() / measured.len() as f64)
     };
     let kv_mean = metric(&|m| m.kv_bytes_mean);
     let kv_full_mean = metric(&|m| m.kv_bytes_full_mean);
+    let capacities: Vec<f64> = measured
+        .iter()
+        .filter_map(|m| m.kv_bytes_capacity_peak.map(|c| c as f64))
+        .collect();
     let speed: Vec<&crate::results::sample::SampleMetrics> = rs
         .iter()
         .filter_map(|r| r.metrics.as_ref())
@@ -276,8 +337,23 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         .map(|r| r.tokens.saturating_sub(1) as f64)
         .sum();
     let decode_secs: f64 = speed.iter().map(|m| m.decode_share_secs).sum();
-    let policy_secs: f64 = speed.iter().map(|m| m.policy_secs).sum();
-    let sum_decode: f64 = speed.iter().map(|m| m.decode_secs).sum();
+    // The policy's time split (records of kvbench 0.4 on): its prefill part over prefill time, its
+    // decode part over decode time.
+    let split: Vec<(f64, f64, f64, f64)> = speed
+        .iter()
+        .filter_map(|m| {
+            m.policy_prefill_secs.map(|pre| {
+                (
+                    pre,
+                    m.prefill_secs,
+                    (m.policy_secs - pre).max(0.0),
+                    m.decode_secs,
+                )
+            })
+        })
+        .collect();
+    let sum4 = |f: fn(&(f64, f64, f64, f64)) -> f64| split.iter().map(f).sum::<f64>();
+    let share = |num: f64, den: f64| (!split.is_empty() && den > 0.0).then(|| num / den);
     let ttfts: Vec<f64> = speed.iter().map(|m| m.prefill_secs).collect();
     let p50s: Vec<f64> = speed.iter().map(|m| m.tpot_p50_secs).collect();
     let p90s: Vec<f64> = speed.iter().map(|m| m.tpot_p90_secs).collect();
@@ -308,6 +384,8 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
             first.policy_name.clone()
         },
         budget: first.budget,
+        budget_entries: rs.iter().find_map(|r| r.budget_entries),
+        full_mean_tokens: rs.iter().find_map(|r| r.full_mean_tokens),
         config: first.policy.clone(),
         problems: per_problem.len(),
         samples: per_problem
@@ -321,14 +399,17 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
             .iter()
             .any(|p| p.correct.len() > 1)
             .then_some(acc.cons),
+        shared_problems: None,
         accuracy_vs_full: None,
         mean_tokens: mean(&|r| r.tokens as f64),
         tokens_change_vs_full: None,
         truncation_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::Truncated))),
         no_answer_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::NoAnswer))),
         kv_peak_bytes: metric(&|m| m.kv_bytes_peak as f64),
+        kv_capacity_peak_bytes: (!capacities.is_empty())
+            .then(|| capacities.iter().sum::<f64>() / capacities.len() as f64),
         kv_mean_bytes: kv_mean,
-        kv_ratio: kv_mean / kv_full_mean.max(1e-9),
+        kv_ratio: kv_mean.zip(kv_full_mean).map(|(a, b)| a / b.max(1e-9)),
         events: metric(&|m| m.events as f64),
         policy_state_peak_bytes: metric(&|m| m.policy_state_bytes_peak as f64),
         decode_tokens_per_s: (decode_secs > 0.0).then(|| speed_tokens / decode_secs),
@@ -339,7 +420,8 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
                 .sum()
         }),
         ttft_s: crate::metrics::median(&ttfts),
-        policy_share: (sum_decode > 0.0).then(|| policy_secs / sum_decode),
+        policy_prefill_share: share(sum4(|s| s.0), sum4(|s| s.1)),
+        policy_decode_share: share(sum4(|s| s.2), sum4(|s| s.3)),
         tpot_p50_s: crate::metrics::median(&p50s),
         tpot_p90_s: crate::metrics::median(&p90s),
         repetition: metric(&|m| m.repetition),

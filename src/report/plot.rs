@@ -307,15 +307,18 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             // The full cache is a point here (its memory is the point of the comparison).
             series(
                 &rows,
-                |r| Some(100.0 * r.pass_at_1),
-                |r| r.kv_mean_bytes / (1 << 20) as f64,
+                // Rows without memory figures are left out, never drawn at zero.
+                |r| r.kv_mean_bytes.map(|_| 100.0 * r.pass_at_1),
+                |r| r.kv_mean_bytes.unwrap_or(0.0) / (1 << 20) as f64,
             )
             .into_iter()
-            .chain(full.map(|f| {
-                (
-                    "full cache".to_string(),
-                    vec![(f.kv_mean_bytes / (1 << 20) as f64, 100.0 * f.pass_at_1)],
-                )
+            .chain(full.and_then(|f| {
+                f.kv_mean_bytes.map(|m| {
+                    (
+                        "full cache".to_string(),
+                        vec![(m / (1 << 20) as f64, 100.0 * f.pass_at_1)],
+                    )
+                })
             }))
             .collect(),
             None,

@@ -18,7 +18,14 @@ fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
 /// Label of a row's policy: the name, with its parameters when they are not the defaults the table
 /// shows elsewhere (the full description is in CSV and JSON).
 fn budget_label(r: &Row) -> String {
-    r.budget.map_or_else(|| "-".into(), |b| format!("{b}"))
+    match (r.budget, r.budget_entries, r.full_mean_tokens) {
+        (None, ..) => "-".into(),
+        (Some(b), Some(entries), Some(mean)) if b <= 1.0 => {
+            format!("{b} (B = {entries}, full mean {mean:.0})")
+        }
+        (Some(b), None, Some(mean)) => format!("{b} (full mean {mean:.0})"),
+        (Some(b), ..) => format!("{b}"),
+    }
 }
 
 /// The Markdown table, with a line under it on how to read it.
@@ -53,7 +60,7 @@ pub fn markdown(s: &Summary) -> String {
         "decode tok/s",
         "ms/token p50 / p90",
         "end-to-end s",
-        "policy time %",
+        "policy time % prefill / decode",
     ]);
     if any_fidelity {
         head.extend(["KL from full", "top-1 agree %", "first divergence"]);
@@ -89,19 +96,22 @@ pub fn markdown(s: &Summary) -> String {
             format!("{:.0}", r.mean_tokens),
             opt(r.tokens_change_vs_full, |x| format!("{:+.1}%", 100.0 * x)),
             pct(r.truncation_rate),
-            pct(r.repetition),
-            format!("{:.2}", r.kv_peak_bytes / MIB),
-            format!("{:.2}", r.kv_mean_bytes / MIB),
-            format!("{:.3}", r.kv_ratio),
-            format!("{:.1}", r.policy_state_peak_bytes / 1024.0),
-            format!("{:.1}", r.events),
+            opt(r.repetition, pct),
+            opt(r.kv_peak_bytes, |x| format!("{:.2}", x / MIB)),
+            opt(r.kv_mean_bytes, |x| format!("{:.2}", x / MIB)),
+            opt(r.kv_ratio, |x| format!("{x:.3}")),
+            opt(r.policy_state_peak_bytes, |x| format!("{:.1}", x / 1024.0)),
+            opt(r.events, |x| format!("{x:.1}")),
             opt(r.decode_tokens_per_s, |x| format!("{x:.1}")),
             match (r.tpot_p50_s, r.tpot_p90_s) {
                 (Some(a), Some(b)) => format!("{:.1} / {:.1}", 1e3 * a, 1e3 * b),
                 _ => "-".into(),
             },
             opt(r.end_to_end_s, |x| format!("{x:.1}")),
-            opt(r.policy_share, pct),
+            match (r.policy_prefill_share, r.policy_decode_share) {
+                (Some(a), Some(b)) => format!("{} / {}", pct(a), pct(b)),
+                _ => "-".into(),
+            },
         ]);
         if any_fidelity {
             cells.extend([
@@ -120,9 +130,12 @@ pub fn markdown(s: &Summary) -> String {
     }
     let _ = writeln!(
         out,
-        "\npass@1: mean over samples, ± standard error across problems; vs full: pass@1 over full's. \
-         KV: bytes held per sequence (peak, and time-averaged), ratio = time-averaged over a full \
-         cache's for the same tokens. Speeds: aggregate decode tokens/s over each row's batches; \
+        "\nbudget: above 1 entries per layer and KV head; at most 1 a ratio, B = ratio × the full run's \
+         mean generation length (shown). pass@1: mean over samples, ± standard error across problems; \
+         vs full and Δ tokens: over the problems both rows have. KV: bytes held per sequence (peak: \
+         the most at any moment; mean: time-averaged), ratio = time-averaged bytes over a full \
+         cache's for the same tokens. Policy time: its prefill work over prefill time / its decode \
+         work over decode time. Speeds: aggregate decode tokens/s over each row's batches; \
          ms/token: median over samples of each sample's median and 90th-percentile decode step time. \
          Fidelity (when measured): teacher-forced KL(full ‖ policy) in nats and top-1 agreement \
          pooled over steps; first divergence: median output position where the policy's top-1 \

@@ -37,6 +37,12 @@ pub struct SampleRecord {
     pub policy_name: String,
     #[serde(default)]
     pub budget: Option<f64>,
+    /// The fixed budget `B` (entries per layer and KV head) the policy ran with, when it had one, and
+    /// the full run's mean generation length a ratio budget was resolved from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_entries: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_mean_tokens: Option<f64>,
     #[serde(default)]
     pub model: String,
     /// Speed and memory of the generation.
@@ -60,10 +66,17 @@ pub struct SampleMetrics {
     pub decode_share_secs: f64,
     /// Sequences decoded together.
     pub batch: usize,
-    /// Time inside the policy's hooks.
+    /// Time inside the policy's hooks: all of it, and the part spent at prefill (records of kvbench
+    /// 0.3 and older have no split).
     pub policy_secs: f64,
-    /// KV bytes held: peak and time-averaged, and what a full cache holds for the same tokens.
+    #[serde(default)]
+    pub policy_prefill_secs: Option<f64>,
+    /// KV bytes held: the most at any moment (inside steps too, since kvbench 0.4; at the end of a
+    /// step before) and time-averaged, and what a full cache holds for the same tokens; the most
+    /// bytes of buffers allocated.
     pub kv_bytes_peak: usize,
+    #[serde(default)]
+    pub kv_bytes_capacity_peak: Option<usize>,
     pub kv_bytes_mean: f64,
     pub kv_bytes_full_peak: usize,
     pub kv_bytes_full_mean: f64,

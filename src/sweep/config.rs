@@ -158,7 +158,12 @@ impl SweepConfig {
                 )));
             }
             for b in budgets {
-                out.push(PolicySpec::new(&p.name, b, args.clone())?);
+                out.push(PolicySpec::with_rule(
+                    &p.name,
+                    b,
+                    self.options.budget_rule(),
+                    args.clone(),
+                )?);
             }
         }
         Ok(out)

@@ -84,6 +84,12 @@ pub struct StudyOptions {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_new_tokens: Option<usize>,
+    /// How a budget at most 1 is read: `ratio` (B = ⌈r × the full run's mean generation length on the
+    /// same problems⌉, fixed for the run, as the papers define it) or `seen` (at most ⌈r × tokens
+    /// seen⌉ after each compression: kvbench 0.2's rule, not comparable with the papers) [default: ratio].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_rule: Option<crate::policy::BudgetRule>,
     /// Samples per problem (pass@1 is their mean; cons@n their majority vote) [default: 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -134,6 +140,7 @@ impl StudyOptions {
             temperature,
             top_p,
             max_new_tokens,
+            budget_rule,
             samples,
             seed,
             batch_size,
@@ -159,6 +166,9 @@ impl StudyOptions {
     }
     pub fn prompt(&self) -> PromptVariant {
         self.prompt.unwrap_or(PromptVariant::R1)
+    }
+    pub fn budget_rule(&self) -> crate::policy::BudgetRule {
+        self.budget_rule.unwrap_or_default()
     }
     pub fn samples(&self) -> usize {
         self.samples.unwrap_or(1)

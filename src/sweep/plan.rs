@@ -2,9 +2,11 @@
 //! anything runs, so that a rerun recognises the units it already finished and shards split the same
 //! list the same way.
 
+use crate::error::{Error, Result};
 use crate::eval::Problem;
 use crate::policy::PolicySpec;
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 
 /// Decoding settings shared by every unit of a sweep.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -51,13 +53,15 @@ pub fn content_id(v: &serde_json::Value) -> String {
 impl Plan {
     /// Expands policies × problems × samples. `model_id` and `dataset_sha256` identify the inputs.
     pub fn new(
-        specs: Vec<PolicySpec>,
+        mut specs: Vec<PolicySpec>,
         problems: Vec<Problem>,
         samples: usize,
         decoding: Decoding,
         model_id: &str,
         dataset_sha256: &str,
     ) -> Self {
+        // `full` first: ratio budgets are resolved from its records before the policies run.
+        specs.sort_by_key(|s| s.name() != "full");
         let mut units = Vec::with_capacity(specs.len() * problems.len() * samples);
         for (pi, spec) in specs.iter().enumerate() {
             for (qi, problem) in problems.iter().enumerate() {
@@ -97,6 +101,39 @@ impl Plan {
     /// Units of the (policy, budget) at `policy`, in plan order.
     pub fn units_of(&self, policy: usize) -> impl Iterator<Item = &WorkUnit> {
         self.units.iter().filter(move |u| u.policy == policy)
+    }
+
+    /// The index of the `full` spec, if the plan has one.
+    pub fn full_index(&self) -> Option<usize> {
+        self.specs.iter().position(|s| s.name() == "full")
+    }
+
+    /// Whether some spec waits for the full run's mean generation length.
+    pub fn needs_full_mean(&self) -> bool {
+        self.specs.iter().any(PolicySpec::needs_full_mean)
+    }
+
+    /// The mean generation length of the plan's `full` units, from `tokens` (unit id → tokens of a
+    /// finished full unit); an error says how many are missing and how to run them.
+    pub fn full_mean_tokens(&self, tokens: &HashMap<String, usize>) -> Result<f64> {
+        let Some(full) = self.full_index() else {
+            return Err(Error::Input(
+                "a budget at most 1 is a ratio of the full run's mean generation length, and this study has no `full` policy: add it (a [[policy]] named full; `run` without --no-baseline), give absolute budgets (entries, above 1), or use budget_rule = \"seen\"".into(),
+            ));
+        };
+        let units: Vec<&WorkUnit> = self.units_of(full).collect();
+        let have: Vec<usize> = units
+            .iter()
+            .filter_map(|u| tokens.get(&u.id).copied())
+            .collect();
+        if have.len() < units.len() {
+            return Err(Error::Input(format!(
+                "ratio budgets are resolved from the full run's mean generation length, and {} of the {} full units are not finished: run them first (`kvbench sweep CONFIG --phase full`, or the same command without --shard), then the policies",
+                units.len() - have.len(),
+                units.len()
+            )));
+        }
+        Ok(have.iter().sum::<usize>() as f64 / have.len().max(1) as f64)
     }
 
     /// Upper bound of tokens generated (every unit running to its limit).

@@ -15,6 +15,9 @@ pub struct SlurmJob<'a> {
     pub shards: u32,
     /// Array tasks running at once (`%K`).
     pub concurrency: u32,
+    /// Run the full-cache units first, as their own array, and the policies' array after it
+    /// succeeded (ratio budgets are resolved from the full run).
+    pub full_first: bool,
 }
 
 /// Quotes a string for a POSIX shell.
@@ -45,6 +48,38 @@ pub fn script(job: &SlurmJob<'_>) -> Result<String, String> {
     let kvbench = quote(&job.kvbench.to_string_lossy());
     let config = quote(&job.config.to_string_lossy());
     let out_q = quote(&out);
+    let array = |phase: &str, dependency: &str| {
+        format!(
+            r#"$(sbatch --parsable {dependency}<<'SLURM'
+#!/usr/bin/env bash
+#SBATCH --job-name=kvbench-{name}{suffix}
+#SBATCH --array=1-{n}%{k}
+#SBATCH --output={out}/slurm-%A_%a.out
+set -euo pipefail
+exec {kvbench} sweep {config} --out {out_q} --shard "${{SLURM_ARRAY_TASK_ID}}/{n}"{phase_flag}
+SLURM
+)"#,
+            suffix = if phase.is_empty() {
+                String::new()
+            } else {
+                format!("-{phase}")
+            },
+            phase_flag = if phase.is_empty() {
+                String::new()
+            } else {
+                format!(" --phase {phase}")
+            },
+        )
+    };
+    let arrays = if job.full_first {
+        format!(
+            "full_job={}\narray_job={}",
+            array("full", ""),
+            array("policies", "--dependency=\"afterok:${full_job%%;*}\" ")
+        )
+    } else {
+        format!("array_job={}", array("", ""))
+    };
     Ok(format!(
         r#"#!/usr/bin/env bash
 # kvbench sweep '{name}' on Slurm, written by kvbench {version}: {n} array tasks (one per shard, at most
@@ -54,16 +89,10 @@ pub fn script(job: &SlurmJob<'_>) -> Result<String, String> {
 # cluster needs. Shards take file locks in the results directory: it must be on a file system with
 # working locks (local or NFSv4).
 set -euo pipefail
+# With ratio budgets, the full-cache units run first as their own array: the policies' array starts
+# when it succeeded, since their budgets are resolved from the full run's mean generation length.
 mkdir -p {out_q}
-array_job=$(sbatch --parsable <<'SLURM'
-#!/usr/bin/env bash
-#SBATCH --job-name=kvbench-{name}
-#SBATCH --array=1-{n}%{k}
-#SBATCH --output={out}/slurm-%A_%a.out
-set -euo pipefail
-exec {kvbench} sweep {config} --out {out_q} --shard "${{SLURM_ARRAY_TASK_ID}}/{n}"
-SLURM
-)
+{arrays}
 sbatch --dependency="afterany:${{array_job%%;*}}" <<'SLURM'
 #!/usr/bin/env bash
 #SBATCH --job-name=kvbench-{name}-report
@@ -90,6 +119,7 @@ mod tests {
             out: Path::new("/scratch/results/aime"),
             shards: 16,
             concurrency: 4,
+            full_first: false,
         };
         let s = script(&job).unwrap();
         assert!(s.contains("#SBATCH --array=1-16%4"));
@@ -102,5 +132,16 @@ mod tests {
             ..job
         };
         assert!(script(&bad).is_err());
+        // Ratio budgets: the full array first, the policies' array after it succeeded.
+        let s = script(&SlurmJob {
+            full_first: true,
+            ..job
+        })
+        .unwrap();
+        let full = s.find("--phase full").unwrap();
+        let policies = s.find("--phase policies").unwrap();
+        assert!(full < policies);
+        assert!(s.contains("--dependency=\"afterok:${full_job%%;*}\""));
+        assert!(s.contains("afterany:${array_job%%;*}"));
     }
 }

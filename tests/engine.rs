@@ -130,10 +130,7 @@ impl Policy for ForcedGather {
         "forced-gather"
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            batch: true,
-            ..Default::default()
-        }
+        Capabilities::default()
     }
     fn reset(&mut self) {
         self.fired.clear();

@@ -175,8 +175,10 @@ fn run_prints_answers_grades_and_speed() {
     );
     // The full-cache baseline ran beside the policy, and the comparison table names both.
     assert!(text.contains("against the full-cache baseline"), "{text}");
+    // The ratio budget was resolved from the full run, and the run says to what.
+    assert!(text.contains("resolved: B = "), "{text}");
     assert!(
-        text.contains("| full | - |") && text.contains("| streaming | 0.5 |"),
+        text.contains("| full | - |") && text.contains("| streaming | 0.5 (B = "),
         "{text}"
     );
     let records = kvbench::results::dir::read_samples(&dir).unwrap().records;
@@ -196,7 +198,30 @@ fn run_prints_answers_grades_and_speed() {
         dir.to_str().unwrap(),
         "--no-baseline",
     ]);
+    // A ratio budget without the full run: refused before anything, naming both flags.
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--no-baseline") && err.contains("--budget 0.5"),
+        "{err}"
+    );
     // --no-baseline is another configuration: refused, nothing written.
+    let out = kvbench(&[
+        "run",
+        "--policy",
+        "streaming",
+        "--budget",
+        "0.5",
+        "--budget-rule",
+        "seen",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--out",
+        dir.to_str().unwrap(),
+        "--no-baseline",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("another configuration"));
     assert_eq!(

@@ -91,7 +91,8 @@ fn every_policy_equals_full_when_the_budget_covers_the_sequence() {
         spec("h2o", 1.0, &[]),
         spec("snapkv", 1.0, &[("buffer", "4")]),
         spec("snapkv", 1.0, &[("mode", "prefill")]),
-        spec("pyramidkv", 1.0, &[("buffer", "4")]),
+        // PyramidKV's smallest layer keeps (B − w)/β + w: B must be about β times the sequence.
+        spec("pyramidkv", 100_000.0, &[("buffer", "4")]),
         spec("rkv", 1.0, &[("buffer", "4"), ("window", "4")]),
         spec("lazy", 1.0, &[("window", "4")]),
         spec("lazy", 1.0, &[("window", "4"), ("gqa", "mean-prob")]),
@@ -353,8 +354,59 @@ fn bad_policy_parameters_are_refused_with_the_key_named() {
     assert!(err.is_input_error());
     let err = PolicySpec::from_args("rkv", 0.1, &["gqa=maximum".into()]).unwrap_err();
     assert!(err.to_string().contains("gqa=maximum"), "{err}");
-    let err = PolicySpec::from_args("kara", 512.0, &[]).unwrap_err();
-    assert!(err.to_string().contains("fractional"), "{err}");
+    // Kara's own budget is a ratio: an absolute one waits for the full run's mean length.
+    let kara = PolicySpec::from_args("kara", 512.0, &[]).unwrap();
+    assert!(kara.needs_full_mean());
+    let resolved = kara.resolve(1024.0).unwrap();
+    assert!(!resolved.needs_full_mean());
+    assert!(resolved.describe_resolved().contains("ρ = 0.5000"));
     assert!(PolicySpec::from_args("rkv", 0.0, &[]).is_err());
     assert!(PolicySpec::from_args("nope", 0.1, &[]).is_err());
+}
+
+/// PyramidKV at an absolute budget builds its pyramid at every decode compression: each layer keeps
+/// its own share of the schedule on B (layer 0 about 2B, the last layer about B/β), never the
+/// uniform B that a schedule computed on the cache length gave.
+#[test]
+fn pyramidkv_layers_keep_the_schedule_on_the_budget() {
+    let m = model(WeightFormat::Auto);
+    let p = prompt(&m, "Explain why the sum of two odd numbers is even.");
+    let steps = 200;
+    let forced = greedy_tokens(&m, &p, steps);
+    let (b, w) = (64usize, 8usize);
+    let s = spec("pyramidkv", b as f64, &[("buffer", "16"), ("window", "8")]);
+    let run = run_forced(&m, &p, &forced, build(&m, &s, steps));
+    let layers = run.state.cache.num_layers();
+    let schedule: Vec<usize> = (0..layers)
+        .map(|l| kvbench::policy::pyramid_schedule(b, w, 20, l, layers))
+        .collect();
+    assert!(
+        schedule[0] > b + b / 2 && schedule[layers - 1] < b / 2,
+        "{schedule:?}"
+    );
+    let mut events = vec![0usize; layers];
+    for e in trace(&run) {
+        assert_eq!(
+            e.kept.len(),
+            schedule[e.layer],
+            "layer {} at step {} kept {} entries, its schedule is {}",
+            e.layer,
+            e.generated,
+            e.kept.len(),
+            schedule[e.layer]
+        );
+        events[e.layer] += 1;
+    }
+    // The upper layers compress at every trigger; each layer ends within its own bound.
+    assert!(events[layers - 1] >= steps / 16, "{events:?}");
+    for (l, want) in schedule.iter().enumerate() {
+        let held = run.state.cache.layer(l).len();
+        assert!(
+            held <= want + 16,
+            "layer {l} holds {held}, bound {}",
+            want + 16
+        );
+    }
+    let mean: f64 = schedule.iter().sum::<usize>() as f64 / layers as f64;
+    eprintln!("pyramid on B = {b}: {schedule:?} (mean {mean:.1}), events per layer {events:?}");
 }

@@ -87,6 +87,20 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
     // is its own decode time; step-time percentiles are ordered; fidelity is measured for the six
     // compressing units only.
     let records = read_samples(&a).unwrap().records;
+    // The ratio budget 0.5 is resolved from the full run's mean generation length, never below the
+    // policy's floor (streaming: sinks + 1; rkv: its window), and every record says so.
+    let full: Vec<usize> = records
+        .iter()
+        .filter(|r| r.policy_name == "full")
+        .map(|r| r.tokens)
+        .collect();
+    let mean = full.iter().sum::<usize>() as f64 / full.len() as f64;
+    for r in records.iter().filter(|r| r.policy_name != "full") {
+        let floor = if r.policy_name == "streaming" { 3 } else { 4 };
+        let want = ((0.5 * mean).ceil() as usize).max(floor);
+        assert_eq!(r.full_mean_tokens, Some(mean), "{}", r.policy);
+        assert_eq!(r.budget_entries, Some(want), "{}", r.policy);
+    }
     for r in &records {
         let m = r.metrics.as_ref().unwrap();
         assert_eq!(m.batch, 1);
@@ -196,11 +210,47 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another kvbench process"));
     drop(held);
 
-    // Two shards at once into one directory: disjoint, and together the whole plan.
+    // Two shards at once into one directory: disjoint, and together the whole plan. Their ratio
+    // budgets need the full run: without it a shard refuses before running anything, naming how to
+    // get it; with the full phase run first, the policies' shards run at once.
     let c = work.join("c");
+    let early = kvbench(&[
+        "sweep",
+        cfg,
+        "--out",
+        c.to_str().unwrap(),
+        "--shard",
+        "1/2",
+        "--phase",
+        "policies",
+    ]);
+    assert_eq!(early.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&early.stderr);
+    assert!(
+        err.contains("full units are not finished") && err.contains("--phase full"),
+        "{err}"
+    );
+    assert!(read_samples(&c).unwrap().records.is_empty(), "nothing ran");
+    ok(&kvbench(&[
+        "sweep",
+        cfg,
+        "--out",
+        c.to_str().unwrap(),
+        "--phase",
+        "full",
+    ]));
     let spawn = |shard: &str| {
         Command::new(env!("CARGO_BIN_EXE_kvbench"))
-            .args(["sweep", cfg, "--out", c.to_str().unwrap(), "--shard", shard])
+            .args([
+                "sweep",
+                cfg,
+                "--out",
+                c.to_str().unwrap(),
+                "--shard",
+                shard,
+                "--phase",
+                "policies",
+            ])
             .env("RAYON_NUM_THREADS", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -210,6 +260,7 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
     let (s1, s2) = (spawn("1/2"), spawn("2/2"));
     ok(&s1.wait_with_output().unwrap());
     ok(&s2.wait_with_output().unwrap());
+    assert!(c.join("samples.jsonl").exists(), "the full phase");
     assert!(c.join("samples.shard-1-of-2.jsonl").exists());
     assert!(c.join("samples.shard-2-of-2.jsonl").exists());
     assert_eq!(results(&c), expected, "merged shards equal one run");
@@ -218,7 +269,13 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
     let text = ok(&kvbench(&["report", c.to_str().unwrap()]));
     assert!(text.contains("every planned unit has a result"), "{text}");
     assert!(text.contains("| full | - | 3 × 1 |"), "{text}");
-    assert!(text.contains("| streaming | 0.5 | 3 × 1 |"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "| streaming | 0.5 (B = {}, full mean",
+            ((0.5 * mean).ceil() as usize).max(3)
+        )),
+        "{text}"
+    );
     assert!(text.contains("KL from full"), "{text}");
     let out = c.join("report");
     for f in [
@@ -272,6 +329,10 @@ fn slurm_script_runs_every_shard_and_then_the_report() {
         "{text}"
     );
     assert!(text.contains("--dependency=\"afterany:"), "{text}");
+    // Ratio budgets: the full-cache array runs first, the policies' array after it succeeded.
+    let full = text.find("--phase full").expect("a full phase");
+    let policies = text.find("--phase policies").expect("a policies phase");
+    assert!(full < policies && text.contains("afterok:"), "{text}");
     // The directory already holds the resolved config every task runs.
     assert!(out.join("config.toml").is_file() && out.join("sweep.json").is_file());
     std::fs::remove_dir_all(&work).unwrap();

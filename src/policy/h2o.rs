@@ -73,7 +73,6 @@ impl Policy for H2o {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             attention_probs: true,
-            batch: true,
             per_query_head: self.config.gqa == GqaAgg::PerQueryHead,
             ..Default::default()
         }

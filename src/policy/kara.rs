@@ -153,7 +153,6 @@ impl Policy for Kara {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             query_window: self.config.window,
-            batch: true,
             ..Default::default()
         }
     }

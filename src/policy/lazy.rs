@@ -147,7 +147,6 @@ impl Policy for LazyEviction {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             attention_probs: true,
-            batch: true,
             per_query_head: self.config.gqa == GqaAgg::PerQueryHead,
             ..Default::default()
         }

@@ -32,7 +32,7 @@ pub use kara::Kara;
 pub use lazy::{LazyEviction, Tracker};
 pub use rocket::{RocketKv, Split as RocketBudgetSplit};
 pub use streaming::StreamingLlm;
-pub use window::WindowPolicy;
+pub use window::{pyramid_schedule, WindowPolicy};
 
 use crate::cache::LayerCache;
 use crate::error::{Error, Result};
@@ -48,8 +48,6 @@ pub struct Capabilities {
     pub attention_probs: bool,
     /// Keep a rolling window of the last `w` post-RoPE queries per layer (`0`: none).
     pub query_window: usize,
-    /// The policy can run inside a batched decode.
-    pub batch: bool,
     /// Store keys and values once per query head (the GQA group replicated), so that each query head
     /// selects its own entries. Multiplies KV memory by the group size, as the references do.
     pub per_query_head: bool,
@@ -154,10 +152,7 @@ impl Policy for Full {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            batch: true,
-            ..Default::default()
-        }
+        Capabilities::default()
     }
 
     fn reset(&mut self) {}
@@ -251,7 +246,7 @@ pub struct PolicySpec {
     /// The budget as written (its value and rule identify the spec).
     requested: Budget,
     /// The budget the policy runs with: `requested`, or its resolution.
-    budget: Budget,
+    effective: Budget,
     /// The full run's mean generation length a resolution used.
     full_mean_tokens: Option<f64>,
     args: BTreeMap<String, String>,
@@ -310,7 +305,7 @@ impl PolicySpec {
         Ok(Self {
             name: name.to_string(),
             requested: budget,
-            budget,
+            effective: budget,
             full_mean_tokens: None,
             args,
             config,
@@ -345,7 +340,7 @@ impl PolicySpec {
     /// The fixed entries per layer and KV head the policy runs with, once known (absolute budgets,
     /// resolved ratios; for Kara, whose native budget is a ratio, the absolute budget it was given).
     pub fn budget_entries(&self) -> Option<usize> {
-        match (self.budget, self.requested) {
+        match (self.effective, self.requested) {
             (Budget::Entries(n), _) | (_, Budget::Entries(n)) => Some(n),
             _ => None,
         }
@@ -402,7 +397,7 @@ impl PolicySpec {
         };
         let (config, resolved) = parse_config(&self.name, budget, self.args.clone())?;
         Ok(Self {
-            budget,
+            effective: budget,
             full_mean_tokens: Some(full_mean_tokens),
             config,
             resolved,
@@ -429,7 +424,7 @@ impl PolicySpec {
 
     /// [`Self::describe`] plus the resolution, when there was one.
     pub fn describe_resolved(&self) -> String {
-        match (self.full_mean_tokens, &self.budget) {
+        match (self.full_mean_tokens, &self.effective) {
             (Some(mean), Budget::Entries(b)) => {
                 format!(
                     "{} (B = {b} from the full mean of {mean:.1} tokens)",

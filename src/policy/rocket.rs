@@ -278,7 +278,6 @@ impl Policy for RocketKv {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            batch: true,
             sparse_attention: true,
             ..Default::default()
         }

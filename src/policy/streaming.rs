@@ -60,7 +60,6 @@ impl Policy for StreamingLlm {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            batch: true,
             ..Default::default()
         }
     }

@@ -243,7 +243,6 @@ impl Policy for WindowPolicy {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             query_window: self.config.window,
-            batch: true,
             per_query_head: self.config.gqa == GqaAgg::PerQueryHead,
             ..Default::default()
         }
@@ -276,8 +275,14 @@ impl Policy for WindowPolicy {
 
     fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         let c = &self.config;
-        // Each layer's own budget: PyramidKV's upper layers are bounded by their smaller share.
-        let per_layer = |seen: usize| c.layer_budget(layer, self.layers, seen);
+        // Each layer's own budget: PyramidKV's upper layers are bounded by their smaller share. Under
+        // the growing `seen` rule the schedule moves with every token (its integer step is not
+        // monotonic), so there the bound is the largest layer's.
+        let bound_layer = match c.budget {
+            Budget::Seen(_) => 0,
+            _ => layer,
+        };
+        let per_layer = |seen: usize| c.layer_budget(bound_layer, self.layers, seen);
         match c.mode {
             WindowMode::Decode => Some(per_layer(seen) + c.buffer),
             // Generated tokens are never evicted: only the prompt is bounded.

@@ -112,13 +112,13 @@ pub fn execute<'p>(
         rest = tail;
         let mut spec = &plan.specs[first.policy];
         if spec.needs_full_mean() {
-            if !resolved.contains_key(&first.policy) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = resolved.entry(first.policy) {
                 match plan
                     .full_mean_tokens(&full_tokens)
                     .and_then(|mean| spec.resolve(mean))
                 {
                     Ok(s) => {
-                        resolved.insert(first.policy, s);
+                        slot.insert(s);
                     }
                     Err(e) => {
                         failures.extend(chunk.iter().map(|u| Failure {

@@ -34,6 +34,21 @@ const FUNCS: &[&str] = &[
     "log", "ln", "exp",
 ];
 
+/// Greek letters read as variables (`\theta`), longest first for prefix matching.
+const GREEK: &[&str] = &[
+    "epsilon", "lambda", "alpha", "gamma", "delta", "theta", "kappa", "omega", "sigma", "beta",
+    "zeta", "iota", "phi", "psi", "chi", "rho", "tau", "eta", "mu", "nu", "xi",
+];
+
+/// Every macro the parser knows, longest first: normalisation removes spaces, so `\cos x` arrives
+/// as `\cosx` and is read as the longest known macro (`\cos`) followed by the rest (`x`).
+const KNOWN: &[&str] = &[
+    "arcsin", "arccos", "arctan", "epsilon", "lambda", "alpha", "gamma", "delta", "theta", "kappa",
+    "omega", "sigma", "cdot", "times", "sinh", "cosh", "tanh", "frac", "sqrt", "beta", "zeta",
+    "iota", "sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "div", "phi", "psi", "chi",
+    "rho", "tau", "eta", "ln", "pi", "mu", "nu", "xi",
+];
+
 impl Expr {
     /// Parses a normalised LaTeX string; `None` when it is not an expression.
     pub fn parse(s: &str) -> Option<Expr> {
@@ -175,11 +190,24 @@ impl Parser<'_> {
         }
     }
 
-    /// A macro name at the cursor (`\name`), without consuming it.
+    /// A macro name at the cursor (`\name`), without consuming it: the whole run of letters, or
+    /// when that is no macro the parser knows, the longest known macro it starts with.
     fn macro_name(&self) -> Option<&str> {
         let r = self.rest().strip_prefix('\\')?;
         let n = r.chars().take_while(|c| c.is_ascii_alphabetic()).count();
-        (n > 0).then(|| &r[..n])
+        if n == 0 {
+            return None;
+        }
+        let word = &r[..n];
+        if KNOWN.contains(&word) {
+            return Some(word);
+        }
+        Some(
+            KNOWN
+                .iter()
+                .find(|k| word.starts_with(**k))
+                .map_or(word, |k| &word[..k.len()]),
+        )
     }
 
     fn expr(&mut self) -> Option<Expr> {
@@ -373,6 +401,7 @@ impl Parser<'_> {
                 Some(Expr::Root(Box::new(n), Box::new(x)))
             }
             "pi" => Some(Expr::Pi),
+            g if GREEK.contains(&g) => Some(Expr::Var(g.to_string())),
             "exp" => {
                 let arg = self.func_arg()?;
                 Some(Expr::Func("exp", Box::new(arg)))
@@ -410,13 +439,32 @@ impl Parser<'_> {
         }
     }
 
-    /// A function's argument: a parenthesised or braced group, or the next power (`\sin 2x` reads
-    /// `\sin(2)·x`, as sympy's LaTeX parser does not; a known ambiguity).
+    /// A function's argument: a parenthesised or braced group, or without brackets the product of
+    /// factors up to the next operator, function, root, fraction or bracket, as every reader of LaTeX
+    /// takes it: `\sin 2x` is sin(2x), `\sin x \cos x` is sin(x)·cos(x).
     fn func_arg(&mut self) -> Option<Expr> {
         match self.peek()? {
             b'(' => self.group(b'(', b')'),
             b'{' => self.group(b'{', b'}'),
-            _ => self.power(),
+            _ => {
+                let mut arg = self.power()?;
+                while self.starts_bare_factor() {
+                    arg = Expr::Mul(Box::new(arg), Box::new(self.power()?));
+                }
+                Some(arg)
+            }
+        }
+    }
+
+    /// Whether a factor that continues a bracketless function argument starts here: a digit, a
+    /// letter, a Greek letter or π (not a function, root, fraction or bracket).
+    fn starts_bare_factor(&self) -> bool {
+        match self.peek() {
+            Some(c) if c.is_ascii_alphanumeric() => true,
+            Some(b'\\') => self
+                .macro_name()
+                .is_some_and(|m| m == "pi" || GREEK.contains(&m)),
+            _ => false,
         }
     }
 }

@@ -124,7 +124,8 @@ fn boxed(region: &str) -> BoxResult {
         if end > next_start {
             break;
         }
-        let glue = region[end..next_start].trim().trim_matches('$').trim();
+        let glue = plain_glue(&region[end..next_start]);
+        let glue = glue.as_str();
         let joins = glue.chars().count() < 10
             || (glue.chars().count() < 70
                 && [",", ";", "and", "or"]
@@ -138,6 +139,22 @@ fn boxed(region: &str) -> BoxResult {
     }
     parts.reverse();
     BoxResult::Found(parts.join(","))
+}
+
+/// The text between two boxes as words: math delimiters, spacing macros (`\quad`, `\,`, `~`) and
+/// text wrappers (`\text{ and }`) removed, so that `\quad \text{and} \quad` reads `and`.
+fn plain_glue(glue: &str) -> String {
+    static WRAPPED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"\\(?:text|textnormal|textrm|textit|textbf|mbox|mathrm)\s*\{([^{}]*)\}")
+            .expect("static pattern")
+    });
+    let mut g = WRAPPED.replace_all(glue, " $1 ").into_owned();
+    for m in [
+        "\\qquad", "\\quad", "\\,", "\\;", "\\:", "\\!", "\\ ", "~", "$",
+    ] {
+        g = g.replace(m, " ");
+    }
+    g.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// The "final answer is X", "The answer is X", "answer: X" and Minerva fallbacks (last occurrence).

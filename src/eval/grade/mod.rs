@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use value::{Interval, Rel, Value};
 
 /// Bumped whenever a verdict can change; recorded with results.
-pub const GRADER_VERSION: &str = "kvbench-grader-1";
+pub const GRADER_VERSION: &str = "kvbench-grader-2";
 
 /// The verdict on one output.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -138,8 +138,14 @@ fn values_equal(p: &Value, g: &Value) -> bool {
             a.len() == b.len() && matches(a, b, &|x: &value::Interval, y| intervals_equal(x, y))
         }
         (Set(a), Set(b)) => {
+            // Assignments to distinct variables on both sides (`a_3 = 2, a_{37} = 19`) match as
+            // equations, in any order; otherwise `x = 1` in a list stands for its value.
+            if distinct_assignments(a) && distinct_assignments(b) {
+                return a.len() == b.len() && matches(a, b, &values_equal);
+            }
             let a: Vec<Value> = a.iter().map(assignment_value).collect();
-            a.len() == b.len() && matches(&a, b, &values_equal)
+            let b: Vec<Value> = b.iter().map(assignment_value).collect();
+            a.len() == b.len() && matches(&a, &b, &values_equal)
         }
         (Matrix(a), Matrix(b)) => {
             a.len() == b.len()
@@ -184,6 +190,20 @@ fn values_equal(p: &Value, g: &Value) -> bool {
         (Text(a), Text(b)) => a.eq_ignore_ascii_case(b),
         _ => false,
     }
+}
+
+/// Every element is `variable = value`, and no variable appears twice.
+fn distinct_assignments(list: &[Value]) -> bool {
+    let mut names = std::collections::HashSet::new();
+    list.iter().all(|v| match v {
+        Value::Relation {
+            lhs, op: Rel::Eq, ..
+        } => match &**lhs {
+            Value::Expr(expr::Expr::Var(name)) => names.insert(name.clone()),
+            _ => false,
+        },
+        _ => false,
+    })
 }
 
 /// `x = 1` inside a list of solutions stands for `1`.

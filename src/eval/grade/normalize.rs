@@ -7,16 +7,24 @@ fn re(pattern: &str) -> Regex {
     Regex::new(pattern).expect("static pattern")
 }
 
-static UNIT_TEXT: LazyLock<Regex> =
-    LazyLock::new(|| re(r"\\(?:text|mbox)\{\s[^{}]*\}(?:\^\{?[23]\}?)?\s*$"));
+static UNIT_TEXT: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"\\(?:text|textnormal|textrm|mbox|mathrm)\{\s[^{}]*\}(?:\^\{?[23]\}?)?\s*$")
+});
 static UNIT_WORD: LazyLock<Regex> = LazyLock::new(|| {
     re(
         r"([0-9}\s])\s*(?:square\s+)?(?:cm|mm|km|m|meters?|metres?|inches|inch|in|feet|foot|ft|yards?|miles?|mph|units?|degrees?|cents?|dollars?|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|years?|pounds?|lbs?|ounces?|oz|grams?|kg|liters?|litres?|gallons?|people|students|ways|sq)(?:\^\{?[23]\}?)?\s*$",
     )
 });
-static WRAPPER: LazyLock<Regex> =
-    LazyLock::new(|| re(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\{([^{}]*)\}"));
-static THOUSANDS: LazyLock<Regex> = LazyLock::new(|| re(r"(\d),(\d\d\d)($|\D)"));
+static WRAPPER: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"\\(?:text|textnormal|textrm|textsf|textbf|textit|mathrm|mathbf|mathit|mbox|operatorname)\{([^{}]*)\}",
+    )
+});
+/// A run of digit groups separated by commas (`1,234,567`, or a list `1,2,3`).
+static DIGIT_GROUPS: LazyLock<Regex> = LazyLock::new(|| re(r"\d+(?:,\d+)+"));
+/// A thousands separator written `,\!` (with any spacing after it): never a list.
+static THIN_THOUSANDS: LazyLock<Regex> = LazyLock::new(|| re(r"(\d),\\!\s*(\d{3})"));
+static PCT: LazyLock<Regex> = LazyLock::new(|| re(r"(\d)\s*pct\b"));
 static ASSIGN: LazyLock<Regex> =
     LazyLock::new(|| re(r"^\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*=\s*(.*)$"));
 static IN_PREFIX: LazyLock<Regex> = LazyLock::new(|| re(r"^\s*[a-zA-Z]\s*\\in\s*"));
@@ -26,9 +34,9 @@ static LEADING_DOT: LazyLock<Regex> = LazyLock::new(|| re(r"(^|[^\d])\.(\d)"));
 static INF_WORD: LazyLock<Regex> = LazyLock::new(|| re(r"\b(?:infinity|inf)\b"));
 static SUB_BRACE: LazyLock<Regex> = LazyLock::new(|| re(r"_\{([a-zA-Z0-9])\}"));
 static MACRO: LazyLock<Regex> = LazyLock::new(|| re(r"\\[a-zA-Z]+"));
-static REL_LE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:leq|le)\b"));
-static REL_GE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:geq|ge)\b"));
-static REL_NE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:neq|ne)\b"));
+static REL_LE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:leqslant|leq|le)\b|<=|≤"));
+static REL_GE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:geqslant|geq|ge)\b|>=|≥"));
+static REL_NE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:neq|ne)\b|!=|≠"));
 static BACKSLASH_SPACE: LazyLock<Regex> = LazyLock::new(|| re(r"(^|[^\\])\\ "));
 static DOUBLE_BACKSLASH: LazyLock<Regex> = LazyLock::new(|| re(r"\\\\([a-zA-Z])"));
 
@@ -44,7 +52,15 @@ pub fn normalize(s: &str) -> String {
     if !in_matrix {
         s = DOUBLE_BACKSLASH.replace_all(&s, "\\$1").into_owned();
     }
-    // 2. Spacing macros (a thousands `,\!` becomes `,` and is handled in step 11).
+    // A thousands separator `,\!` (however spaced) is one before it is a comma (step 11).
+    for _ in 0..8 {
+        let next = THIN_THOUSANDS.replace_all(&s, "$1$2").into_owned();
+        if next == s {
+            break;
+        }
+        s = next;
+    }
+    // 2. Spacing macros.
     for m in ["\\qquad", "\\quad", "\\!", "\\,", "\\;", "\\:", "~"] {
         s = s.replace(m, "");
     }
@@ -77,6 +93,16 @@ pub fn normalize(s: &str) -> String {
         s = format!("{}\\begin{{pmatrix}}{}", &s[..i], &s[spec_end..]);
         s = s.replace("\\end{array}", "\\end{pmatrix}");
     }
+    // A matrix inside brackets (`\left[\begin{array}…\end{array}\right]`) is the matrix.
+    let t = s.trim();
+    if t.len() >= 2
+        && t.starts_with(['(', '['])
+        && t.ends_with([')', ']'])
+        && t[1..t.len() - 1].trim().starts_with("\\begin{pmatrix}")
+        && t[1..t.len() - 1].trim().ends_with("\\end{pmatrix}")
+    {
+        s = t[1..t.len() - 1].trim().to_string();
+    }
     // 7. Units on the right (before the text wrappers are unwrapped).
     s = UNIT_TEXT.replace(&s, "").into_owned();
     // 8. Degrees.
@@ -92,7 +118,8 @@ pub fn normalize(s: &str) -> String {
         s = next;
     }
     s = UNIT_WORD.replace(&s, "$1").into_owned();
-    // 9. Percent; 10. currency.
+    // 9. Percent (`pct` too); 10. currency.
+    s = PCT.replace_all(&s, "$1").into_owned();
     for m in ["\\%", "%", " percentage", " percent", "¥", "€", "dollars"] {
         s = s.replace(m, "");
     }
@@ -101,13 +128,7 @@ pub fn normalize(s: &str) -> String {
     let t = s.trim();
     let bracketed = t.starts_with(['(', '[']) && t.ends_with([')', ']']);
     if !bracketed {
-        for _ in 0..8 {
-            let next = THOUSANDS.replace_all(&s, "$1$2$3").into_owned();
-            if next == s {
-                break;
-            }
-            s = next;
-        }
+        s = strip_thousands(&s);
     }
     // 12. Prefixes: `v =` when the right side is a value, `v \in`.
     if s.matches('=').count() == 1 {
@@ -136,6 +157,23 @@ pub fn normalize(s: &str) -> String {
     // 16. Whitespace.
     s.retain(|c| !c.is_whitespace());
     s
+}
+
+/// Removes the commas of every run of digit groups written as thousands: one to three digits, then
+/// groups of exactly three (`1,234,567,890`). Other runs (`1,2,3`, `1,2345`) are lists and stay.
+fn strip_thousands(s: &str) -> String {
+    DIGIT_GROUPS
+        .replace_all(s, |c: &regex::Captures<'_>| {
+            let run = &c[0];
+            let mut groups = run.split(',');
+            let first = groups.next().unwrap_or("");
+            if (1..=3).contains(&first.len()) && groups.all(|g| g.len() == 3) {
+                run.replace(',', "")
+            } else {
+                run.to_string()
+            }
+        })
+        .into_owned()
 }
 
 /// `\frac12` → `\frac{1}{2}`, `\sqrt2` → `\sqrt{2}`: each braceless argument is one token (one digit,

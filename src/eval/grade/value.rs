@@ -101,6 +101,18 @@ pub fn split_top(s: &str, sep: &str) -> Vec<String> {
 }
 
 impl Value {
+    /// The elements of a comma list; an element written with `±` stands for its two values.
+    fn elements(list: &str, depth: usize) -> Vec<Value> {
+        let mut out = Vec::new();
+        for part in split_top(list, ",") {
+            match Self::parse_depth(&part, depth + 1) {
+                Value::Set(pm) if part.contains("\\pm") => out.extend(pm),
+                v => out.push(v),
+            }
+        }
+        out
+    }
+
     /// Parses a normalised answer string.
     pub fn parse(s: &str) -> Value {
         Self::parse_depth(s, 0)
@@ -167,14 +179,16 @@ impl Value {
                 None => Value::Text(s.to_string()),
             };
         }
-        // Sets in braces.
-        if let Some(inner) = s.strip_prefix("\\{").and_then(|r| r.strip_suffix("\\}")) {
-            return Value::Set(
-                split_top(inner, ",")
-                    .iter()
-                    .map(|x| Self::parse_depth(x, depth + 1))
-                    .collect(),
-            );
+        // Sets in braces, `\{2, 3\}`, or bare braces around a list, `{2, 3}`.
+        let bare_braces = s.starts_with('{')
+            && matching(s, '{', '}') == Some(s.len() - 1)
+            && split_top(&s[1..s.len() - 1], ",").len() > 1;
+        let set_inner = s
+            .strip_prefix("\\{")
+            .and_then(|r| r.strip_suffix("\\}"))
+            .or_else(|| bare_braces.then(|| &s[1..s.len() - 1]));
+        if let Some(inner) = set_inner {
+            return Value::Set(Self::elements(inner, depth));
         }
         // Tuples and intervals: one bracket pair around the whole string.
         let open = s.chars().next().unwrap_or(' ');
@@ -217,14 +231,8 @@ impl Value {
             );
         }
         // Bare comma lists and ±.
-        let parts = split_top(s, ",");
-        if parts.len() > 1 {
-            return Value::Set(
-                parts
-                    .iter()
-                    .map(|x| Self::parse_depth(x, depth + 1))
-                    .collect(),
-            );
+        if split_top(s, ",").len() > 1 {
+            return Value::Set(Self::elements(s, depth));
         }
         if let Some((a, b)) = s.split_once("\\pm") {
             let a = if a.is_empty() { "0" } else { a };
@@ -233,8 +241,12 @@ impl Value {
                 Self::parse_depth(&format!("{a}-{b}"), depth + 1),
             ]);
         }
+        // `52_8` is a number in base 8; a single letter with a subscript, `a_3`, is a variable.
         if let Some(c) = BASED.captures(s) {
-            return Value::Based(c[1].to_string(), c[2].to_string());
+            let digits = &c[1];
+            if digits.len() > 1 || digits.chars().all(|ch| ch.is_ascii_digit()) {
+                return Value::Based(digits.to_string(), c[2].to_string());
+            }
         }
         if let Some(n) = exact_number(s) {
             return n;

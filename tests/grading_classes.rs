@@ -1,0 +1,119 @@
+//! The grader error classes a comparison with the peers' own equivalence suites found (issue 13),
+//! each with cases of its own beyond the examples named there: thousands separators, boxes joined by
+//! spaced words, ASCII relations, `array` matrices, units in `\textnormal`, `pct`, bare-brace sets,
+//! subscripted assignment lists, trigonometric and other functions in identity tests, `\pm` sets, and
+//! function arguments written without parentheses.
+
+use kvbench::eval::grade::{equivalent, grade_output};
+
+fn same(pred: &str, gold: &str) {
+    assert!(equivalent(pred, gold), "{pred:?} should equal {gold:?}");
+    assert!(equivalent(gold, pred), "{gold:?} should equal {pred:?}");
+}
+
+fn differ(pred: &str, gold: &str) {
+    assert!(
+        !equivalent(pred, gold),
+        "{pred:?} should differ from {gold:?}"
+    );
+    assert!(
+        !equivalent(gold, pred),
+        "{gold:?} should differ from {pred:?}"
+    );
+}
+
+#[test]
+fn thousands_separators_in_every_spelling() {
+    same("32,\\! 349", "32349");
+    same("11,\\! 111,\\! 111,\\! 100", "11111111100");
+    differ("11,\\! 111,\\! 111,\\! 100", "100, 111, 111, 11");
+    same("1,234,567,890", "1234567890");
+    same("14{,}916", "14916");
+    same("1{,}000{,}000", "10^6");
+    same("2,\\!000", "2000");
+    same("\\$1,\\!234.50", "1234.5");
+    same("-12,345", "-12345");
+    // Lists stay lists: groups that are not all three digits long, or spaced commas.
+    same("1,2,3", "3,2,1");
+    same("1, 234", "234, 1");
+    differ("1,2345", "12345");
+}
+
+#[test]
+fn boxes_joined_by_spaced_words() {
+    let out = "So $x = \\boxed{2} \\quad \\text{and} \\quad \\boxed{5}$.";
+    assert!(grade_output(out, "2, 5", false).1.is_correct());
+    let out = "The solutions are \\boxed{-1} \\text{ or } \\boxed{3}.";
+    assert!(grade_output(out, "3,-1", false).1.is_correct());
+    let out = "\\boxed{4}\\qquad\\textrm{and}\\qquad\\boxed{7}";
+    assert!(grade_output(out, "4,7", false).1.is_correct());
+}
+
+#[test]
+fn ascii_relations_equal_their_macros() {
+    same("x >= 3", "x \\geq 3");
+    same("x<=-1", "x \\le -1");
+    same("a != 0", "a \\neq 0");
+    same("y \\geqslant 2", "y >= 2");
+    differ("x >= 3", "x > 3");
+    differ("x <= 3", "x >= 3");
+}
+
+#[test]
+fn array_matrices_in_sized_brackets() {
+    same(
+        "\\left[\\begin{array}{cc} 1 & 2 \\\\ 3 & 4 \\end{array}\\right]",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+    );
+    same(
+        "\\left(\\begin{array}{c} -1 \\\\ \\frac{1}{2} \\end{array}\\right)",
+        "\\begin{bmatrix} -1 \\\\ 0.5 \\end{bmatrix}",
+    );
+    differ(
+        "\\left[\\begin{array}{cc} 1 & 2 \\\\ 3 & 5 \\end{array}\\right]",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+    );
+}
+
+#[test]
+fn units_percent_and_sets() {
+    same("5\\textnormal{ cm}", "5");
+    same("12 \\textnormal{inches}", "12");
+    same("30 pct", "30\\%");
+    same("{2, 3}", "\\{2, 3\\}");
+    same("{3,2}", "\\{2,3\\}");
+    differ("{2, 4}", "\\{2, 3\\}");
+    same("a_{37} = 19, a_3 = 2", "a_3 = 2, a_{37} = 19");
+    same("x_1 = 4, x_2 = -1", "x_2=-1, x_1=4");
+    differ("a_{37} = 2, a_3 = 19", "a_3 = 2, a_{37} = 19");
+}
+
+#[test]
+fn functions_beyond_sine_and_cosine_in_identities() {
+    same("\\cot x", "\\frac{\\cos x}{\\sin x}");
+    same("\\tan x", "\\frac{\\sin x}{\\cos x}");
+    same("\\sec x", "\\frac{1}{\\cos x}");
+    same("\\csc x", "\\frac{1}{\\sin x}");
+    same("\\sec^2 x", "1 + \\tan^2 x");
+    same("\\log_2 x", "\\frac{\\ln x}{\\ln 2}");
+    differ("\\cot x", "\\tan x");
+}
+
+#[test]
+fn plus_minus_sets_equal_their_elements() {
+    same("\\{1 \\pm \\sqrt{2}\\}", "\\{1+\\sqrt{2}, 1-\\sqrt{2}\\}");
+    same("\\pm 3", "3, -3");
+    same("2 \\pm i", "2+i, 2-i");
+    differ("\\{1 \\pm \\sqrt{2}\\}", "\\{1+\\sqrt{2}\\}");
+}
+
+#[test]
+fn function_arguments_without_parentheses() {
+    same("\\sin 2x", "2\\sin x \\cos x");
+    same("\\sin 2x", "\\sin(2x)");
+    differ("\\sin 2x", "\\sin(2) x");
+    same("\\cos 3\\theta", "\\cos(3\\theta)");
+    same("\\sin^2 x", "1 - \\cos^2 x");
+    same("\\cos 2x", "\\cos^2 x - \\sin^2 x");
+    same("\\ln 2x", "\\ln 2 + \\ln x");
+}

@@ -295,11 +295,12 @@ impl PolicySpec {
         rule: BudgetRule,
         args: BTreeMap<String, String>,
     ) -> Result<Self> {
+        let budget = Budget::from_value(budget, rule)?;
+        // The baseline has no budget: whatever (valid) value was written, it is the whole cache.
         let budget = if name == "full" {
-            // The baseline has no budget: whatever was written, it is the whole cache.
             Budget::Seen(1.0)
         } else {
-            Budget::from_value(budget, rule)?
+            budget
         };
         let (config, resolved) = parse_config(name, budget, args.clone())?;
         Ok(Self {

@@ -428,3 +428,131 @@ fn h2o_keeps_the_reference_sets_event_by_event() {
     );
     eprintln!("h2o: {checked} kept sets checked, {near_ties} decided by float-level near-ties");
 }
+
+/// LazyEviction (spec §2(b)): per query head, `TS = 0, MRI = 0` for every entry at the first decode
+/// step, then `TS = t − 1` for each new entry; an entry whose probability reaches α is important:
+/// `MRI ← max(MRI, t − TS)`, `TS ← t`; at steps that are multiples of `W` with more than `Cap` entries,
+/// all but the last `W` are scored `2σ(−(1 + (t − TS)/(MRI + 1e−5))) + [MRI > 0]·2σ(−(MRI − 1))` and
+/// the top `Cap − W` kept (score order, ties: the lower storage index), then the last `W`.
+#[test]
+fn lazy_keeps_the_reference_sets_event_by_event() {
+    let (m, prompt, forced) = setup();
+    let (cap, w, alpha) = (48usize, 8usize, 5e-4f32);
+    let s = spec("lazy", cap as f64, &[("window", "8"), ("alpha", "0.0005")]);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spy = Spy {
+        inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
+        log: log.clone(),
+    };
+    let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
+    state.trace = Some(Vec::new());
+    let layers = m.transformer.config.num_layers;
+    let sigma = |x: f64| 1.0 / (1.0 + (-x).exp());
+    // Per layer and cache head: (position, TS, MRI) in storage order.
+    let mut reference: Vec<Vec<Vec<(u32, u64, u64)>>> = Vec::new();
+    let (mut checked, mut near_ties) = (0usize, 0usize);
+    let mut seen = 0usize;
+    let inputs: Vec<Vec<u32>> = std::iter::once(prompt.clone())
+        .chain(forced.iter().map(|&t| vec![t]))
+        .collect();
+    for (t, tokens) in inputs.iter().enumerate() {
+        let events_before = state.trace.as_ref().unwrap().len();
+        m.transformer
+            .forward(&mut [SeqInput {
+                tokens,
+                state: &mut state,
+            }])
+            .unwrap();
+        let calls: Vec<Seen> = std::mem::take(&mut *log.lock().unwrap());
+        let trace = &state.trace.as_ref().unwrap()[events_before..];
+        seen += tokens.len();
+        if t == 0 {
+            assert!(trace.is_empty(), "no prefill compression");
+            continue;
+        }
+        assert_eq!(calls.len(), layers, "one attention per layer per step");
+        if reference.is_empty() {
+            // The first decode step: every entry (the prompt and this token) starts at 0, 0.
+            reference =
+                vec![vec![(0..seen as u32).map(|p| (p, 0, 0)).collect(); calls[0].shape.0]; layers];
+        } else {
+            for layer in reference.iter_mut() {
+                for head in layer.iter_mut() {
+                    head.push(((seen - 1) as u32, t as u64 - 1, 0));
+                }
+            }
+        }
+        let t = t as u64;
+        for call in &calls {
+            let (heads, g, rows, n) = call.shape;
+            assert_eq!((g, rows), (1, 1), "per query head, one query");
+            for h in 0..heads {
+                let entries = &mut reference[call.layer][h];
+                assert_eq!(entries.len(), n, "layer {} head {h}", call.layer);
+                for (e, &p) in entries.iter_mut().zip(&call.probs[h * n..(h + 1) * n]) {
+                    if p >= alpha {
+                        e.2 = e.2.max(t - e.1);
+                        e.1 = t;
+                    }
+                }
+                if n <= cap || t % w as u64 != 0 {
+                    continue;
+                }
+                let score = |e: &(u32, u64, u64)| {
+                    let (ts, mri) = (e.1 as f64, e.2 as f64);
+                    2.0 * sigma(-(1.0 + (t as f64 - ts) / (mri + 1e-5)))
+                        + if e.2 > 0 {
+                            2.0 * sigma(-(mri - 1.0))
+                        } else {
+                            0.0
+                        }
+                };
+                let old = n - w;
+                let mut order: Vec<usize> = (0..old).collect();
+                order.sort_by(|x, y| {
+                    score(&entries[*y])
+                        .total_cmp(&score(&entries[*x]))
+                        .then(x.cmp(y))
+                });
+                let want: BTreeSet<u32> = order[..cap - w]
+                    .iter()
+                    .map(|&j| entries[j].0)
+                    .chain(entries[old..].iter().map(|e| e.0))
+                    .collect();
+                let event = trace
+                    .iter()
+                    .find(|e| e.layer == call.layer && e.head == h)
+                    .expect("an eviction step records an event");
+                let got: BTreeSet<u32> = event.kept.iter().copied().collect();
+                if got != want {
+                    let boundary = score(&entries[order[cap - w - 1]]);
+                    for p in got.symmetric_difference(&want) {
+                        let v = score(entries.iter().find(|e| e.0 == *p).unwrap());
+                        assert!(
+                            (v - boundary).abs() <= 1e-5 * boundary.abs().max(1e-9),
+                            "layer {} head {h} step {t}: position {p} (score {v}, boundary {boundary}) decided differently",
+                            call.layer
+                        );
+                    }
+                    near_ties += 1;
+                }
+                // Go on from what kvbench kept, in its storage order.
+                *entries = event
+                    .kept
+                    .iter()
+                    .map(|p| *entries.iter().find(|e| e.0 == *p).unwrap())
+                    .collect();
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked >= (STEPS / w - 4) * layers,
+        "{checked} kept sets checked"
+    );
+    assert!(
+        near_ties * 100 <= checked,
+        "{near_ties} of {checked} differ by near-ties"
+    );
+    eprintln!("lazy: {checked} kept sets checked, {near_ties} decided by float-level near-ties");
+}

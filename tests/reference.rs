@@ -132,11 +132,42 @@ fn streaming_keeps_exactly_the_sinks_and_the_most_recent() {
 /// raw cosine column means, each row's most recent partner above 0.5 (or column 0) exempt; the top
 /// `B − window` candidates by score (ties: the lower index), then the window itself.
 fn window_policy_matches_its_reference(name: &str, lambda: Option<f64>) {
+    window_reference(name, lambda, Scoring::RKV);
+}
+
+/// How window scores are formed (spec §7's knobs).
+#[derive(Clone, Copy)]
+struct Scoring {
+    /// Group maximum of raw logits (R-KV), or the mean over the group of each head's probabilities.
+    max_logit: bool,
+    /// Softmax over the candidates only (R-KV), or over every key each window query sees (causal).
+    candidates_only: bool,
+    /// Mean over the window's queries (R-KV), or their sum.
+    mean: bool,
+    /// PyramidKV's schedule (β): layer l keeps its own share of B.
+    pyramid: Option<usize>,
+}
+
+impl Scoring {
+    const RKV: Scoring = Scoring {
+        max_logit: true,
+        candidates_only: true,
+        mean: true,
+        pyramid: None,
+    };
+}
+
+fn window_reference(name: &str, lambda: Option<f64>, scoring: Scoring) {
     let (m, prompt, forced) = setup();
     let (b, w, buffer) = (48usize, 8usize, 16usize);
     let s = spec(name, b as f64, &[("buffer", "16"), ("window", "8")]);
     let cfg = &m.transformer.config;
     let (hq, d) = (cfg.num_heads, cfg.head_dim);
+    let layers = cfg.num_layers;
+    let budget = |l: usize| match scoring.pyramid {
+        Some(beta) => kvbench::policy::pyramid_schedule(b, w, beta, l, layers),
+        None => b,
+    };
     let mut near_ties = 0usize;
     let mut check = |state: &SeqState, before: &Snapshot, generated: usize| {
         let mut n_checked = 0;
@@ -162,6 +193,7 @@ fn window_policy_matches_its_reference(name: &str, lambda: Option<f64>) {
                 .unwrap();
             pos.push(seen_before);
             let n = pos.len();
+            let b = budget(l);
             assert!(n >= b, "a compression only once the cache holds B");
             let n_cand = n - w;
             let qw = state.query_windows[l].as_ref().unwrap();
@@ -176,19 +208,46 @@ fn window_policy_matches_its_reference(name: &str, lambda: Option<f64>) {
             };
             let scale = 1.0 / (d as f64).sqrt();
             let mut score = vec![0f64; n_cand];
+            let reduce = if scoring.mean { 1.0 / wq as f64 } else { 1.0 };
             for r in 0..wq {
-                // Group maximum of the raw logits, per candidate.
-                let z: Vec<f64> = (0..n_cand)
-                    .map(|jj| {
-                        (0..g)
-                            .map(|k| dot(&q[((h * g + k) * wq + r) * d..][..d], key(jj)) * scale)
-                            .fold(f64::NEG_INFINITY, f64::max)
-                    })
-                    .collect();
-                let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let total: f64 = z.iter().map(|x| (x - top).exp()).sum();
-                for (s, x) in score.iter_mut().zip(&z) {
-                    *s += (x - top).exp() / total / wq as f64;
+                // The keys this window query sees: the candidates, or (causal) every key up to its own.
+                let seen_keys = if scoring.candidates_only {
+                    n_cand
+                } else {
+                    n - wq + r + 1
+                };
+                let logits = |k: usize| -> Vec<f64> {
+                    (0..seen_keys)
+                        .map(|jj| dot(&q[((h * g + k) * wq + r) * d..][..d], key(jj)) * scale)
+                        .collect()
+                };
+                let softmax = |z: &[f64]| -> Vec<f64> {
+                    let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let total: f64 = z.iter().map(|x| (x - top).exp()).sum();
+                    z.iter().map(|x| (x - top).exp() / total).collect()
+                };
+                let p: Vec<f64> = if scoring.max_logit {
+                    let per_head: Vec<Vec<f64>> = (0..g).map(logits).collect();
+                    let z: Vec<f64> = (0..seen_keys)
+                        .map(|jj| {
+                            per_head
+                                .iter()
+                                .map(|z| z[jj])
+                                .fold(f64::NEG_INFINITY, f64::max)
+                        })
+                        .collect();
+                    softmax(&z)
+                } else {
+                    let mut mean = vec![0f64; seen_keys];
+                    for k in 0..g {
+                        for (m, x) in mean.iter_mut().zip(softmax(&logits(k))) {
+                            *m += x / g as f64;
+                        }
+                    }
+                    mean
+                };
+                for (s, x) in score.iter_mut().zip(&p) {
+                    *s += x * reduce;
                 }
             }
             let mut f: Vec<f64> = (0..n_cand)
@@ -261,7 +320,13 @@ fn window_policy_matches_its_reference(name: &str, lambda: Option<f64>) {
     };
     let (events, checked) = run(&m, &s, &forced, &prompt, &mut check);
     let heads = cfg.num_kv_heads * cfg.num_layers;
-    assert!(events >= heads * (STEPS / buffer - 4), "{events} events");
+    // PyramidKV's lower layers hold up to about 2B and compress less often.
+    let per_head = if scoring.pyramid.is_some() {
+        4
+    } else {
+        STEPS / buffer - 4
+    };
+    assert!(events >= heads * per_head, "{events} events");
     assert_eq!(events, checked);
     assert!(
         near_ties * 100 <= checked,
@@ -273,6 +338,22 @@ fn window_policy_matches_its_reference(name: &str, lambda: Option<f64>) {
 #[test]
 fn snapkv_keeps_the_reference_sets_event_by_event() {
     window_policy_matches_its_reference("snapkv", None);
+}
+
+/// PyramidKV's defaults: the group's mean probability, softmax over every key a window query sees
+/// (causal), summed over the window; layer l keeps its own share of B (the schedule, β = 20).
+#[test]
+fn pyramidkv_keeps_the_reference_sets_event_by_event() {
+    window_reference(
+        "pyramidkv",
+        None,
+        Scoring {
+            max_logit: false,
+            candidates_only: false,
+            mean: false,
+            pyramid: Some(20),
+        },
+    );
 }
 
 #[test]

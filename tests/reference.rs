@@ -449,8 +449,8 @@ fn h2o_keeps_the_reference_sets_event_by_event() {
         let trace = &state.trace.as_ref().unwrap()[events_before..];
         for call in &calls {
             let (heads, g, t, n) = call.shape;
-            for h in 0..heads {
-                let entries = &mut reference[call.layer][h];
+            assert_eq!(reference[call.layer].len(), heads);
+            for (h, entries) in reference[call.layer].iter_mut().enumerate() {
                 entries.extend((seen..seen + t).map(|p| (p as u32, 0.0)));
                 assert_eq!(
                     entries.len(),
@@ -567,8 +567,8 @@ fn lazy_keeps_the_reference_sets_event_by_event() {
         for call in &calls {
             let (heads, g, rows, n) = call.shape;
             assert_eq!((g, rows), (1, 1), "per query head, one query");
-            for h in 0..heads {
-                let entries = &mut reference[call.layer][h];
+            assert_eq!(reference[call.layer].len(), heads);
+            for (h, entries) in reference[call.layer].iter_mut().enumerate() {
                 assert_eq!(entries.len(), n, "layer {} head {h}", call.layer);
                 for (e, &p) in entries.iter_mut().zip(&call.probs[h * n..(h + 1) * n]) {
                     if p >= alpha {
@@ -576,7 +576,7 @@ fn lazy_keeps_the_reference_sets_event_by_event() {
                         e.1 = t;
                     }
                 }
-                if n <= cap || t % w as u64 != 0 {
+                if n <= cap || !t.is_multiple_of(w as u64) {
                     continue;
                 }
                 let score = |e: &(u32, u64, u64)| {

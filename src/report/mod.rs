@@ -442,3 +442,103 @@ pub fn resume_command(dir: &Path) -> String {
         dir.display()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::sample::SampleMetrics;
+
+    fn record(
+        policy: &str,
+        problem: &str,
+        correct: bool,
+        tokens: usize,
+        metrics: bool,
+    ) -> SampleRecord {
+        SampleRecord {
+            problem_id: problem.into(),
+            sample: 0,
+            seed: 0,
+            gold: "1".into(),
+            output: String::new(),
+            thinking: false,
+            extracted: Some("1".into()),
+            normalized_pred: None,
+            normalized_gold: "1".into(),
+            verdict: if correct {
+                Verdict::Correct
+            } else {
+                Verdict::Incorrect
+            },
+            correct,
+            grader: String::new(),
+            lenient: false,
+            tokens,
+            finish: crate::generate::FinishReason::Eos,
+            policy: policy.into(),
+            prompt: String::new(),
+            template_hash: String::new(),
+            dataset: "d".into(),
+            unit: format!("{policy}-{problem}"),
+            policy_name: policy.into(),
+            budget: (policy != "full").then_some(64.0),
+            budget_entries: None,
+            full_mean_tokens: None,
+            model: "m".into(),
+            metrics: metrics.then(|| SampleMetrics {
+                prompt_tokens: 10,
+                prefill_secs: 1.0,
+                decode_secs: 4.0,
+                decode_share_secs: 4.0,
+                batch: 1,
+                policy_secs: 1.5,
+                policy_prefill_secs: Some(0.5),
+                kv_bytes_peak: 100,
+                kv_bytes_capacity_peak: Some(128),
+                kv_bytes_mean: 50.0,
+                kv_bytes_full_peak: 200,
+                kv_bytes_full_mean: 100.0,
+                entries_mean: 1.0,
+                entries_full_mean: 2.0,
+                entries_peak: 2,
+                events: 3,
+                tpot_p50_secs: 0.1,
+                tpot_p90_secs: 0.2,
+                policy_state_bytes_peak: 0,
+                repetition: 0.0,
+                machine: "x".into(),
+            }),
+            fidelity: None,
+        }
+    }
+
+    #[test]
+    fn vs_full_uses_the_problems_both_rows_have_and_missing_metrics_stay_missing() {
+        // Full solved a and b, failed c; the policy ran only a and c (an incomplete sweep), solving a.
+        let records = vec![
+            record("full", "a", true, 100, true),
+            record("full", "b", true, 300, true),
+            record("full", "c", false, 100, true),
+            record("rkv", "a", true, 150, false),
+            record("rkv", "c", false, 250, false),
+        ];
+        let s = summarize(&records);
+        let rkv = s.rows.iter().find(|r| r.policy == "rkv").unwrap();
+        // Over a and c: full 1/2, rkv 1/2 (not 0.5 / (2/3)); tokens 200 against 100.
+        assert_eq!(rkv.shared_problems, Some(2));
+        assert_eq!(rkv.accuracy_vs_full, Some(1.0));
+        assert_eq!(rkv.tokens_change_vs_full, Some(1.0));
+        // No record has metrics: nothing averages in as zero.
+        assert_eq!(rkv.kv_peak_bytes, None);
+        assert_eq!(rkv.kv_ratio, None);
+        assert_eq!(rkv.policy_decode_share, None);
+        let full = s.rows.iter().find(|r| r.policy == "full").unwrap();
+        assert_eq!(full.kv_ratio, Some(0.5));
+        assert_eq!(full.kv_capacity_peak_bytes, Some(128.0));
+        // The policy's time split: 0.5 s of 1 s prefill, 1 s of 4 s decode.
+        assert_eq!(full.policy_prefill_share, Some(0.5));
+        assert_eq!(full.policy_decode_share, Some(0.25));
+        let table = table::markdown(&s);
+        assert!(table.contains("| 50.0 / 25.0 |"), "{table}");
+    }
+}

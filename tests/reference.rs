@@ -373,6 +373,17 @@ struct Seen {
 struct Spy {
     inner: Box<dyn Policy>,
     log: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    /// Sparse attention choices, with the query and keys they were made from.
+    selections: std::sync::Arc<std::sync::Mutex<Vec<Selected>>>,
+}
+
+/// One sparse-attention choice: the layer, this step's query `[query_heads · d]`, every cache head's
+/// keys `[n · d]`, and the entries each head attends to.
+struct Selected {
+    layer: usize,
+    query: Vec<f32>,
+    keys: Vec<Vec<f32>>,
+    chosen: Vec<Vec<usize>>,
 }
 
 impl Policy for Spy {
@@ -400,6 +411,33 @@ impl Policy for Spy {
         }
         self.inner.after_attention(step, view, cache)
     }
+    fn select_attention(
+        &mut self,
+        step: &kvbench::policy::StepInfo<'_>,
+        layer: usize,
+        query: &[f32],
+        cache: &kvbench::cache::LayerCache,
+    ) -> candle_core::Result<Option<Vec<Vec<usize>>>> {
+        let chosen = self.inner.select_attention(step, layer, query, cache)?;
+        if let Some(chosen) = &chosen {
+            let d = cache.head_dim();
+            let keys = cache.with_host(|kv| {
+                (0..cache.kv_heads())
+                    .map(|h| kv.keys(h)[..cache.len() * d].to_vec())
+                    .collect()
+            })?;
+            self.selections.lock().unwrap().push(Selected {
+                layer,
+                query: query.to_vec(),
+                keys,
+                chosen: chosen.clone(),
+            });
+        }
+        Ok(chosen)
+    }
+    fn selection_bytes_read(&self) -> usize {
+        self.inner.selection_bytes_read()
+    }
     fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {
         self.inner.entry_limit(layer, seen, prompt_len)
     }
@@ -422,6 +460,7 @@ fn h2o_keeps_the_reference_sets_event_by_event() {
     let spy = Spy {
         inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
         log: log.clone(),
+        selections: Default::default(),
     };
     let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
     state.trace = Some(Vec::new());
@@ -524,6 +563,7 @@ fn lazy_keeps_the_reference_sets_event_by_event() {
     let spy = Spy {
         inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
         log: log.clone(),
+        selections: Default::default(),
     };
     let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
     state.trace = Some(Vec::new());
@@ -636,4 +676,135 @@ fn lazy_keeps_the_reference_sets_event_by_event() {
         "{near_ties} of {checked} differ by near-ties"
     );
     eprintln!("lazy: {checked} kept sets checked, {near_ties} decided by float-level near-ties");
+}
+
+/// RocketKV's stage 2 (spec §3(b), the HF budget split of §3(f)): at every decode step each KV head
+/// attends to the `k = B/2` tokens with the highest mean over its group of a softmax of chunk-bound
+/// scores: chunks of `s` keys summarised by the per-dimension max of `σ_c·k`, on the `r_dims`
+/// dimensions of largest mean `|q|`, with SparQ's temperature per query head; ties go to the lower
+/// index. Checked at every step and layer against the choice kvbench made from the same query and keys.
+#[test]
+fn rocket_attends_to_the_reference_tokens_at_every_step() {
+    let (m, prompt, forced) = setup();
+    let b = 32usize;
+    let s = spec("rocket", b as f64, &[]);
+    let selections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spy = Spy {
+        inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
+        log: Default::default(),
+        selections: selections.clone(),
+    };
+    let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
+    let cfg = &m.transformer.config;
+    let (hq, d, layers) = (cfg.num_heads, cfg.head_dim, cfg.num_layers);
+    // The budget split (HF path), from the spec's formulas.
+    let (s_total, max_new) = ((prompt.len() + STEPS) as f64, STEPS as f64);
+    let c = (s_total / b as f64).max(1.0);
+    let e = (0.2 + 0.06 * c.log2()).min(0.8);
+    let capacity = ((s_total / c.powf(e)).floor()).max((2.0 * max_new).min(s_total));
+    let c2 = (capacity / b as f64).max(1.0);
+    let root = c2.sqrt().ceil();
+    let chunk = if root <= c2 { root as usize } else { 1 };
+    let dims = ((d as f64 * chunk as f64 / c2) as usize).clamp(1, d);
+    let k = b / 2;
+    m.transformer
+        .forward(&mut [SeqInput {
+            tokens: &prompt,
+            state: &mut state,
+        }])
+        .unwrap();
+    let (mut checked, mut near_ties) = (0usize, 0usize);
+    for &tok in &forced {
+        m.transformer
+            .forward(&mut [SeqInput {
+                tokens: &[tok],
+                state: &mut state,
+            }])
+            .unwrap();
+        let made: Vec<Selected> = std::mem::take(&mut *selections.lock().unwrap());
+        assert_eq!(made.len(), layers, "a choice per layer per step");
+        for sel in &made {
+            let heads = sel.keys.len();
+            let g = hq / heads;
+            for (h, keys) in sel.keys.iter().enumerate() {
+                let n = keys.len() / d;
+                let q = &sel.query[h * g * d..(h + 1) * g * d];
+                let sign: Vec<f64> = (0..d)
+                    .map(|cc| {
+                        if (0..g).map(|r| q[r * d + cc] as f64).sum::<f64>() > 0.0 {
+                            1.0
+                        } else {
+                            -1.0
+                        }
+                    })
+                    .collect();
+                let mag: Vec<f64> = (0..d)
+                    .map(|cc| (0..g).map(|r| (q[r * d + cc] as f64).abs()).sum::<f64>() / g as f64)
+                    .collect();
+                let mut order: Vec<usize> = (0..d).collect();
+                order.sort_by(|x, y| mag[*y].total_cmp(&mag[*x]).then(x.cmp(y)));
+                let kept_dims = &order[..dims];
+                let chunks = n.div_ceil(chunk);
+                let bound: Vec<Vec<f64>> = (0..chunks)
+                    .map(|bb| {
+                        (0..d)
+                            .map(|cc| {
+                                (bb * chunk..((bb + 1) * chunk).min(n))
+                                    .map(|j| sign[cc] * keys[j * d + cc] as f64)
+                                    .fold(f64::NEG_INFINITY, f64::max)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let mut mean = vec![0f64; n];
+                for r in 0..g {
+                    let qr = &q[r * d..(r + 1) * d];
+                    let kept_l1: f64 = kept_dims.iter().map(|&cc| (qr[cc] as f64).abs()).sum();
+                    let all_l1: f64 = qr.iter().map(|x| (*x as f64).abs()).sum();
+                    let tau = (d as f64 * kept_l1 / all_l1).sqrt();
+                    let z: Vec<f64> = (0..n)
+                        .map(|j| {
+                            let bb = j / chunk;
+                            kept_dims
+                                .iter()
+                                .map(|&cc| sign[cc] * qr[cc] as f64 * bound[bb][cc])
+                                .sum::<f64>()
+                                / tau
+                        })
+                        .collect();
+                    let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let total: f64 = z.iter().map(|x| (x - top).exp()).sum();
+                    for (mm, x) in mean.iter_mut().zip(&z) {
+                        *mm += (x - top).exp() / total / g as f64;
+                    }
+                }
+                let mut rank: Vec<usize> = (0..n).collect();
+                rank.sort_by(|x, y| mean[*y].total_cmp(&mean[*x]).then(x.cmp(y)));
+                let want: BTreeSet<usize> = rank[..k].iter().copied().collect();
+                let got: BTreeSet<usize> = sel.chosen[h].iter().copied().collect();
+                assert_eq!(got.len(), k, "layer {} head {h}: top-k", sel.layer);
+                if got != want {
+                    let boundary = mean[rank[k - 1]];
+                    for j in got.symmetric_difference(&want) {
+                        // Tokens of one chunk tie; the boundary chunk may be split either way only
+                        // by float-level differences.
+                        assert!(
+                            (mean[*j] - boundary).abs() <= 1e-6 * boundary.abs().max(1e-12),
+                            "layer {} head {h}: token {j} (score {}, boundary {boundary}) decided differently",
+                            sel.layer,
+                            mean[*j]
+                        );
+                    }
+                    near_ties += 1;
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, STEPS * layers * cfg.num_kv_heads);
+    assert!(
+        near_ties * 100 <= checked,
+        "{near_ties} of {checked} differ by near-ties"
+    );
+    eprintln!("rocket: {checked} stage-2 choices checked (chunk {chunk}, {dims} dims, top-{k}), {near_ties} decided by float-level near-ties");
 }

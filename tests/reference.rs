@@ -24,6 +24,9 @@ fn spec(name: &str, budget: f64, args: &[(&str, &str)]) -> PolicySpec {
 /// Keys (`[n][d]` flattened) and original positions of every head of every layer.
 type Snapshot = Vec<Vec<(Vec<f32>, Vec<u32>)>>;
 
+/// One layer's keys and positions per head, as a policy received them: (layer, heads).
+type HeldLayer = (usize, Vec<(Vec<f32>, Vec<u32>)>);
+
 fn snapshot(state: &SeqState) -> Snapshot {
     (0..state.cache.num_layers())
         .map(|l| {
@@ -375,6 +378,8 @@ struct Spy {
     log: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
     /// Sparse attention choices, with the query and keys they were made from.
     selections: std::sync::Arc<std::sync::Mutex<Vec<Selected>>>,
+    /// When given: every layer's keys and positions as the policy received them (before it compressed).
+    caches: Option<std::sync::Arc<std::sync::Mutex<Vec<HeldLayer>>>>,
 }
 
 /// One sparse-attention choice: the layer, this step's query `[query_heads · d]`, every cache head's
@@ -402,6 +407,20 @@ impl Policy for Spy {
         view: &kvbench::policy::AttentionView<'_>,
         cache: &mut kvbench::cache::LayerCache,
     ) -> candle_core::Result<()> {
+        if let Some(log) = &self.caches {
+            let d = cache.head_dim();
+            let held = cache.with_host(|kv| {
+                (0..cache.kv_heads())
+                    .map(|h| {
+                        (
+                            kv.keys(h)[..cache.len() * d].to_vec(),
+                            cache.positions(h).to_vec(),
+                        )
+                    })
+                    .collect()
+            })?;
+            log.lock().unwrap().push((view.layer, held));
+        }
         if let Some(p) = view.probs {
             self.log.lock().unwrap().push(Seen {
                 layer: view.layer,
@@ -461,6 +480,7 @@ fn h2o_keeps_the_reference_sets_event_by_event() {
         inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
         log: log.clone(),
         selections: Default::default(),
+        caches: None,
     };
     let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
     state.trace = Some(Vec::new());
@@ -564,6 +584,7 @@ fn lazy_keeps_the_reference_sets_event_by_event() {
         inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
         log: log.clone(),
         selections: Default::default(),
+        caches: None,
     };
     let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
     state.trace = Some(Vec::new());
@@ -693,6 +714,7 @@ fn rocket_attends_to_the_reference_tokens_at_every_step() {
         inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
         log: Default::default(),
         selections: selections.clone(),
+        caches: None,
     };
     let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
     let cfg = &m.transformer.config;
@@ -807,4 +829,106 @@ fn rocket_attends_to_the_reference_tokens_at_every_step() {
         "{near_ties} of {checked} differ by near-ties"
     );
     eprintln!("rocket: {checked} stage-2 choices checked (chunk {chunk}, {dims} dims, top-{k}), {near_ties} decided by float-level near-ties");
+}
+
+/// Kara, as kvbench interprets the abstract (spec §4): every `W_s` generated tokens the window is
+/// compressed to `⌈ρ·W_s⌉` entries and the rest of the cache (the prompt and earlier windows) is left
+/// exactly as it was; the window's entries are scored by non-causal attention among themselves,
+/// `u_j = Σ_{group} Σ_{i ≠ j} p[i, j]`, and Token2Chunk's `⌈γ·keep⌉` seeds (the highest `u`) are
+/// always kept; storage stays positional. Checked event by event against scores computed here.
+#[test]
+fn kara_keeps_the_history_and_the_reference_seeds_event_by_event() {
+    let (m, prompt, forced) = setup();
+    let (ws, rho, gamma) = (32usize, 0.25f64, 0.5f64);
+    let keep = (rho * ws as f64).ceil() as usize;
+    let seeds = (gamma * keep as f64).ceil() as usize;
+    let s = spec("kara", rho, &[("window", "32")]);
+    let cfg = &m.transformer.config;
+    let (hq, d) = (cfg.num_heads, cfg.head_dim);
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spy = Spy {
+        inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
+        log: Default::default(),
+        selections: Default::default(),
+        caches: Some(held.clone()),
+    };
+    let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
+    state.trace = Some(Vec::new());
+    let (mut events, mut checked) = (0usize, 0usize);
+    let inputs: Vec<Vec<u32>> = std::iter::once(prompt.clone())
+        .chain(forced.iter().map(|&t| vec![t]))
+        .collect();
+    for (generated, tokens) in inputs.iter().enumerate() {
+        let events_before = state.trace.as_ref().unwrap().len();
+        m.transformer
+            .forward(&mut [SeqInput {
+                tokens,
+                state: &mut state,
+            }])
+            .unwrap();
+        let caches: Vec<HeldLayer> = std::mem::take(&mut *held.lock().unwrap());
+        let trace = &state.trace.as_ref().unwrap()[events_before..];
+        events += trace.len();
+        for e in trace {
+            let (l, h) = (e.layer, e.head);
+            let g = hq / state.cache.layer(l).kv_heads();
+            // The cache the policy compressed, as it received it.
+            let (keys, pos) = &caches.iter().find(|c| c.0 == l).unwrap().1[h];
+            let n = pos.len();
+            let start = n - ws;
+            // The history (prompt and earlier windows) is kept whole and in place.
+            assert_eq!(
+                &e.kept[..start],
+                &pos[..start],
+                "layer {l} head {h}: history"
+            );
+            let window_kept = &e.kept[start..];
+            assert_eq!(window_kept.len(), keep, "layer {l} head {h}: ⌈ρ·W⌉");
+            assert!(
+                window_kept.windows(2).all(|x| x[0] < x[1]),
+                "positional order"
+            );
+            let qw = state.query_windows[l].as_ref().unwrap();
+            let q: Vec<f32> = qw.flatten_all().unwrap().to_vec1().unwrap();
+            let scale = 1.0 / (d as f64).sqrt();
+            let mut u = vec![0f64; ws];
+            for k in 0..g {
+                for i in 0..ws {
+                    let qi = &q[((h * g + k) * ws + i) * d..][..d];
+                    let z: Vec<f64> = (0..ws)
+                        .map(|jj| {
+                            let kj = &keys[(start + jj) * d..(start + jj + 1) * d];
+                            qi.iter()
+                                .zip(kj)
+                                .map(|(a, b)| (*a as f64) * (*b as f64))
+                                .sum::<f64>()
+                                * scale
+                        })
+                        .collect();
+                    let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let total: f64 = z.iter().map(|x| (x - top).exp()).sum();
+                    for jj in 0..ws {
+                        if jj != i {
+                            u[jj] += (z[jj] - top).exp() / total;
+                        }
+                    }
+                }
+            }
+            let mut order: Vec<usize> = (0..ws).collect();
+            order.sort_by(|x, y| u[*y].total_cmp(&u[*x]).then(x.cmp(y)));
+            for &jj in &order[..seeds] {
+                let near_boundary = (u[jj] - u[order[seeds]]).abs() <= 1e-6 * u[jj].abs();
+                assert!(
+                    window_kept.contains(&pos[start + jj]) || near_boundary,
+                    "layer {l} head {h} step {generated}: seed at window index {jj} (u = {}) was dropped",
+                    u[jj]
+                );
+            }
+            checked += 1;
+        }
+    }
+    let heads = cfg.num_kv_heads * cfg.num_layers;
+    assert!(events >= heads * (STEPS / ws - 1), "{events} events");
+    assert_eq!(events, checked);
+    eprintln!("kara: {checked} compressed windows checked ({keep} of {ws} kept, {seeds} seeds)");
 }

@@ -80,14 +80,16 @@ pub fn token_to_chunk(
         taken[j] = true;
         *count += 1;
     };
-    for seed in top_k(u, seeds) {
+    // Every seed is kept first (spec §4 step 4: the top seeds, then growth within what is left),
+    // so that one seed's chunk cannot use up the budget before the others are taken.
+    let seed_list = top_k(u, seeds);
+    for &seed in &seed_list {
+        take(seed, &mut taken, &mut count);
+    }
+    for seed in seed_list {
         if count >= keep {
             break;
         }
-        if taken[seed] {
-            continue;
-        }
-        take(seed, &mut taken, &mut count);
         let floor = tau * u[seed];
         let (mut lo, mut hi) = (seed, seed);
         // Right: a delimiter closes the chunk it ends.
@@ -283,5 +285,12 @@ mod tests {
         let mut d2 = vec![false; 8];
         d2[2] = true;
         assert_eq!(token_to_chunk(&u, &d2, 2, 0.5, 0.5, 8), vec![3, 7]);
+        // Every seed is kept before any grows: keep 4 with two seeds (3 and 7), the first seed's
+        // strong neighbours cannot crowd out the second (before 0.4: [2, 3, 4, 5]).
+        let u = [0.1, 0.9, 0.95, 1.0, 0.97, 0.96, 0.05, 0.99];
+        assert_eq!(
+            token_to_chunk(&u, &[false; 8], 4, 0.5, 0.5, 8),
+            vec![3, 4, 5, 7]
+        );
     }
 }

@@ -316,6 +316,38 @@ fn bad_sweep_configs_give_one_clear_error_each() {
             format!("data = \"missing.jsonl\"\n{base}[[policy]]\nname = \"full\"\n"),
             "missing.jsonl",
         ),
+        (
+            "huge-budget",
+            format!(
+                "{base}[[policy]]\nname = \"rkv\"\nbudgets = [2e19]\nargs = {{ buffer = 4 }}\n"
+            ),
+            "at most 1073741824 entries",
+        ),
+        (
+            "huge-budget-1e308",
+            format!("{base}[[policy]]\nname = \"rkv\"\nbudgets = [1e308]\n"),
+            "at most 1073741824 entries",
+        ),
+        (
+            "duplicate-budget",
+            format!("{base}[[policy]]\nname = \"rkv\"\nbudgets = [64.0, 64.0]\n"),
+            "listed twice",
+        ),
+        (
+            "duplicate-policy",
+            format!("{base}[[policy]]\nname = \"rkv\"\n[[policy]]\nname = \"rkv\"\n"),
+            "listed twice",
+        ),
+        (
+            "path-name",
+            "name = \"../../x\"\nlimit = 2\n[[policy]]\nname = \"full\"\n".to_string(),
+            "name \"../../x\"",
+        ),
+        (
+            "empty-name",
+            "name = \"\"\nlimit = 2\n[[policy]]\nname = \"full\"\n".to_string(),
+            "name \"\"",
+        ),
     ];
     for (name, text, needle) in cases {
         let path = dir.join(format!("{name}.toml"));

@@ -276,14 +276,22 @@ pub fn read_samples(dir: &Path) -> Result<DirSamples> {
         partial_lines: Vec::new(),
     };
     for path in files {
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let complete = match text.rfind('\n') {
-            Some(i) => &text[..=i],
-            None => "",
-        };
-        if complete.len() < text.len() {
+        // Bytes, not text: a torn last line may end inside a multi-byte character.
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        if end < bytes.len() {
             out.partial_lines.push(path.clone());
         }
+        let complete = std::str::from_utf8(&bytes[..end]).map_err(|e| {
+            let line = 1 + bytes[..e.valid_up_to()]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count();
+            Error::Input(format!(
+                "{}:{line}: not UTF-8 text (a sample record is one line of JSON)",
+                path.display()
+            ))
+        })?;
         for (i, line) in complete.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -309,6 +317,26 @@ mod tests {
         let d = std::env::temp_dir().join(format!("kvbench-dir-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn a_torn_last_line_inside_a_multibyte_character_is_dropped() {
+        let d = temp_dir("utf8");
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("samples.jsonl");
+        // No complete line, then a line cut in the middle of "é" (0xC3 0xA9).
+        std::fs::write(&path, b"{\"problem_id\":\"caf\xc3").unwrap();
+        let s = read_samples(&d).unwrap();
+        assert!(s.records.is_empty());
+        assert_eq!(s.partial_lines, vec![path.clone()]);
+        // Invalid bytes inside a complete line are an error naming the file and line.
+        std::fs::write(&path, b"\n\xff\xfe\n").unwrap();
+        let err = read_samples(&d).err().unwrap().to_string();
+        assert!(
+            err.contains("samples.jsonl:2") && err.contains("UTF-8"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

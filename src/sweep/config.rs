@@ -67,6 +67,25 @@ impl PolicyEntry {
     }
 }
 
+/// A sweep's name names its results directory (`results/NAME`): one plain file name, never a path.
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name != "."
+        && name != ".."
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Input(format!(
+            "name {name:?}: a sweep's name is its results directory's name: use letters, digits, '-', '_', '.' and '+' (not starting with '.'), at most 200 characters"
+        )))
+    }
+}
+
 impl SweepConfig {
     /// Reads and checks a config file; errors name the file (and the key, from the TOML parser).
     pub fn load(path: &Path) -> Result<Self> {
@@ -101,8 +120,9 @@ impl SweepConfig {
         Ok(c)
     }
 
-    /// Checks the policies and the option ranges.
+    /// Checks the name, the policies and the option ranges.
     pub fn check(&self) -> Result<()> {
+        check_name(&self.name)?;
         self.policy_specs()?;
         self.options.check().map_err(Error::Input)
     }
@@ -133,7 +153,7 @@ impl SweepConfig {
         if self.policies.is_empty() {
             return Err(Error::Input("no [[policy]] tables".into()));
         }
-        let mut out = Vec::new();
+        let mut out: Vec<PolicySpec> = Vec::new();
         for p in &self.policies {
             let args: BTreeMap<String, String> = p
                 .args
@@ -158,12 +178,16 @@ impl SweepConfig {
                 )));
             }
             for b in budgets {
-                out.push(PolicySpec::with_rule(
-                    &p.name,
-                    b,
-                    self.options.budget_rule(),
-                    args.clone(),
-                )?);
+                let spec =
+                    PolicySpec::with_rule(&p.name, b, self.options.budget_rule(), args.clone())?;
+                // The same (policy, parameters, budget) twice would plan the same units twice.
+                if out.iter().any(|o| o.describe() == spec.describe()) {
+                    return Err(Error::Input(format!(
+                        "policy '{}' at budget {b} is listed twice (same parameters); remove one",
+                        p.name
+                    )));
+                }
+                out.push(spec);
             }
         }
         Ok(out)

@@ -138,7 +138,9 @@ impl Plan {
 
     /// Upper bound of tokens generated (every unit running to its limit).
     pub fn max_tokens(&self) -> usize {
-        self.units.len() * self.decoding.max_new_tokens
+        self.units
+            .len()
+            .saturating_mul(self.decoding.max_new_tokens)
     }
 }
 

@@ -71,7 +71,25 @@ fn bad_flags_exit_with_code_2_and_say_which() {
         "{err}"
     );
 
-    for budget in ["0", "-1"] {
+    // An output file that is a directory is refused before anything runs.
+    let tmp = std::env::temp_dir();
+    let out = kvbench(&[
+        "run",
+        "--policy",
+        "rkv",
+        "--budget",
+        "64",
+        "--trace",
+        tmp.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--trace") && err.contains("a directory"),
+        "{err}"
+    );
+
+    for budget in ["0", "-1", "2e19"] {
         let out = kvbench(&["run", "--budget", budget]);
         assert_eq!(out.status.code(), Some(2), "budget {budget}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("--budget"));

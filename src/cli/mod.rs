@@ -77,9 +77,16 @@ pub struct ModelArgs {
     pub threads: Option<usize>,
 }
 
-/// A usage error when the directory of an output file given with `flag` does not exist (checked
-/// before any work, so that nothing is computed only to be lost).
+/// A usage error when an output file given with `flag` cannot be written: it names a directory, or
+/// its directory does not exist (checked before any work, so that nothing is computed only to be
+/// lost).
 pub fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), UsageError> {
+    if path.is_dir() {
+        return Err(UsageError(format!(
+            "{flag} {}: a directory; give the path of a file to write",
+            path.display()
+        )));
+    }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     if dir.is_some_and(|d| !d.is_dir()) {
         return Err(UsageError(format!(

@@ -386,3 +386,78 @@ fn bad_sweep_configs_give_one_clear_error_each() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("42 work units"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The test model with one metadata value overwritten in place (a u32 or f32 value of `key`).
+fn with_metadata(dir: &std::path::Path, key: &str, value: [u8; 4]) -> std::path::PathBuf {
+    let mut bytes = std::fs::read(common::gguf_path()).unwrap();
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key.as_bytes())
+        .unwrap_or_else(|| panic!("{key} in the test model"));
+    let ty = u32::from_le_bytes(
+        bytes[at + key.len()..at + key.len() + 4]
+            .try_into()
+            .unwrap(),
+    );
+    assert!(ty == 4 || ty == 6, "{key} is a u32 or f32");
+    let v = at + key.len() + 4;
+    bytes[v..v + 4].copy_from_slice(&value);
+    let path = dir.join(format!("{key}.gguf"));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// GGUF metadata that disagrees with the tensors, or is not finite, is refused before anything is
+/// allocated from it, naming the file, the value and the tensor.
+#[test]
+fn gguf_metadata_is_checked_against_the_tensors_and_for_finite_values() {
+    common::model(kvbench::model::weights::WeightFormat::Native);
+    let dir = std::env::temp_dir().join(format!("kvbench-gguf-md-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases: [(&str, [u8; 4], &str); 6] = [
+        (
+            "llama.embedding_length",
+            (1u32 << 31).to_le_bytes(),
+            "embedding_length",
+        ),
+        (
+            "llama.embedding_length",
+            512u32.to_le_bytes(),
+            "token_embd.weight",
+        ),
+        (
+            "llama.block_count",
+            31u32.to_le_bytes(),
+            "block_count is 31",
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            f32::NAN.to_le_bytes(),
+            "RMSNorm epsilon NaN",
+        ),
+        (
+            "llama.rope.freq_base",
+            f32::NAN.to_le_bytes(),
+            "RoPE frequency base NaN",
+        ),
+        (
+            "llama.rope.freq_base",
+            (-1.0f32).to_le_bytes(),
+            "RoPE frequency base -1",
+        ),
+    ];
+    for (key, value, needle) in cases {
+        let path = with_metadata(&dir, key, value);
+        let started = std::time::Instant::now();
+        let msg = load_err(&path);
+        assert!(
+            msg.contains(needle) && msg.contains(path.file_name().unwrap().to_str().unwrap()),
+            "{key}: {msg}"
+        );
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "{key}: refused before loading"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

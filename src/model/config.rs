@@ -91,6 +91,31 @@ impl ModelConfig {
         if self.num_layers == 0 || self.hidden_size == 0 || self.vocab_size == 0 {
             return Err("layer count, hidden size and vocabulary size must be positive".into());
         }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return Err(format!(
+                "RMSNorm epsilon {} must be a finite number in (0, 1)",
+                self.rms_norm_eps
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(format!(
+                "RoPE frequency base {} must be a finite number above 1",
+                self.rope_theta
+            ));
+        }
+        if let Some(s) = self.rope_scaling {
+            let ok = [s.factor, s.low_freq_factor, s.high_freq_factor]
+                .iter()
+                .all(|x| x.is_finite() && *x > 0.0)
+                && s.high_freq_factor != s.low_freq_factor
+                && s.original_max_position_embeddings > 0;
+            if !ok {
+                return Err(format!("RoPE scaling {s:?} is not finite and positive"));
+            }
+        }
+        if self.max_position_embeddings == 0 {
+            return Err("the context length must be positive".into());
+        }
         Ok(())
     }
 

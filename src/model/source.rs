@@ -302,6 +302,7 @@ impl WeightSource {
             max_position_embeddings: get_u("context_length").unwrap_or(4096),
         };
         config.validate().map_err(|e| Error::model(path, e))?;
+        check_gguf_shapes(&config, &content.tensor_infos).map_err(|e| Error::model(path, e))?;
         Ok(config)
     }
 
@@ -312,6 +313,54 @@ impl WeightSource {
             WeightSource::Safetensors { .. } => None,
         }
     }
+}
+
+/// Checks the metadata's sizes against the tensors before anything is allocated from them: the
+/// embedding's width, the first layer's projections and the last layer's presence.
+fn check_gguf_shapes(
+    c: &ModelConfig,
+    tensors: &std::collections::HashMap<String, gguf_file::TensorInfo>,
+) -> std::result::Result<(), String> {
+    let dims = |name: &str| -> std::result::Result<Vec<usize>, String> {
+        tensors
+            .get(name)
+            .map(|t| t.shape.dims().to_vec())
+            .ok_or_else(|| format!("tensor {name} is missing"))
+    };
+    let expect = |name: &str, want: [usize; 2]| -> std::result::Result<(), String> {
+        let got = dims(name)?;
+        if got != want {
+            return Err(format!(
+                "tensor {name} has shape {got:?}, the metadata says {want:?} (embedding_length {}, head counts {} / {}, head size {}, feed_forward_length {})",
+                c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+            ));
+        }
+        Ok(())
+    };
+    let embd = dims("token_embd.weight")?;
+    if embd.len() != 2 || embd[1] != c.hidden_size {
+        return Err(format!(
+            "tensor token_embd.weight has shape {embd:?}, the metadata's embedding_length is {}",
+            c.hidden_size
+        ));
+    }
+    expect(
+        "blk.0.attn_q.weight",
+        [c.num_heads * c.head_dim, c.hidden_size],
+    )?;
+    expect(
+        "blk.0.attn_k.weight",
+        [c.num_kv_heads * c.head_dim, c.hidden_size],
+    )?;
+    expect("blk.0.ffn_up.weight", [c.intermediate_size, c.hidden_size])?;
+    let last = format!("blk.{}.attn_q.weight", c.num_layers - 1);
+    if !tensors.contains_key(&last) {
+        return Err(format!(
+            "block_count is {}, but tensor {last} is missing",
+            c.num_layers
+        ));
+    }
+    Ok(())
 }
 
 /// Translates a GGUF tensor name to the Hugging Face name of the same weight.

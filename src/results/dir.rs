@@ -54,6 +54,8 @@ pub struct ResultsDir {
     pub path: PathBuf,
     shard: Option<Shard>,
     _locks: Vec<File>,
+    /// Lock files this process created (removed again when the directory is refused).
+    created: Vec<PathBuf>,
 }
 
 fn lock(path: &Path, shared: bool, dir: &Path) -> Result<File> {
@@ -83,14 +85,25 @@ impl ResultsDir {
     /// Creates (if needed) and locks `path` for this process.
     pub fn open(path: &Path, shard: Option<Shard>) -> Result<Self> {
         std::fs::create_dir_all(path).map_err(|e| Error::io(path, e))?;
-        let mut locks = vec![lock(&path.join(".lock"), shard.is_some(), path)?];
+        let mut names = vec![(path.join(".lock"), shard.is_some())];
         if let Some(s) = shard {
-            locks.push(lock(&path.join(format!(".lock.{}", s.tag())), false, path)?);
+            names.push((path.join(format!(".lock.{}", s.tag())), false));
+        }
+        names.push((path.join(".lock.bind"), true));
+        let created: Vec<PathBuf> = names
+            .iter()
+            .map(|(p, _)| p.clone())
+            .filter(|p| !p.exists())
+            .collect();
+        let mut locks = Vec::new();
+        for (p, shared) in names.iter().take(names.len() - 1) {
+            locks.push(lock(p, *shared, path)?);
         }
         Ok(Self {
             path: path.to_path_buf(),
             shard,
             _locks: locks,
+            created,
         })
     }
 
@@ -129,6 +142,10 @@ impl ResultsDir {
             .map(|e| e.file_name().to_string_lossy().to_string())
             .find(|n| !n.starts_with(".lock") && !is_own_unbound_file(n));
         if let Some(name) = foreign {
+            // Leave the foreign directory as it was: no lock files of ours behind.
+            for p in &self.created {
+                let _ = std::fs::remove_file(p);
+            }
             return Err(Error::Input(format!(
                 "{} is not empty and is not a kvbench results directory (it holds {name}): choose another --out",
                 self.path.display()
@@ -381,6 +398,12 @@ mod tests {
             std::fs::read_to_string(d.join("notes.txt")).unwrap(),
             "mine"
         );
+        // Nothing of ours is left in the refused directory.
+        let names: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["notes.txt".to_string()]);
         std::fs::remove_file(d.join("notes.txt")).unwrap();
         dir.bind(&manifest("a"), "name = 't'\n").unwrap();
         dir.bind(&manifest("a"), "ignored").unwrap();

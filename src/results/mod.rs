@@ -51,20 +51,26 @@ impl AtomicFile {
         })
     }
 
-    /// Flushes, syncs and renames the temporary file over the target.
+    /// Flushes, syncs and renames the temporary file over the target. On any failure (a full disk,
+    /// a target that cannot be replaced) the temporary file is removed and the target is untouched.
     pub fn commit(mut self) -> Result<()> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| Error::Io { path, source }
         };
         let out = self.out.take().expect("committed once");
-        let file = out.into_inner().map_err(|e| Error::Io {
-            path: self.temp.clone(),
-            source: e.into_error(),
-        })?;
-        file.sync_all().map_err(io(&self.temp))?;
-        std::fs::rename(&self.temp, &self.target).map_err(io(&self.target))?;
-        Ok(())
+        let done = out
+            .into_inner()
+            .map_err(|e| Error::Io {
+                path: self.temp.clone(),
+                source: e.into_error(),
+            })
+            .and_then(|file| file.sync_all().map_err(io(&self.temp)))
+            .and_then(|()| std::fs::rename(&self.temp, &self.target).map_err(io(&self.target)));
+        if done.is_err() {
+            let _ = std::fs::remove_file(&self.temp);
+        }
+        done
     }
 }
 
@@ -113,6 +119,25 @@ mod tests {
             "no temp file left"
         );
         assert!(AtomicFile::create(&dir.join("missing/x")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failed_commit_leaves_no_temporary_file() {
+        let dir = std::env::temp_dir().join(format!("kvbench-atomic-fail-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The target is a non-empty directory: the rename fails.
+        std::fs::create_dir_all(dir.join("x")).unwrap();
+        std::fs::write(dir.join("x/keep"), "k").unwrap();
+        let mut f = AtomicFile::create(&dir.join("x")).unwrap();
+        f.write_all(b"new").unwrap();
+        assert!(f.commit().is_err());
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["x".to_string()], "no temporary file left");
+        assert_eq!(std::fs::read_to_string(dir.join("x/keep")).unwrap(), "k");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

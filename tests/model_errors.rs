@@ -89,6 +89,20 @@ fn bad_flags_exit_with_code_2_and_say_which() {
         "{err}"
     );
 
+    // A replot of a file without data rows is refused, not drawn empty.
+    let empty = tmp.join(format!("kvbench-empty-{}.csv", std::process::id()));
+    std::fs::write(&empty, "garbage\n").unwrap();
+    let out = kvbench(&[
+        "scaling",
+        "--replot",
+        empty.to_str().unwrap(),
+        "--out",
+        tmp.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--replot"));
+    std::fs::remove_file(&empty).unwrap();
+
     for budget in ["0", "-1", "2e19"] {
         let out = kvbench(&["run", "--budget", budget]);
         assert_eq!(out.status.code(), Some(2), "budget {budget}");

@@ -104,6 +104,12 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             c.duplicates
         );
     }
+    for (dir, n) in &c.unplanned {
+        println!(
+            "note: {n} records in {} belong to no unit planned in its sweep.json; they are left out",
+            dir.display()
+        );
+    }
     for p in &c.partial_lines {
         println!(
             "note: {} ends in a half-written line (a sweep is running, or was killed); it is not counted",

@@ -71,6 +71,13 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
             .deserialize()
             .collect::<Result<Vec<Point>, _>>()
             .map_err(|e| super::UsageError(format!("--replot {}: {e}", csv_path.display())))?;
+        if points.is_empty() {
+            return Err(super::UsageError(format!(
+                "--replot {}: no data rows (expected the scaling.csv that `kvbench scaling` writes)",
+                csv_path.display()
+            ))
+            .into());
+        }
         std::fs::create_dir_all(&args.out).map_err(|e| kvbench::Error::io(&args.out, e))?;
         for f in plot_points(&points, &args.out)? {
             println!("{}", f.display());

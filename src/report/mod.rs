@@ -30,6 +30,9 @@ pub struct Collection {
     pub partial_lines: Vec<PathBuf>,
     /// Trace files found under `DIR/traces/`.
     pub traces: Vec<PathBuf>,
+    /// Records left out because their unit id is not planned in their directory's `sweep.json`
+    /// (another configuration's or a hand-edited file's), per directory.
+    pub unplanned: Vec<(PathBuf, usize)>,
 }
 
 /// Reads and merges result directories.
@@ -41,6 +44,7 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
         manifests: Vec::new(),
         partial_lines: Vec::new(),
         traces: Vec::new(),
+        unplanned: Vec::new(),
     };
     let mut seen = HashSet::new();
     for dir in dirs {
@@ -52,7 +56,23 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
         }
         let samples = read_samples(dir)?;
         c.partial_lines.extend(samples.partial_lines);
+        let manifest = if dir.join("sweep.json").exists() {
+            Some(read_manifest(dir)?)
+        } else {
+            None
+        };
+        let planned: Option<HashSet<&str>> = manifest
+            .as_ref()
+            .map(|m| m.units.iter().map(|u| u.id.as_str()).collect());
+        let mut unplanned = 0;
         for r in samples.records {
+            if planned
+                .as_ref()
+                .is_some_and(|p| !r.unit.is_empty() && !p.contains(r.unit.as_str()))
+            {
+                unplanned += 1;
+                continue;
+            }
             let key = if r.unit.is_empty() {
                 format!("{}#{}#{}", r.policy, r.problem_id, r.sample)
             } else {
@@ -64,8 +84,11 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
                 c.duplicates += 1;
             }
         }
-        if dir.join("sweep.json").exists() {
-            c.manifests.push((dir.clone(), read_manifest(dir)?));
+        if unplanned > 0 {
+            c.unplanned.push((dir.clone(), unplanned));
+        }
+        if let Some(m) = manifest {
+            c.manifests.push((dir.clone(), m));
         }
         if let Ok(entries) = std::fs::read_dir(dir.join("traces")) {
             let mut t: Vec<PathBuf> = entries
@@ -510,6 +533,44 @@ mod tests {
             }),
             fidelity: None,
         }
+    }
+
+    #[test]
+    fn records_of_units_not_planned_are_left_out_and_counted() {
+        let d = std::env::temp_dir().join(format!("kvbench-unplanned-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let planned = record("full", "a", true, 10, true);
+        let stray = record("full", "b", true, 10, true);
+        crate::results::sample::write_records(&d.join("samples.jsonl"), &[planned.clone(), stray])
+            .unwrap();
+        let manifest = Manifest {
+            name: "t".into(),
+            config_hash: "h".into(),
+            kvbench: "0".into(),
+            model: "m".into(),
+            model_id: "m".into(),
+            dataset: "d".into(),
+            dataset_id: "d".into(),
+            units: vec![PlannedUnit {
+                id: planned.unit.clone(),
+                policy: "full".into(),
+                policy_name: "full".into(),
+                budget: None,
+                problem_id: "a".into(),
+                sample: 0,
+            }],
+        };
+        std::fs::write(
+            d.join("sweep.json"),
+            serde_json::to_string(&manifest).unwrap(),
+        )
+        .unwrap();
+        let c = collect(std::slice::from_ref(&d)).unwrap();
+        assert_eq!(c.records.len(), 1);
+        assert_eq!(c.unplanned, vec![(d.clone(), 1)]);
+        assert!(c.missing.is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

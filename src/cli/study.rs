@@ -384,11 +384,9 @@ fn run_units(
     };
     let mut done = 0usize;
     let failures = execute(model, &p.plan, todo, &opts, &mut || bar.inc(1), &mut |r| {
-        appender.append(&r.record)?;
-        done += 1;
-        bar.inc(max_new.saturating_sub(r.record.tokens as u64));
-        bar.set_message(format!("{done}/{} units", todo.len()));
         let label = format!("{}#{}", r.record.problem_id, r.unit.sample);
+        // Traces first: a unit is recorded as finished only once its trace is on disk, so a failed
+        // trace write leaves the unit to the next run instead of losing its heat map.
         if let Some(events) = &r.trace {
             if dir_traced.contains(&r.unit.id) {
                 let mut w = TraceWriter::create(
@@ -403,6 +401,10 @@ fn run_units(
                 }
             }
         }
+        appender.append(&r.record)?;
+        done += 1;
+        bar.inc(max_new.saturating_sub(r.record.tokens as u64));
+        bar.set_message(format!("{done}/{} units", todo.len()));
         if flags.show_output {
             bar.suspend(|| {
                 println!(

@@ -24,6 +24,7 @@ pub struct TraceLine {
 /// A trace file being written; it appears only on [`finish`](TraceWriter::finish).
 pub struct TraceWriter {
     file: AtomicFile,
+    path: std::path::PathBuf,
     events: usize,
 }
 
@@ -31,6 +32,7 @@ impl TraceWriter {
     pub fn create(path: &Path) -> Result<Self> {
         Ok(Self {
             file: AtomicFile::create(path)?,
+            path: path.to_path_buf(),
             events: 0,
         })
     }
@@ -47,7 +49,7 @@ impl TraceWriter {
                 kept: e.kept.clone(),
             };
             let text = serde_json::to_string(&line).map_err(|e| Error::Input(e.to_string()))?;
-            writeln!(self.file, "{text}").map_err(|e| Error::io(Path::new("trace"), e))?;
+            writeln!(self.file, "{text}").map_err(|e| Error::io(&self.path, e))?;
         }
         self.events += events.len();
         Ok(())

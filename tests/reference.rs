@@ -60,17 +60,11 @@ fn run(
     let policy = s.build(&m.policy_context(s, forced.len())).unwrap();
     let mut state = m.transformer.new_state(policy).unwrap();
     state.trace = Some(Vec::new());
-    let feed = |tokens: &[u32], state: &mut SeqState| {
-        m.transformer
-            .forward(&mut [SeqInput { tokens, state }])
-            .unwrap();
-    };
-    feed(prompt, &mut state);
+    step(m, &mut state, prompt);
     let (mut events, mut checked) = (0, 0);
     for (i, &t) in forced.iter().enumerate() {
         let before = snapshot(&state);
-        let seen_events = state.trace.as_ref().unwrap().len();
-        feed(&[t], &mut state);
+        let seen_events = step(m, &mut state, &[t]);
         let new = state.trace.as_ref().unwrap().len() - seen_events;
         if new > 0 {
             events += new;
@@ -398,11 +392,52 @@ struct Seen {
 /// act: the reference sees exactly the attention the policy saw.
 struct Spy {
     inner: Box<dyn Policy>,
-    log: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    logs: Logs,
+}
+
+type Shared<T> = std::sync::Arc<std::sync::Mutex<Vec<T>>>;
+
+/// What a [`Spy`] records, shared with the test that reads it after every step.
+#[derive(Default, Clone)]
+struct Logs {
+    /// Attention probabilities handed to the policy.
+    probs: Shared<Seen>,
     /// Sparse attention choices, with the query and keys they were made from.
-    selections: std::sync::Arc<std::sync::Mutex<Vec<Selected>>>,
+    selections: Shared<Selected>,
     /// When given: every layer's keys and positions as the policy received them (before it compressed).
-    caches: Option<std::sync::Arc<std::sync::Mutex<Vec<HeldLayer>>>>,
+    caches: Option<Shared<HeldLayer>>,
+}
+
+/// A traced sequence whose policy is `s` inside a spy writing to `logs`.
+fn spied(m: &Model, s: &PolicySpec, logs: &Logs) -> SeqState {
+    let spy = Spy {
+        inner: s.build(&m.policy_context(s, STEPS)).unwrap(),
+        logs: logs.clone(),
+    };
+    let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
+    state.trace = Some(Vec::new());
+    state
+}
+
+/// Feeds one step; returns the index of the first trace event it added.
+fn step(m: &Model, state: &mut SeqState, tokens: &[u32]) -> usize {
+    let events_before = state.trace.as_ref().map_or(0, Vec::len);
+    m.transformer
+        .forward(&mut [SeqInput { tokens, state }])
+        .unwrap();
+    events_before
+}
+
+/// A run's inputs: the prompt, then each forced token.
+fn inputs(prompt: &[u32], forced: &[u32]) -> Vec<Vec<u32>> {
+    std::iter::once(prompt.to_vec())
+        .chain(forced.iter().map(|&t| vec![t]))
+        .collect()
+}
+
+/// Takes what a log gathered since the last take.
+fn take<T>(log: &Shared<T>) -> Vec<T> {
+    std::mem::take(&mut *log.lock().unwrap())
 }
 
 /// One sparse-attention choice: the layer, this step's query `[query_heads · d]`, every cache head's
@@ -430,7 +465,7 @@ impl Policy for Spy {
         view: &kvbench::policy::AttentionView<'_>,
         cache: &mut kvbench::cache::LayerCache,
     ) -> candle_core::Result<()> {
-        if let Some(log) = &self.caches {
+        if let Some(log) = &self.logs.caches {
             let d = cache.head_dim();
             let held = cache.with_host(|kv| {
                 (0..cache.kv_heads())
@@ -445,7 +480,7 @@ impl Policy for Spy {
             log.lock().unwrap().push((view.layer, held));
         }
         if let Some(p) = view.probs {
-            self.log.lock().unwrap().push(Seen {
+            self.logs.probs.lock().unwrap().push(Seen {
                 layer: view.layer,
                 shape: p.dims4()?,
                 probs: p.flatten_all()?.to_vec1()?,
@@ -468,7 +503,7 @@ impl Policy for Spy {
                     .map(|h| kv.keys(h)[..cache.len() * d].to_vec())
                     .collect()
             })?;
-            self.selections.lock().unwrap().push(Selected {
+            self.logs.selections.lock().unwrap().push(Selected {
                 layer,
                 query: query.to_vec(),
                 keys,
@@ -498,32 +533,16 @@ fn h2o_keeps_the_reference_sets_event_by_event() {
     let b = 48usize;
     let (heavy, recent) = (b / 2, b - b / 2);
     let s = spec("h2o", b as f64, &[]);
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let spy = Spy {
-        inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
-        log: log.clone(),
-        selections: Default::default(),
-        caches: None,
-    };
-    let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
-    state.trace = Some(Vec::new());
+    let logs = Logs::default();
+    let mut state = spied(&m, &s, &logs);
     let layers = m.transformer.config.num_layers;
     // Per layer and head: (position, accumulated attention) in storage (position) order.
     let mut reference: Vec<Vec<Vec<(u32, f64)>>> = Vec::new();
     let (mut checked, mut near_ties) = (0usize, 0usize);
     let mut seen = 0usize;
-    let inputs: Vec<Vec<u32>> = std::iter::once(prompt.clone())
-        .chain(forced.iter().map(|&t| vec![t]))
-        .collect();
-    for (step, tokens) in inputs.iter().enumerate() {
-        let events_before = state.trace.as_ref().unwrap().len();
-        m.transformer
-            .forward(&mut [SeqInput {
-                tokens,
-                state: &mut state,
-            }])
-            .unwrap();
-        let calls: Vec<Seen> = std::mem::take(&mut *log.lock().unwrap());
+    for (step_index, tokens) in inputs(&prompt, &forced).iter().enumerate() {
+        let events_before = step(&m, &mut state, tokens);
+        let calls = take(&logs.probs);
         assert_eq!(calls.len(), layers, "one attention per layer per step");
         if reference.is_empty() {
             reference = vec![vec![Vec::new(); calls[0].shape.0]; layers];
@@ -566,7 +585,7 @@ fn h2o_keeps_the_reference_sets_event_by_event() {
                 let got: BTreeSet<u32> = event.kept.iter().copied().collect();
                 let wanted: BTreeSet<u32> = want.iter().copied().collect();
                 let score_of = |p: u32| entries.iter().find(|e| e.0 == p).unwrap().1;
-                let at = format!("layer {} head {h} step {step}", call.layer);
+                let at = format!("layer {} head {h} step {step_index}", call.layer);
                 let boundary = entries[order[heavy - 1]].1;
                 if differs_by_near_ties(&got, &wanted, score_of, boundary, 1e-5, &at) {
                     near_ties += 1;
@@ -595,33 +614,17 @@ fn lazy_keeps_the_reference_sets_event_by_event() {
     let (m, prompt, forced) = setup();
     let (cap, w, alpha) = (48usize, 8usize, 5e-4f32);
     let s = spec("lazy", cap as f64, &[("window", "8"), ("alpha", "0.0005")]);
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let spy = Spy {
-        inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
-        log: log.clone(),
-        selections: Default::default(),
-        caches: None,
-    };
-    let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
-    state.trace = Some(Vec::new());
+    let logs = Logs::default();
+    let mut state = spied(&m, &s, &logs);
     let layers = m.transformer.config.num_layers;
     let sigma = |x: f64| 1.0 / (1.0 + (-x).exp());
     // Per layer and cache head: (position, TS, MRI) in storage order.
     let mut reference: Vec<Vec<Vec<(u32, u64, u64)>>> = Vec::new();
     let (mut checked, mut near_ties) = (0usize, 0usize);
     let mut seen = 0usize;
-    let inputs: Vec<Vec<u32>> = std::iter::once(prompt.clone())
-        .chain(forced.iter().map(|&t| vec![t]))
-        .collect();
-    for (t, tokens) in inputs.iter().enumerate() {
-        let events_before = state.trace.as_ref().unwrap().len();
-        m.transformer
-            .forward(&mut [SeqInput {
-                tokens,
-                state: &mut state,
-            }])
-            .unwrap();
-        let calls: Vec<Seen> = std::mem::take(&mut *log.lock().unwrap());
+    for (t, tokens) in inputs(&prompt, &forced).iter().enumerate() {
+        let events_before = step(&m, &mut state, tokens);
+        let calls = take(&logs.probs);
         let trace = &state.trace.as_ref().unwrap()[events_before..];
         seen += tokens.len();
         if t == 0 {
@@ -714,14 +717,8 @@ fn rocket_attends_to_the_reference_tokens_at_every_step() {
     let (m, prompt, forced) = setup();
     let b = 32usize;
     let s = spec("rocket", b as f64, &[]);
-    let selections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let spy = Spy {
-        inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
-        log: Default::default(),
-        selections: selections.clone(),
-        caches: None,
-    };
-    let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
+    let logs = Logs::default();
+    let mut state = spied(&m, &s, &logs);
     let cfg = &m.transformer.config;
     let (hq, d, layers) = (cfg.num_heads, cfg.head_dim, cfg.num_layers);
     // The budget split (HF path), from the spec's formulas.
@@ -734,21 +731,11 @@ fn rocket_attends_to_the_reference_tokens_at_every_step() {
     let chunk = if root <= c2 { root as usize } else { 1 };
     let dims = ((d as f64 * chunk as f64 / c2) as usize).clamp(1, d);
     let k = b / 2;
-    m.transformer
-        .forward(&mut [SeqInput {
-            tokens: &prompt,
-            state: &mut state,
-        }])
-        .unwrap();
+    step(&m, &mut state, &prompt);
     let (mut checked, mut near_ties) = (0usize, 0usize);
     for &tok in &forced {
-        m.transformer
-            .forward(&mut [SeqInput {
-                tokens: &[tok],
-                state: &mut state,
-            }])
-            .unwrap();
-        let made: Vec<Selected> = std::mem::take(&mut *selections.lock().unwrap());
+        step(&m, &mut state, &[tok]);
+        let made = take(&logs.selections);
         assert_eq!(made.len(), layers, "a choice per layer per step");
         for sel in &made {
             let heads = sel.keys.len();
@@ -850,28 +837,15 @@ fn kara_keeps_the_history_and_the_reference_seeds_event_by_event() {
     let s = spec("kara", rho, &[("window", "32")]);
     let cfg = &m.transformer.config;
     let (hq, d) = (cfg.num_heads, cfg.head_dim);
-    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let spy = Spy {
-        inner: s.build(&m.policy_context(&s, STEPS)).unwrap(),
-        log: Default::default(),
-        selections: Default::default(),
-        caches: Some(held.clone()),
+    let logs = Logs {
+        caches: Some(Default::default()),
+        ..Default::default()
     };
-    let mut state = m.transformer.new_state(Box::new(spy)).unwrap();
-    state.trace = Some(Vec::new());
+    let mut state = spied(&m, &s, &logs);
     let (mut events, mut checked) = (0usize, 0usize);
-    let inputs: Vec<Vec<u32>> = std::iter::once(prompt.clone())
-        .chain(forced.iter().map(|&t| vec![t]))
-        .collect();
-    for (generated, tokens) in inputs.iter().enumerate() {
-        let events_before = state.trace.as_ref().unwrap().len();
-        m.transformer
-            .forward(&mut [SeqInput {
-                tokens,
-                state: &mut state,
-            }])
-            .unwrap();
-        let caches: Vec<HeldLayer> = std::mem::take(&mut *held.lock().unwrap());
+    for (generated, tokens) in inputs(&prompt, &forced).iter().enumerate() {
+        let events_before = step(&m, &mut state, tokens);
+        let caches = take(logs.caches.as_ref().unwrap());
         let trace = &state.trace.as_ref().unwrap()[events_before..];
         events += trace.len();
         for e in trace {

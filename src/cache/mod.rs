@@ -315,18 +315,18 @@ impl KvCache {
         }
         // Layers run in order, each appending then compressing: while layer l holds its most, the
         // layers before it are already compressed and the ones after it have not appended yet.
-        let before: Vec<usize> = self
+        // (No allocation: this runs after every step of every sequence.)
+        let mut pending: usize = self
             .layers
             .iter()
             .map(|c| c.step_start_len * c.entry_bytes())
-            .collect();
-        let after: Vec<usize> = self.layers.iter().map(LayerCache::bytes).collect();
-        let (mut done, mut pending) = (0usize, before.iter().sum::<usize>());
-        for (l, c) in self.layers.iter().enumerate() {
-            pending -= before[l];
+            .sum();
+        let mut done = 0usize;
+        for c in &self.layers {
+            pending -= c.step_start_len * c.entry_bytes();
             let moment = done + c.step_max_len.max(c.len) * c.entry_bytes() + pending;
             self.peak_bytes = self.peak_bytes.max(moment);
-            done += after[l];
+            done += c.bytes();
         }
         self.peak_capacity_bytes = self
             .peak_capacity_bytes

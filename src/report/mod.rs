@@ -7,8 +7,11 @@
 //! Speeds are pooled only over records of one machine: with records from several machines the speed
 //! columns use the machine with the most records and the report says so.
 
+pub mod paired;
 pub mod plot;
 pub mod table;
+
+pub use paired::{paired, Interval, Paired};
 
 use crate::error::Result;
 use crate::eval::accuracy::{accuracy, ProblemSamples};
@@ -135,8 +138,18 @@ pub struct Row {
     /// and mean output tokens over full's, minus one.
     pub shared_problems: Option<usize>,
     pub accuracy_vs_full: Option<f64>,
+    /// pass@1 minus full's on the shared problems (a fraction) with its 95% paired bootstrap
+    /// interval ([`paired`]), and the problems only full solved and only this row solved.
+    pub delta_pass: Option<f64>,
+    pub delta_pass_lo: Option<f64>,
+    pub delta_pass_hi: Option<f64>,
+    pub only_full: Option<usize>,
+    pub only_policy: Option<usize>,
     pub mean_tokens: f64,
+    /// Mean output tokens over full's on the shared problems, minus one, with its interval.
     pub tokens_change_vs_full: Option<f64>,
+    pub tokens_change_lo: Option<f64>,
+    pub tokens_change_hi: Option<f64>,
     pub truncation_rate: f64,
     pub no_answer_rate: f64,
     /// Mean over samples (those with metrics; None when none has) of the per-sample peak (the most
@@ -245,8 +258,16 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
                 let p = paired(full, rs);
                 r.shared_problems = Some(p.problems);
                 r.accuracy_vs_full = (p.full_pass > 0.0).then(|| p.pass / p.full_pass);
-                r.tokens_change_vs_full =
-                    (p.full_tokens > 0.0).then(|| p.tokens / p.full_tokens - 1.0);
+                r.tokens_change_vs_full = p.tokens_change.map(|i| i.estimate);
+                r.tokens_change_lo = p.tokens_change.map(|i| i.lo);
+                r.tokens_change_hi = p.tokens_change.map(|i| i.hi);
+                if !is_full(rs[0]) {
+                    r.delta_pass = p.delta_pass.map(|i| i.estimate);
+                    r.delta_pass_lo = p.delta_pass.map(|i| i.lo);
+                    r.delta_pass_hi = p.delta_pass.map(|i| i.hi);
+                    r.only_full = Some(p.only_full);
+                    r.only_policy = Some(p.only_policy);
+                }
             }
             r
         })
@@ -267,45 +288,6 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
 
 fn is_full(r: &SampleRecord) -> bool {
     r.policy_name == "full" || (r.policy_name.is_empty() && r.policy.starts_with("full"))
-}
-
-/// A row and the full row compared over the problems both have: mean pass@1 (per problem, the mean
-/// over its samples) and mean output tokens of each side on those problems.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Paired {
-    pub problems: usize,
-    pub full_pass: f64,
-    pub pass: f64,
-    pub full_tokens: f64,
-    pub tokens: f64,
-}
-
-/// Compares `mine` with `full` over the problem ids both have.
-pub fn paired(full: &[&SampleRecord], mine: &[&SampleRecord]) -> Paired {
-    // Per problem: (correct, tokens, samples).
-    fn per<'a>(rs: &[&'a SampleRecord]) -> HashMap<&'a str, (f64, f64, usize)> {
-        let mut m: HashMap<&str, (f64, f64, usize)> = HashMap::new();
-        for r in rs {
-            let e = m.entry(r.problem_id.as_str()).or_default();
-            e.0 += f64::from(u8::from(r.correct));
-            e.1 += r.tokens as f64;
-            e.2 += 1;
-        }
-        m
-    }
-    let (f, m) = (per(full), per(mine));
-    let shared: Vec<&str> = m.keys().filter(|k| f.contains_key(*k)).copied().collect();
-    let n = shared.len().max(1) as f64;
-    let mean = |map: &HashMap<&str, (f64, f64, usize)>, pick: fn(&(f64, f64, usize)) -> f64| {
-        shared.iter().map(|k| pick(&map[k])).sum::<f64>() / n
-    };
-    Paired {
-        problems: shared.len(),
-        full_pass: mean(&f, |e| e.0 / e.2 as f64),
-        pass: mean(&m, |e| e.0 / e.2 as f64),
-        full_tokens: mean(&f, |e| e.1 / e.2 as f64),
-        tokens: mean(&m, |e| e.1 / e.2 as f64),
-    }
 }
 
 /// Samples grouped by problem, in first-seen order, for the accuracy figures.
@@ -424,8 +406,15 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
             .then_some(acc.cons),
         shared_problems: None,
         accuracy_vs_full: None,
+        delta_pass: None,
+        delta_pass_lo: None,
+        delta_pass_hi: None,
+        only_full: None,
+        only_policy: None,
         mean_tokens: mean(&|r| r.tokens as f64),
         tokens_change_vs_full: None,
+        tokens_change_lo: None,
+        tokens_change_hi: None,
         truncation_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::Truncated))),
         no_answer_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::NoAnswer))),
         kv_peak_bytes: metric(&|m| m.kv_bytes_peak as f64),
@@ -601,5 +590,51 @@ mod tests {
         assert_eq!(full.policy_decode_share, Some(0.25));
         let table = table::markdown(&s);
         assert!(table.contains("| 50.0 / 25.0 |"), "{table}");
+    }
+
+    #[test]
+    fn paired_differences_carry_seeded_intervals_and_discordant_counts() {
+        // 30 problems: full solves all; the policy loses the first 12 and is twice as long on each.
+        let mut records = Vec::new();
+        for i in 0..30 {
+            let p = format!("p{i:02}");
+            records.push(record("full", &p, true, 100, false));
+            records.push(record("rkv", &p, i >= 12, 200, false));
+            // A second policy loses one problem and wins none: no difference shown.
+            records.push(record("h2o", &p, i != 0, 100, false));
+        }
+        let s = summarize(&records);
+        let rkv = s.rows.iter().find(|r| r.policy == "rkv").unwrap();
+        assert!((rkv.delta_pass.unwrap() + 0.4).abs() < 1e-12);
+        assert!(rkv.delta_pass_hi.unwrap() < 0.0, "{rkv:?}");
+        assert_eq!((rkv.only_full, rkv.only_policy), (Some(12), Some(0)));
+        // Every problem doubled: the length change is exactly +100%, and so is its interval.
+        assert_eq!(rkv.tokens_change_vs_full, Some(1.0));
+        assert_eq!(
+            (rkv.tokens_change_lo, rkv.tokens_change_hi),
+            (Some(1.0), Some(1.0))
+        );
+        let h2o = s.rows.iter().find(|r| r.policy == "h2o").unwrap();
+        assert!(h2o.delta_pass_lo.unwrap() < 0.0 && h2o.delta_pass_hi.unwrap() >= 0.0);
+        let full = s.rows.iter().find(|r| r.policy == "full").unwrap();
+        assert_eq!((full.delta_pass, full.only_full), (None, None));
+        // The table marks the interval that contains 0 and only that one.
+        let table = table::markdown(&s);
+        let line = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(&format!("| {name} |")))
+                .unwrap()
+                .to_string()
+        };
+        assert!(line("rkv").contains("| -40.0 ["), "{table}");
+        assert!(!line("rkv").contains('≈'), "{table}");
+        assert!(
+            line("h2o").contains("| -3.3 [") && line("h2o").contains('≈'),
+            "{table}"
+        );
+        assert!(line("rkv").contains("| 12 / 0 |"), "{table}");
+        // The same records give the same report.
+        assert_eq!(table::markdown(&summarize(&records)), table);
     }
 }

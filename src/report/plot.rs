@@ -7,6 +7,7 @@ use super::{Row, Summary};
 use crate::error::{Error, Result};
 use crate::results::trace::TraceLine;
 use plotters::coord::Shift;
+use plotters::element::ErrorBar;
 use plotters::prelude::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -69,6 +70,8 @@ struct LineChart {
     x_label: String,
     y_label: String,
     series: Vec<(String, Vec<(f64, f64)>)>,
+    /// Interval bars by series label: (x, the point's y, low, high).
+    bars: Bars,
     reference: Option<(String, f64)>,
     log_x: bool,
 }
@@ -114,6 +117,11 @@ impl LineChart {
             .series
             .iter()
             .flat_map(|(_, p)| p.iter().map(|q| q.1))
+            .chain(
+                self.bars
+                    .iter()
+                    .flat_map(|(_, b)| b.iter().flat_map(|q| [q.2, q.3])),
+            )
             .chain(self.reference.iter().map(|r| r.1));
         let (mut y0, mut y1) = range(ys, 0.1);
         if y0 < 0.0
@@ -177,6 +185,14 @@ impl LineChart {
             chart
                 .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
                 .map_err(&err)?;
+            let bars = self.bars.iter().filter(|(l, _)| l == label);
+            for (_, b) in bars {
+                chart
+                    .draw_series(b.iter().map(|&(x, y, lo, hi)| {
+                        ErrorBar::new_vertical(tx(x), lo, y, hi, c.stroke_width(1), 8)
+                    }))
+                    .map_err(&err)?;
+            }
         }
         chart
             .configure_series_labels()
@@ -233,19 +249,40 @@ pub fn lines(
         x_label: x_label.into(),
         y_label: y_label.into(),
         series,
+        bars: Vec::new(),
         reference: None,
         log_x,
     }
     .write(stem)
 }
 
-/// Per policy (other than full), its rows' points; with the budgets the x value of each.
+/// Labelled lines of (x, y) points.
+type Series = Vec<(String, Vec<(f64, f64)>)>;
+/// Labelled interval bars: (x, the point's y, low, high).
+type Bars = Vec<(String, Vec<(f64, f64, f64, f64)>)>;
+/// Series and their interval bars: one line per policy.
+type Lines = (Series, Bars);
+/// A summary chart: file stem, title, axis labels, lines, reference line, log x.
+type ChartSpec<'a> = (
+    &'a str,
+    String,
+    String,
+    String,
+    Lines,
+    Option<(String, f64)>,
+    bool,
+);
+
+/// Per policy (other than full), its rows' points; with the budgets the x value of each. `band`
+/// gives a point's interval (low, high) in y units, drawn as a bar.
 fn series(
     rows: &[&Row],
     y: impl Fn(&Row) -> Option<f64>,
+    band: impl Fn(&Row) -> Option<(f64, f64)>,
     x: impl Fn(&Row) -> f64,
-) -> Vec<(String, Vec<(f64, f64)>)> {
+) -> Lines {
     let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut bars: BTreeMap<String, Vec<(f64, f64, f64, f64)>> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.policy != "full") {
         if let Some(v) = y(r) {
             let label = if rows
@@ -256,15 +293,41 @@ fn series(
             } else {
                 r.policy.clone()
             };
+            if let Some((lo, hi)) = band(r) {
+                bars.entry(label.clone())
+                    .or_default()
+                    .push((x(r), v, lo, hi));
+            }
             by.entry(label).or_default().push((x(r), v));
         }
     }
-    by.into_iter()
+    let series = by
+        .into_iter()
         .map(|(k, mut v)| {
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
             (k, v)
         })
-        .collect()
+        .collect();
+    (series, bars.into_iter().collect())
+}
+
+/// A row's paired interval of Δ pass@1, moved onto its own pass@1 (percent): the point plus the
+/// interval's distance from the estimate.
+fn pass_band(r: &Row) -> Option<(f64, f64)> {
+    let (d, lo, hi) = (r.delta_pass?, r.delta_pass_lo?, r.delta_pass_hi?);
+    let y = 100.0 * r.pass_at_1;
+    Some((y + 100.0 * (lo - d), y + 100.0 * (hi - d)))
+}
+
+/// A row's interval of the length ratio to full, scaled onto its mean length.
+fn length_band(r: &Row) -> Option<(f64, f64)> {
+    let (c, lo, hi) = (
+        r.tokens_change_vs_full?,
+        r.tokens_change_lo?,
+        r.tokens_change_hi?,
+    );
+    let scale = r.mean_tokens / (1.0 + c).max(1e-9);
+    Some((scale * (1.0 + lo), scale * (1.0 + hi)))
 }
 
 /// Writes the summary plots into `dir`; returns the files written.
@@ -288,39 +351,63 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
     };
     let log_x = !fractional;
     let budget_of = |r: &Row| r.budget.unwrap_or(1.0);
+    let none = |_: &Row| None;
     let mut files = Vec::new();
-    let charts = [
+    let bars_note = "; bars: 95% paired bootstrap interval vs full";
+    let memory_lines = {
+        let (mut lines, bars) = series(
+            &rows,
+            // Rows without memory figures are left out, never drawn at zero.
+            |r| r.kv_mean_bytes.map(|_| 100.0 * r.pass_at_1),
+            pass_band,
+            |r| r.kv_mean_bytes.unwrap_or(0.0) / (1 << 20) as f64,
+        );
+        // The full cache is a point here (its memory is the point of the comparison).
+        lines.extend(full.and_then(|f| {
+            f.kv_mean_bytes.map(|m| {
+                (
+                    "full cache".to_string(),
+                    vec![(m / (1 << 20) as f64, 100.0 * f.pass_at_1)],
+                )
+            })
+        }));
+        (lines, bars)
+    };
+    let mut charts: Vec<ChartSpec> = vec![
         (
             "accuracy_vs_budget",
             format!("Accuracy vs KV budget: {subject}"),
             x_budget.to_string(),
-            "pass@1 (%)".to_string(),
-            series(&on_axis, |r| Some(100.0 * r.pass_at_1), budget_of),
+            format!("pass@1 (%){bars_note}"),
+            series(
+                &on_axis,
+                |r| Some(100.0 * r.pass_at_1),
+                pass_band,
+                budget_of,
+            ),
             full.map(|f| ("full cache".to_string(), 100.0 * f.pass_at_1)),
+            log_x,
+        ),
+        (
+            "delta_vs_budget",
+            format!("Change in pass@1 from the full cache, paired by problem: {subject}"),
+            x_budget.to_string(),
+            "Δ pass@1 vs full (points), 95% paired bootstrap interval".to_string(),
+            series(
+                &on_axis,
+                |r| r.delta_pass.map(|d| 100.0 * d),
+                |r| Some((100.0 * r.delta_pass_lo?, 100.0 * r.delta_pass_hi?)),
+                budget_of,
+            ),
+            Some(("no difference".to_string(), 0.0)),
             log_x,
         ),
         (
             "accuracy_vs_memory",
             format!("Accuracy vs KV memory: {subject}"),
             "time-averaged KV cache per sequence (MiB)".to_string(),
-            "pass@1 (%)".to_string(),
-            // The full cache is a point here (its memory is the point of the comparison).
-            series(
-                &rows,
-                // Rows without memory figures are left out, never drawn at zero.
-                |r| r.kv_mean_bytes.map(|_| 100.0 * r.pass_at_1),
-                |r| r.kv_mean_bytes.unwrap_or(0.0) / (1 << 20) as f64,
-            )
-            .into_iter()
-            .chain(full.and_then(|f| {
-                f.kv_mean_bytes.map(|m| {
-                    (
-                        "full cache".to_string(),
-                        vec![(m / (1 << 20) as f64, 100.0 * f.pass_at_1)],
-                    )
-                })
-            }))
-            .collect(),
+            format!("pass@1 (%){bars_note}"),
+            memory_lines,
             None,
             false,
         ),
@@ -329,7 +416,7 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             format!("Decode throughput vs KV budget: {subject}"),
             x_budget.to_string(),
             "decode throughput (tokens/s, all sequences of a batch)".to_string(),
-            series(&on_axis, |r| r.decode_tokens_per_s, budget_of),
+            series(&on_axis, |r| r.decode_tokens_per_s, none, budget_of),
             full.and_then(|f| f.decode_tokens_per_s.map(|t| ("full cache".to_string(), t))),
             log_x,
         ),
@@ -337,8 +424,8 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             "length_vs_budget",
             format!("Output length vs KV budget: {subject}"),
             x_budget.to_string(),
-            "mean output length (tokens)".to_string(),
-            series(&on_axis, |r| Some(r.mean_tokens), budget_of),
+            format!("mean output length (tokens){bars_note}"),
+            series(&on_axis, |r| Some(r.mean_tokens), length_band, budget_of),
             full.map(|f| ("full cache".to_string(), f.mean_tokens)),
             log_x,
         ),
@@ -362,20 +449,23 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             (label, pts)
         })
         .collect();
-    let mut charts = charts.to_vec();
     if !fidelity.is_empty() {
         charts.push((
             "fidelity_vs_position",
             format!("Teacher-forced KL from the full cache by position: {subject}"),
             "output position (tokens)".to_string(),
             "KL(full ‖ policy), nats, mean over samples".to_string(),
-            fidelity,
+            (fidelity, Vec::new()),
             None,
             false,
         ));
     }
-    for (stem, title, x_label, y_label, series, reference, log_x) in charts {
+    for (stem, title, x_label, y_label, (series, bars), reference, log_x) in charts {
         if series.is_empty() && reference.is_none() {
+            continue;
+        }
+        // The Δ chart has a reference line but nothing to draw without paired rows.
+        if stem == "delta_vs_budget" && series.is_empty() {
             continue;
         }
         let chart = LineChart {
@@ -384,6 +474,7 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             x_label,
             y_label,
             series,
+            bars,
             reference,
             log_x,
         };

@@ -15,6 +15,24 @@ fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map_or_else(|| "-".into(), f)
 }
 
+/// A paired difference (a fraction) with its 95% interval, in hundredths (percentage points, or
+/// percent with `unit` "%"), marked `≈` when the interval contains 0.
+fn interval(estimate: Option<f64>, lo: Option<f64>, hi: Option<f64>, unit: &str) -> String {
+    match (estimate, lo, hi) {
+        (Some(e), Some(lo), Some(hi)) => {
+            let mark = if lo <= 0.0 && hi >= 0.0 { " ≈" } else { "" };
+            format!(
+                "{:+.1}{unit} [{:+.1}, {:+.1}]{mark}",
+                100.0 * e,
+                100.0 * lo,
+                100.0 * hi
+            )
+        }
+        (Some(e), ..) => format!("{:+.1}{unit}", 100.0 * e),
+        _ => "-".into(),
+    }
+}
+
 /// Label of a row's policy: the name, with its parameters when they are not the defaults the table
 /// shows elsewhere (the full description is in CSV and JSON).
 fn budget_label(r: &Row) -> String {
@@ -43,13 +61,15 @@ pub fn markdown(s: &Summary) -> String {
         "problems × samples",
         "pass@1 % ± se",
         "vs full",
+        "Δ pass@1 vs full, points [95% CI]",
+        "only full / only policy",
     ];
     if any_cons {
         head.push("cons@n %");
     }
     head.extend([
         "tokens",
-        "Δ tokens vs full",
+        "Δ tokens vs full [95% CI]",
         "truncated %",
         "repeated 4-grams %",
         "KV peak MiB",
@@ -88,13 +108,23 @@ pub fn markdown(s: &Summary) -> String {
             format!("{} × {}", r.problems, r.samples),
             format!("{} ± {}", pct(r.pass_at_1), pct(r.stderr)),
             opt(r.accuracy_vs_full, |x| format!("{x:.2}")),
+            interval(r.delta_pass, r.delta_pass_lo, r.delta_pass_hi, ""),
+            match (r.only_full, r.only_policy) {
+                (Some(a), Some(b)) => format!("{a} / {b}"),
+                _ => "-".into(),
+            },
         ];
         if any_cons {
             cells.push(opt(r.cons, pct));
         }
         cells.extend([
             format!("{:.0}", r.mean_tokens),
-            opt(r.tokens_change_vs_full, |x| format!("{:+.1}%", 100.0 * x)),
+            interval(
+                r.tokens_change_vs_full,
+                r.tokens_change_lo,
+                r.tokens_change_hi,
+                "%",
+            ),
             pct(r.truncation_rate),
             opt(r.repetition, pct),
             opt(r.kv_peak_bytes, |x| format!("{:.2}", x / MIB)),
@@ -132,7 +162,10 @@ pub fn markdown(s: &Summary) -> String {
         out,
         "\nbudget: above 1 entries per layer and KV head; at most 1 a ratio, B = ratio × the full run's \
          mean generation length (shown). pass@1: mean over samples, ± standard error across problems; \
-         vs full and Δ tokens: over the problems both rows have. KV: bytes held per sequence (peak: \
+         vs full (pass@1 over full's), Δ pass@1 and Δ tokens: over the problems both rows have, \
+         paired by problem, with 95% paired bootstrap intervals (10,000 seeded resamples of the \
+         problems); ≈ marks an interval that contains 0 (no difference shown). Only full / only \
+         policy: problems where that side's pass@1 is higher (with one sample: only it solved). KV: bytes held per sequence (peak: \
          the most at any moment; mean: time-averaged), ratio = time-averaged bytes over a full \
          cache's for the same tokens. Policy time: its prefill work over prefill time / its decode \
          work over decode time. Speeds: aggregate decode tokens/s over each row's batches; \

@@ -1,0 +1,311 @@
+//! Property tests of the three parsers that read what a user (or a crash) hands kvbench: the GGUF
+//! header and metadata, the sweep config, and the samples file. Whatever the bytes, each returns a
+//! value or an input error naming the file, within a bounded time, and never panics or aborts.
+
+mod common;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use kvbench::model::{LoadOptions, Model};
+use kvbench::policy::Full;
+use kvbench::results::dir::read_samples;
+use kvbench::sweep::config::SweepConfig;
+use proptest::prelude::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvbench-hostile-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A tiny Llama model as GGUF bytes (2 layers, width 32, a byte-level vocabulary of 257), and the
+/// offset where its tensor data starts: everything before it is header and metadata.
+fn tiny_gguf() -> (Vec<u8>, usize) {
+    let (hidden, heads, kv_heads, ffn, layers) = (32usize, 2usize, 1usize, 64usize, 2usize);
+    let head_dim = hidden / heads;
+    let mut tokens: Vec<String> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    tokens.sort();
+    tokens.push("<|endoftext|>".into());
+    let vocab = tokens.len();
+    let mut types = vec![gguf_file::Value::I32(1); vocab];
+    types[vocab - 1] = gguf_file::Value::I32(3);
+    let s = |x: &str| gguf_file::Value::String(x.into());
+    let u = gguf_file::Value::U32;
+    let metadata: Vec<(&str, gguf_file::Value)> = vec![
+        ("general.architecture", s("llama")),
+        ("llama.embedding_length", u(hidden as u32)),
+        ("llama.attention.head_count", u(heads as u32)),
+        ("llama.attention.head_count_kv", u(kv_heads as u32)),
+        ("llama.feed_forward_length", u(ffn as u32)),
+        ("llama.block_count", u(layers as u32)),
+        ("llama.context_length", u(128)),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            gguf_file::Value::F32(1e-5),
+        ),
+        ("llama.rope.freq_base", gguf_file::Value::F32(10_000.0)),
+        ("tokenizer.ggml.model", s("gpt2")),
+        ("tokenizer.ggml.pre", s("default")),
+        (
+            "tokenizer.ggml.tokens",
+            gguf_file::Value::Array(tokens.iter().map(|t| s(t)).collect()),
+        ),
+        ("tokenizer.ggml.merges", gguf_file::Value::Array(Vec::new())),
+        ("tokenizer.ggml.token_type", gguf_file::Value::Array(types)),
+        ("tokenizer.ggml.eos_token_id", u(vocab as u32 - 1)),
+    ];
+    let mut seed = 1u32;
+    let mut tensor = |dims: &[usize]| {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1u32 << 24) as f32 * 0.2 - 0.1
+            })
+            .collect();
+        let t = Tensor::from_vec(v, dims, &Device::Cpu).unwrap();
+        QTensor::quantize(&t, GgmlDType::F32).unwrap()
+    };
+    let mut tensors: Vec<(String, QTensor)> = vec![
+        ("token_embd.weight".into(), tensor(&[vocab, hidden])),
+        ("output_norm.weight".into(), tensor(&[hidden])),
+        ("output.weight".into(), tensor(&[vocab, hidden])),
+    ];
+    for l in 0..layers {
+        for (name, dims) in [
+            ("attn_norm", vec![hidden]),
+            ("attn_q", vec![heads * head_dim, hidden]),
+            ("attn_k", vec![kv_heads * head_dim, hidden]),
+            ("attn_v", vec![kv_heads * head_dim, hidden]),
+            ("attn_output", vec![hidden, heads * head_dim]),
+            ("ffn_norm", vec![hidden]),
+            ("ffn_gate", vec![ffn, hidden]),
+            ("ffn_up", vec![ffn, hidden]),
+            ("ffn_down", vec![hidden, ffn]),
+        ] {
+            tensors.push((format!("blk.{l}.{name}.weight"), tensor(&dims)));
+        }
+    }
+    let md: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = std::io::Cursor::new(Vec::new());
+    gguf_file::write(&mut out, &md, &ts).unwrap();
+    let bytes = out.into_inner();
+    let content = gguf_file::Content::read(&mut std::io::Cursor::new(&bytes)).unwrap();
+    (bytes, content.tensor_data_offset as usize)
+}
+
+/// Loads `path` as a model: an input error that names the file, or a model that tokenizes and
+/// decodes a few steps; in bounded time.
+fn load_is_clean(path: &Path) -> Result<(), TestCaseError> {
+    let started = Instant::now();
+    match Model::load(path.to_str().unwrap(), &LoadOptions::default()) {
+        Ok(m) => {
+            // A model that loads computes: finite logits, never garbage with success.
+            let prompt = m.tokenizer.encode("1 + 1 =").unwrap();
+            let (_, logits, _) = common::run_greedy(&m, &prompt, Box::new(Full), 4);
+            prop_assert!(
+                logits.iter().flatten().all(|x| x.is_finite()),
+                "non-finite logits"
+            );
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            prop_assert!(e.is_input_error(), "not an input error: {msg}");
+            prop_assert!(msg.contains("hostile"), "the file is not named: {msg}");
+        }
+    }
+    prop_assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// Where the value of metadata `key` starts in GGUF `bytes` (after the key and its type).
+fn value_at(bytes: &[u8], key: &str) -> usize {
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key.as_bytes())
+        .unwrap_or_else(|| panic!("{key} in the tiny model"));
+    at + key.len() + 4
+}
+
+#[test]
+fn the_tiny_model_loads_and_decodes() {
+    let dir = temp_dir("tiny");
+    let (bytes, _) = tiny_gguf();
+    let path = dir.join("tiny.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let model = Model::load(path.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    assert_eq!(model.transformer.config.num_layers, 2);
+    let prompt = model.tokenizer.encode("1 + 1").unwrap();
+    assert!(prompt.len() >= 3);
+    let (tokens, logits, _) = common::run_greedy(&model, &prompt, Box::new(Full), 3);
+    assert_eq!(tokens.len(), 3);
+    assert!(logits.iter().flatten().all(|x| x.is_finite()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Bytes of the header and metadata overwritten at random (sizes, counts, types, strings), or the
+    /// file cut anywhere: the load refuses with an error naming the file, or loads.
+    #[test]
+    fn gguf_headers_with_random_damage_are_refused_cleanly(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        wide in prop::bool::weighted(0.2),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let (mut bytes, header) = tiny_gguf();
+        for (at, v) in &edits {
+            let i = at.index(header);
+            if wide && i + 8 <= header {
+                // A whole little-endian u64 with its high bytes set: counts and lengths near 2^64.
+                bytes[i..i + 8].copy_from_slice(&(u64::MAX - u64::from(*v)).to_le_bytes());
+            } else {
+                bytes[i] = *v;
+            }
+        }
+        if let Some(c) = cut {
+            bytes.truncate(c.index(bytes.len()));
+        }
+        let dir = temp_dir("gguf");
+        let path = dir.join(format!("hostile-{}.gguf", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        load_is_clean(&path)?;
+    }
+
+    /// One size, count or float of the metadata replaced by any value (0, 2^32 - 1, NaN, negative,
+    /// subnormal...): refused naming the file before anything is allocated from it, or a model that
+    /// decodes.
+    #[test]
+    fn gguf_metadata_values_out_of_range_are_refused_cleanly(
+        key in prop::sample::select(vec![
+            "llama.embedding_length", "llama.attention.head_count", "llama.attention.head_count_kv",
+            "llama.feed_forward_length", "llama.block_count", "llama.context_length",
+            "llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base",
+            "tokenizer.ggml.eos_token_id",
+        ]),
+        value in prop_oneof![
+            Just(0u32), Just(1), Just(2), Just(16), Just(31), Just(33), Just(64), Just(u32::MAX),
+            Just(1 << 31), Just(f32::NAN.to_bits()), Just(f32::INFINITY.to_bits()),
+            Just((-1.0f32).to_bits()), Just(1e-45f32.to_bits()), Just(1e30f32.to_bits()), any::<u32>(),
+        ],
+    ) {
+        let (mut bytes, _) = tiny_gguf();
+        let at = value_at(&bytes, key);
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        let dir = temp_dir("gguf-md");
+        let path = dir.join(format!("hostile-{}.gguf", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        load_is_clean(&path)?;
+    }
+
+    /// A valid config with one top-level value replaced by an arbitrary TOML value, or with random
+    /// bytes spliced in: the config loads, or the error names the file.
+    #[test]
+    fn configs_with_random_values_are_refused_cleanly(
+        key in prop::sample::select(vec![
+            "name", "model", "dataset", "samples", "max_new_tokens", "budgets", "seed", "limit",
+            "temperature", "top_p", "batch_size", "shuffle_seed", "ids", "budget_rule", "preset",
+            "prompt", "weights", "fidelity", "problem_seed", "unknown_key",
+        ]),
+        value in prop::sample::select(vec![
+            "0", "-1", "1e308", "-1e308", "nan", "inf", "18446744073709551615", "9223372036854775807",
+            "\"\"", "\"../../x\"", "\"a/b\"", "[]", "[0, -1, nan]", "[1e308]", "[\"x\", \"x\"]",
+            "{}", "true", "1979-05-27", "\"\\u0000\"", "[[1]]", "0.5", "4294967296",
+        ]),
+        splice in proptest::option::of((any::<prop::sample::Index>(), "\\PC{0,12}")),
+    ) {
+        let base = "name = \"t\"\nmodel = \"smollm2-135m\"\ndataset = \"builtin\"\nsamples = 1\n\
+                    max_new_tokens = 64\nbudgets = [64, 0.25]\n";
+        let mut text: String = base
+            .lines()
+            .filter(|l| !l.starts_with(&format!("{key} =")))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        text.push_str(&format!("{key} = {value}\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"rkv\"\n"));
+        if let Some((at, junk)) = splice {
+            let mut i = at.index(text.len() + 1);
+            while !text.is_char_boundary(i) {
+                i -= 1;
+            }
+            text.insert_str(i, &junk);
+        }
+        let dir = temp_dir("config");
+        let path = dir.join(format!("hostile-{}.toml", std::process::id()));
+        std::fs::write(&path, &text).unwrap();
+        let started = Instant::now();
+        match SweepConfig::load(&path) {
+            Ok(c) => {
+                // What loads also plans its policies without panicking.
+                let _ = c.policy_specs();
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                prop_assert!(e.is_input_error(), "{msg}");
+                prop_assert!(msg.contains("hostile"), "the file is not named: {msg}");
+            }
+        }
+        prop_assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A samples file of valid records with a torn copy of one more at the end (cut at any byte,
+    /// inside a multi-byte character too) reads as exactly the complete records; a damaged line
+    /// before the end is an error naming the file and that line.
+    #[test]
+    fn samples_files_read_their_complete_records_whatever_the_torn_end(
+        n in 0usize..6,
+        cut in any::<prop::sample::Index>(),
+        damage in proptest::option::of((any::<prop::sample::Index>(), any::<prop::sample::Index>(), any::<u8>())),
+    ) {
+        let dir = temp_dir("samples");
+        let line = |i: usize| {
+            serde_json::json!({
+                "problem_id": format!("p{i} é — 数"), "sample": 0, "seed": i, "gold": "1",
+                "output": "x ≥ 2 \\boxed{1}", "thinking": false, "extracted": "1",
+                "normalized_pred": "1", "normalized_gold": "1", "verdict": "correct",
+                "correct": true, "grader": "g", "lenient": false, "tokens": 7, "finish": "eos",
+                "policy": "full", "prompt": "R1", "template_hash": "h", "dataset": "d",
+            })
+            .to_string()
+        };
+        let mut bytes: Vec<u8> = (0..n).flat_map(|i| format!("{}\n", line(i)).into_bytes()).collect();
+        let torn = line(99).into_bytes();
+        bytes.extend_from_slice(&torn[..cut.index(torn.len())]);
+        let mut damaged_line = None;
+        if let Some((which, at, v)) = damage {
+            if n > 0 && v != b'\n' {
+                let l = which.index(n);
+                let start: usize = (0..l).map(|i| line(i).len() + 1).sum();
+                let i = start + at.index(line(l).len());
+                bytes[i] = v;
+                damaged_line = Some(l + 1);
+            }
+        }
+        std::fs::write(dir.join("samples.jsonl"), &bytes).unwrap();
+        match read_samples(&dir) {
+            Ok(s) => {
+                // A damaged byte may still leave valid JSON (inside a string, say) but never more
+                // or fewer records than complete lines.
+                prop_assert_eq!(s.records.len(), n);
+                prop_assert_eq!(s.partial_lines.len(), usize::from(cut.index(torn.len()) > 0));
+                let _ = kvbench::report::table::markdown(&kvbench::report::summarize(&s.records));
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                let l = damaged_line.unwrap_or(0);
+                prop_assert!(damaged_line.is_some(), "undamaged file refused: {msg}");
+                prop_assert!(msg.contains(&format!("samples.jsonl:{l}")), "{msg}");
+            }
+        }
+    }
+}

@@ -210,6 +210,8 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another kvbench process"));
     drop(held);
 
+    disk_full_then_resume(cfg, &work, &expected);
+
     // Two shards at once into one directory: disjoint, and together the whole plan. Their ratio
     // budgets need the full run: without it a shard refuses before running anything, naming how to
     // get it; with the full phase run first, the policies' shards run at once.
@@ -284,6 +286,7 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
         "report.json",
         "accuracy_vs_budget.svg",
         "accuracy_vs_budget.png",
+        "delta_vs_budget.png",
         "accuracy_vs_memory.png",
         "throughput_vs_budget.png",
         "length_vs_budget.png",
@@ -304,6 +307,50 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
         .count();
     assert_eq!(heat_maps, 2, "one heat map per compressing policy");
     std::fs::remove_dir_all(&work).unwrap();
+}
+
+/// A disk that fills up mid-sweep (a file size limit: writes past it fail with EFBIG, as they would
+/// with ENOSPC) stops the sweep with an error naming the file, leaves only whole records (and at most
+/// a torn last line) and no temporary files; once there is room, the same command resumes and ends
+/// with the records of an uninterrupted run.
+fn disk_full_then_resume(
+    cfg: &str,
+    work: &Path,
+    expected: &BTreeMap<String, (String, usize, Option<String>, bool)>,
+) {
+    let d = work.join("full-disk");
+    // 24 blocks of 512 bytes: room for the config and the plan, and for a few records, not nine.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 24; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_kvbench"))
+        .args(["sweep", cfg, "--out", d.to_str().unwrap()])
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "the sweep cannot finish: {err}");
+    assert!(
+        err.contains("samples.jsonl") && err.contains("File too large"),
+        "the error names the file and the cause: {err}"
+    );
+    let samples = d.join("samples.jsonl");
+    let kept = complete_lines(&samples);
+    assert!(
+        (1..9).contains(&kept),
+        "{kept} whole records before the limit"
+    );
+    let leftovers: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    // The whole records read back; the rest is at most a torn line.
+    assert_eq!(read_samples(&d).unwrap().records.len(), kept);
+    let text = ok(&kvbench(&["sweep", cfg, "--out", d.to_str().unwrap()]));
+    assert!(text.contains(&format!("{} units run", 9 - kept)), "{text}");
+    assert_eq!(&results(&d), expected, "resumed after a full disk");
 }
 
 #[test]

@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod error;
 pub mod eval;
+pub mod files;
 pub mod generate;
 pub mod kernels;
 pub mod metrics;

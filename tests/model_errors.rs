@@ -475,3 +475,35 @@ fn gguf_metadata_is_checked_against_the_tensors_and_for_finite_values() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Files that are devices, directories or endless are refused by name before anything is read from
+/// them: a config, a problem file, a tokenizer, and a results directory's own files.
+#[cfg(unix)]
+#[test]
+fn devices_and_directories_in_place_of_files_are_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("kvbench-devices-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let check = |args: &[&str], needle: &str| {
+        let started = std::time::Instant::now();
+        let out = common::kvbench(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(started.elapsed().as_secs() < 60, "{args:?} took too long");
+    };
+    check(&["sweep", "/dev/zero", "--dry-run"], "/dev/zero");
+    check(&["sweep", dir.to_str().unwrap(), "--dry-run"], "is a directory");
+    check(
+        &["run", "--dataset", "math500", "--data", "/dev/zero", "--limit", "1"],
+        "/dev/zero",
+    );
+    check(&["run", "--tokenizer", "/dev/zero", "--limit", "1"], "/dev/zero");
+    check(&["grade", "--cases", "/dev/zero"], "/dev/zero");
+    // A results directory whose samples file is a link to an endless device.
+    let res = dir.join("res");
+    std::fs::create_dir_all(&res).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", res.join("samples.jsonl")).unwrap();
+    check(&["report", res.to_str().unwrap(), "--no-plots"], "samples.jsonl");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -77,7 +77,7 @@ pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
     let Some(path) = &args.cases else {
         return Err(UsageError("give --pred and --gold, or --cases FILE".into()).into());
     };
-    let text = std::fs::read_to_string(path).map_err(|e| kvbench::Error::io(path, e))?;
+    let text = kvbench::files::read_text(path, kvbench::files::DATA_LIMIT)?;
     for (i, line) in text
         .lines()
         .enumerate()

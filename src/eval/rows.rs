@@ -49,7 +49,7 @@ pub fn load(path: &Path, fields: &Fields) -> Result<Vec<Problem>> {
 
 /// The non-blank lines of a JSON Lines file, numbered from 1 as an editor numbers them.
 fn jsonl_rows(path: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::files::read_text(path, crate::files::DATA_LIMIT)?;
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -76,6 +76,7 @@ fn parquet_rows(path: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
             path.display()
         ))
     };
+    crate::files::check_readable(path, crate::files::DATA_LIMIT)?;
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let reader = SerializedFileReader::new(file).map_err(bad)?;
     let mut rows = Vec::new();

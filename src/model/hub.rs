@@ -28,7 +28,7 @@ pub fn hf_cache_root() -> PathBuf {
 /// A complete snapshot of `repo` in the local HF cache, if there is one.
 pub fn cached_snapshot(repo: &str) -> Option<PathBuf> {
     let dir = hf_cache_root().join(format!("models--{}", repo.replace('/', "--")));
-    let revision = std::fs::read_to_string(dir.join("refs").join("main")).ok()?;
+    let revision = crate::files::read_text(&dir.join("refs").join("main"), 4096).ok()?;
     let snap = dir.join("snapshots").join(revision.trim());
     let complete = REQUIRED.iter().all(|f| snap.join(f).is_file()) && has_weights(&snap);
     complete.then_some(snap)
@@ -71,7 +71,7 @@ fn download(repo: &str) -> Result<PathBuf> {
     }
     let weights: Vec<String> = match r.get("model.safetensors.index.json") {
         Ok(index) => {
-            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let text = crate::files::read_text(&index, crate::files::CONFIG_LIMIT)?;
             let v: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| Error::model(&index, format!("invalid index: {e}")))?;
             let mut files: Vec<String> = v["weight_map"]

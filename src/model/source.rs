@@ -131,7 +131,7 @@ impl WeightSource {
     /// Opens a Hugging Face model directory (`config.json` plus one or more `*.safetensors`).
     pub fn open_safetensors(dir: &Path) -> Result<(Self, ModelConfig)> {
         let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path)
+        let text = crate::files::read_text(&config_path, crate::files::CONFIG_LIMIT)
             .map_err(|e| Error::model(&config_path, format!("cannot read: {e}")))?;
         let hf: HfConfig = serde_json::from_str(&text)
             .map_err(|e| Error::model(&config_path, format!("invalid config: {e}")))?;

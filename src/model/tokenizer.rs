@@ -32,6 +32,7 @@ const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 impl Tokenizer {
     /// Loads a Hugging Face `tokenizer.json`.
     pub fn from_file(path: &Path, eos_names: &[&str]) -> Result<Self> {
+        crate::files::check_readable(path, crate::files::DATA_LIMIT)?;
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| Error::model(path, format!("unreadable tokenizer.json: {e}")))?;
         let eos_ids = eos_names

@@ -258,10 +258,10 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
                 let p = paired(full, rs);
                 r.shared_problems = Some(p.problems);
                 r.accuracy_vs_full = (p.full_pass > 0.0).then(|| p.pass / p.full_pass);
-                r.tokens_change_vs_full = p.tokens_change.map(|i| i.estimate);
-                r.tokens_change_lo = p.tokens_change.map(|i| i.lo);
-                r.tokens_change_hi = p.tokens_change.map(|i| i.hi);
                 if !is_full(rs[0]) {
+                    r.tokens_change_vs_full = p.tokens_change.map(|i| i.estimate);
+                    r.tokens_change_lo = p.tokens_change.map(|i| i.lo);
+                    r.tokens_change_hi = p.tokens_change.map(|i| i.hi);
                     r.delta_pass = p.delta_pass.map(|i| i.estimate);
                     r.delta_pass_lo = p.delta_pass.map(|i| i.lo);
                     r.delta_pass_hi = p.delta_pass.map(|i| i.hi);

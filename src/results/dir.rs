@@ -180,6 +180,9 @@ impl ResultsDir {
     pub fn samples_appender(&self) -> Result<(Appender, Option<String>)> {
         let path = self.samples_path();
         let mut note = None;
+        if path.exists() {
+            crate::files::check_readable(&path, crate::files::DATA_LIMIT)?;
+        }
         if let Ok(bytes) = std::fs::read(&path) {
             if !bytes.is_empty() && !bytes.ends_with(b"\n") {
                 let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
@@ -258,7 +261,9 @@ fn append_line(path: &Path, line: &str) -> Result<()> {
 /// Reads `DIR/sweep.json`.
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let path = dir.join("sweep.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    // A results file is kvbench's own: a pipe or device in its place is refused, never waited on.
+    crate::files::check_readable(&path, crate::files::DATA_LIMIT)?;
+    let text = crate::files::read_text(&path, crate::files::DATA_LIMIT)?;
     serde_json::from_str(&text).map_err(|e| {
         Error::Input(format!(
             "{}: not a kvbench sweep manifest: {e}",
@@ -294,7 +299,8 @@ pub fn read_samples(dir: &Path) -> Result<DirSamples> {
     };
     for path in files {
         // Bytes, not text: a torn last line may end inside a multi-byte character.
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        crate::files::check_readable(&path, crate::files::DATA_LIMIT)?;
+        let bytes = crate::files::read_bytes(&path, crate::files::DATA_LIMIT)?;
         let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         if end < bytes.len() {
             out.partial_lines.push(path.clone());

@@ -123,7 +123,7 @@ impl SampleRecord {
 
 /// Reads a JSON Lines file of records; a bad line is an error naming the file and line.
 pub fn read_records(path: &std::path::Path) -> crate::Result<Vec<SampleRecord>> {
-    let text = std::fs::read_to_string(path).map_err(|e| crate::Error::io(path, e))?;
+    let text = crate::files::read_text(path, crate::files::DATA_LIMIT)?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())

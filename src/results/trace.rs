@@ -64,7 +64,7 @@ impl TraceWriter {
 
 /// Reads a trace file; a bad line is an error naming the file and line.
 pub fn read_trace(path: &Path) -> Result<Vec<TraceLine>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::files::read_text(path, crate::files::DATA_LIMIT)?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())

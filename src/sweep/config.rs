@@ -89,7 +89,7 @@ fn check_name(name: &str) -> Result<()> {
 impl SweepConfig {
     /// Reads and checks a config file; errors name the file (and the key, from the TOML parser).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::files::read_text(path, crate::files::CONFIG_LIMIT)?;
         let bad = |e: String| Error::Input(format!("{}: {e}", path.display()));
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
         // Split the study options from the sweep's own keys; each part refuses keys it does not know.

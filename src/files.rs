@@ -1,0 +1,130 @@
+//! Reading the files a user names (configs, problem sets, tokenizers, results) within bounds: a path
+//! that is a directory or a device, or a file far larger than its kind ever is, must be an error
+//! naming it, not an endless read (`/dev/zero`) or an allocation that aborts the process. Pipes stay
+//! allowed (`kvbench sweep <(generate-config)`), up to the same limit.
+
+use crate::error::{Error, Result};
+use std::io::Read;
+use std::path::Path;
+
+/// The most a sweep config, a model's `config.json` or a hub index may hold.
+pub const CONFIG_LIMIT: u64 = 16 << 20;
+/// The most a problem set, a grading-case file, a tokenizer or a results file may hold.
+pub const DATA_LIMIT: u64 = 4 << 30;
+
+/// The bytes of `path`, refusing directories, devices and anything over `limit` bytes.
+pub fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    check_kind(path, &meta)?;
+    let too_large = || {
+        Error::Input(format!(
+            "{}: larger than {} MiB, the most kvbench reads from such a file",
+            path.display(),
+            limit >> 20
+        ))
+    };
+    if meta.is_file() && meta.len() > limit {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(if meta.is_file() {
+        meta.len() as usize
+    } else {
+        0
+    });
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
+/// The text of `path` (UTF-8), with [`read_bytes`]'s bounds; invalid UTF-8 names the line.
+pub fn read_text(path: &Path, limit: u64) -> Result<String> {
+    let bytes = read_bytes(path, limit)?;
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = e.utf8_error().valid_up_to();
+        let line = 1 + e.as_bytes()[..valid]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        Error::Input(format!("{}:{line}: not UTF-8 text", path.display()))
+    })
+}
+
+/// Refuses `path` unless it is a regular file (or a link to one) of at most `limit` bytes: for
+/// readers that open the file themselves (the tokenizer and Parquet libraries, appenders).
+pub fn check_readable(path: &Path, limit: u64) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    check_kind(path, &meta)?;
+    if !meta.is_file() || meta.len() > limit {
+        return Err(Error::Input(format!(
+            "{}: not a regular file of at most {} MiB",
+            path.display(),
+            limit >> 20
+        )));
+    }
+    Ok(())
+}
+
+fn check_kind(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    let kind = if meta.is_dir() {
+        Some("a directory")
+    } else {
+        device(meta)
+    };
+    match kind {
+        Some(k) => Err(Error::Input(format!(
+            "{}: is {k}, not a file",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(unix)]
+fn device(meta: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    (t.is_char_device() || t.is_block_device() || t.is_socket()).then_some("a device or socket")
+}
+
+#[cfg(not(unix))]
+fn device(_: &std::fs::Metadata) -> Option<&'static str> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_directories_and_oversized_files_are_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("kvbench-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = read_text(&dir, CONFIG_LIMIT).unwrap_err().to_string();
+        assert!(err.contains("is a directory"), "{err}");
+        #[cfg(unix)]
+        {
+            let err = read_bytes(Path::new("/dev/zero"), DATA_LIMIT)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("/dev/zero") && err.contains("device"), "{err}");
+        }
+        let big = dir.join("big.toml");
+        std::fs::write(&big, vec![b'#'; 2048]).unwrap();
+        let err = read_text(&big, 1024).unwrap_err().to_string();
+        assert!(
+            err.contains("big.toml") && err.contains("larger than"),
+            "{err}"
+        );
+        assert_eq!(read_text(&big, 4096).unwrap().len(), 2048);
+        std::fs::write(&big, b"a = 1\n\xff\n").unwrap();
+        let err = read_text(&big, 4096).unwrap_err().to_string();
+        assert!(err.contains("big.toml:2") && err.contains("UTF-8"), "{err}");
+        assert!(check_readable(&dir, DATA_LIMIT).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -493,17 +493,34 @@ fn devices_and_directories_in_place_of_files_are_refused_by_name() {
         assert!(started.elapsed().as_secs() < 60, "{args:?} took too long");
     };
     check(&["sweep", "/dev/zero", "--dry-run"], "/dev/zero");
-    check(&["sweep", dir.to_str().unwrap(), "--dry-run"], "is a directory");
     check(
-        &["run", "--dataset", "math500", "--data", "/dev/zero", "--limit", "1"],
+        &["sweep", dir.to_str().unwrap(), "--dry-run"],
+        "is a directory",
+    );
+    check(
+        &[
+            "run",
+            "--dataset",
+            "math500",
+            "--data",
+            "/dev/zero",
+            "--limit",
+            "1",
+        ],
         "/dev/zero",
     );
-    check(&["run", "--tokenizer", "/dev/zero", "--limit", "1"], "/dev/zero");
+    check(
+        &["run", "--tokenizer", "/dev/zero", "--limit", "1"],
+        "/dev/zero",
+    );
     check(&["grade", "--cases", "/dev/zero"], "/dev/zero");
     // A results directory whose samples file is a link to an endless device.
     let res = dir.join("res");
     std::fs::create_dir_all(&res).unwrap();
     std::os::unix::fs::symlink("/dev/zero", res.join("samples.jsonl")).unwrap();
-    check(&["report", res.to_str().unwrap(), "--no-plots"], "samples.jsonl");
+    check(
+        &["report", res.to_str().unwrap(), "--no-plots"],
+        "samples.jsonl",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

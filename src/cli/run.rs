@@ -63,7 +63,7 @@ fn config(args: &RunArgs) -> anyhow::Result<SweepConfig> {
     )?;
     if args.no_baseline && spec.needs_full_mean() {
         return Err(super::UsageError(format!(
-            "--budget {} is a ratio of the full run's mean generation length, and --no-baseline drops the full run: drop --no-baseline, give an absolute budget (entries, above 1), or --budget-rule seen",
+            "--budget {} is resolved from the full run's mean generation length (a budget at most 1 is a ratio of it; Kara's ρ is always B over it), and --no-baseline drops the full run: drop --no-baseline, give an absolute budget (entries, above 1, for policies other than kara), or --budget-rule seen",
             args.budget
         ))
         .into());

@@ -451,7 +451,7 @@ impl PolicySpec {
     pub fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Policy>> {
         if self.needs_full_mean() {
             return Err(Error::Input(format!(
-                "{}: budget {} is a ratio of the full run's mean generation length and was not resolved (run `full` on the same problems first, or give an absolute budget, or --budget-rule seen)",
+                "{}: budget {} is resolved from the full run's mean generation length (a ratio of it, or Kara's ρ = B over it) and was not resolved (run `full` on the same problems first, or give an absolute budget, or --budget-rule seen)",
                 self.name, self.requested
             )));
         }

@@ -59,6 +59,14 @@ impl Params {
         T::Err: fmt::Display,
     {
         self.used.push(key.to_string());
+        if let Some(raw) = self.values.get(key) {
+            check_number(raw).map_err(|why| {
+                Error::Input(format!(
+                    "policy '{}': --policy-arg {key}={raw}: {why}",
+                    self.policy
+                ))
+            })?;
+        }
         let value = match self.values.get(key) {
             None => default,
             Some(raw) => raw.parse::<T>().map_err(|e| {
@@ -108,6 +116,20 @@ impl Params {
         }
         Ok(self.resolved.clone())
     }
+}
+
+/// Refuses numbers no parameter can take, whatever its type: a whole number above the largest
+/// budget (2^30; sizes, windows and counts derive bounds by adding to each other, which must not
+/// overflow) and a value that is not finite (`nan`, `inf`).
+fn check_number(raw: &str) -> std::result::Result<(), String> {
+    let max = super::budget::MAX_ENTRIES;
+    if raw.parse::<u128>().is_ok_and(|n| n > max as u128) {
+        return Err(format!("at most {max} (2^30)"));
+    }
+    if raw.parse::<f64>().is_ok_and(|x| !x.is_finite()) {
+        return Err("must be a finite number".into());
+    }
+    Ok(())
 }
 
 /// Defines a parameter enum with its spellings, parsing and display.
@@ -265,6 +287,9 @@ impl FromStr for Pool {
         let kernel: usize = k
             .parse()
             .map_err(|_| format!("kernel '{k}' is not a whole number"))?;
+        if kernel > super::budget::MAX_ENTRIES {
+            return Err(format!("kernel {kernel} is above 2^30"));
+        }
         if kernel == 0 || kernel.is_multiple_of(2) {
             return Err(format!("kernel {kernel} must be odd (padding is kernel/2)"));
         }
@@ -284,6 +309,27 @@ impl fmt::Display for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_beyond_any_budget_or_not_finite_are_refused_by_key() {
+        for (raw, why) in [
+            ("18446744073709551615", "at most 1073741824"),
+            ("1073741825", "at most 1073741824"),
+            ("nan", "finite"),
+            ("inf", "finite"),
+            ("-inf", "finite"),
+        ] {
+            let mut p = Params::new("rkv", [("buffer".to_string(), raw.to_string())].into());
+            let err = p.get("buffer", 128usize).unwrap_err().to_string();
+            assert!(err.contains("buffer") && err.contains(why), "{raw}: {err}");
+        }
+        let mut p = Params::new(
+            "rkv",
+            [("buffer".to_string(), "1073741824".to_string())].into(),
+        );
+        assert_eq!(p.get("buffer", 128usize).unwrap(), 1 << 30);
+        assert!("max:18446744073709551615".parse::<Pool>().is_err());
+    }
 
     #[test]
     fn unknown_and_malformed_keys_are_named() {

@@ -118,7 +118,7 @@ impl Plan {
     pub fn full_mean_tokens(&self, tokens: &HashMap<String, usize>) -> Result<f64> {
         let Some(full) = self.full_index() else {
             return Err(Error::Input(
-                "a budget at most 1 is a ratio of the full run's mean generation length, and this study has no `full` policy: add it (a [[policy]] named full; `run` without --no-baseline), give absolute budgets (entries, above 1), or use budget_rule = \"seen\"".into(),
+                "a budget at most 1 (and any Kara budget, ρ = B over it) is resolved from the full run's mean generation length, and this study has no `full` policy: add it (a [[policy]] named full; `run` without --no-baseline), give absolute budgets (entries, above 1), or use budget_rule = \"seen\"".into(),
             ));
         };
         let units: Vec<&WorkUnit> = self.units_of(full).collect();

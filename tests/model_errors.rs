@@ -59,7 +59,7 @@ fn unknown_names_are_resolution_errors() {
     assert!(e.to_string().contains("no-such-model"), "{e}");
 }
 
-use common::kvbench;
+use common::{kvbench, ok};
 
 #[test]
 fn bad_flags_exit_with_code_2_and_say_which() {
@@ -139,6 +139,31 @@ fn bad_flags_exit_with_code_2_and_say_which() {
             "{err}"
         );
     }
+
+    // A plan is counted before it is built: a billion samples a problem is refused, not allocated.
+    let out = kvbench(&[
+        "sweep",
+        "configs/smoke.toml",
+        "--samples",
+        "1000000000",
+        "--dry-run",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("1000000000 samples") && err.contains("split"),
+        "{err}"
+    );
+    // Any base seed works: the per-sample seeds wrap instead of overflowing.
+    ok(&kvbench(&[
+        "sweep",
+        "configs/smoke.toml",
+        "--seed",
+        "18446744073709551615",
+        "--samples",
+        "2",
+        "--dry-run",
+    ]));
 }
 
 #[test]

@@ -62,7 +62,7 @@ pub fn plan(mut cfg: SweepConfig) -> anyhow::Result<Planned> {
         decoding,
         &model_id,
         &dataset_id,
-    );
+    )?;
     let hash = cfg.hash(&model_id, &dataset_id);
     Ok(Planned {
         cfg,

@@ -8,6 +8,10 @@ use crate::policy::PolicySpec;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 
+/// The most work units one sweep plans (each costs a few hundred bytes before anything runs, and
+/// far more to run): a study beyond it is several configs.
+pub const MAX_UNITS: usize = 2_000_000;
+
 /// Decoding settings shared by every unit of a sweep.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Decoding {
@@ -59,16 +63,32 @@ impl Plan {
         decoding: Decoding,
         model_id: &str,
         dataset_sha256: &str,
-    ) -> Self {
+    ) -> Result<Self> {
+        // Counted before anything is allocated for them.
+        let count = specs
+            .len()
+            .checked_mul(problems.len())
+            .and_then(|n| n.checked_mul(samples))
+            .filter(|&n| n <= MAX_UNITS)
+            .ok_or_else(|| {
+                Error::Input(format!(
+                    "{} (policy, budget) pairs × {} problems × {} samples is more than {MAX_UNITS} \
+                     work units, the most one sweep plans: split the study into several configs",
+                    specs.len(),
+                    problems.len(),
+                    samples
+                ))
+            })?;
         // `full` first: ratio budgets are resolved from its records before the policies run.
         specs.sort_by_key(|s| s.name() != "full");
-        let mut units = Vec::with_capacity(specs.len() * problems.len() * samples);
+        let mut units = Vec::with_capacity(count);
         for (pi, spec) in specs.iter().enumerate() {
             for (qi, problem) in problems.iter().enumerate() {
                 for s in 0..samples {
                     // The seed depends on the problem and sample only, so every policy sees the same
                     // sampling stream for the same sample.
-                    let seed = decoding.seed + (qi * samples + s) as u64;
+                    // (Wrapping: any base seed is allowed, and u64::MAX + 1 is seed 0.)
+                    let seed = decoding.seed.wrapping_add((qi * samples + s) as u64);
                     let id = content_id(&serde_json::json!({
                         "kvbench": env!("CARGO_PKG_VERSION"),
                         "model": model_id,
@@ -89,13 +109,13 @@ impl Plan {
                 }
             }
         }
-        Self {
+        Ok(Self {
             specs,
             problems,
             decoding,
             samples,
             units,
-        }
+        })
     }
 
     /// Units of the (policy, budget) at `policy`, in plan order.
@@ -165,7 +185,7 @@ mod tests {
             prompt: crate::eval::prompt::PromptVariant::R1,
             weights: Default::default(),
         };
-        Plan::new(specs, problems, 2, decoding, "model", "data")
+        Plan::new(specs, problems, 2, decoding, "model", "data").unwrap()
     }
 
     #[test]

@@ -154,6 +154,51 @@ fn bad_flags_exit_with_code_2_and_say_which() {
         err.contains("1000000000 samples") && err.contains("split"),
         "{err}"
     );
+    // Every command checks what it will generate against the model's context and the batch's full
+    // caches against the machine's memory before running, naming the flags.
+    let scaling_out = std::env::temp_dir().join(format!("kvbench-scal-{}", std::process::id()));
+    for (args, needle) in [
+        (
+            vec!["perf", "--decode-tokens", "18446744073709551615"],
+            "--decode-tokens",
+        ),
+        (vec!["perf", "--prompt-tokens", "9000"], "--prompt-tokens"),
+        (
+            vec!["perf", "--batch", "1000000", "--no-bandwidth"],
+            "KV cache without compression",
+        ),
+        (
+            vec![
+                "scaling",
+                "--lengths",
+                "1000000000000",
+                "--out",
+                scaling_out.to_str().unwrap(),
+            ],
+            "--lengths",
+        ),
+        (
+            vec![
+                "fidelity",
+                "--policy",
+                "streaming",
+                "--budget",
+                "64",
+                "--max-new-tokens",
+                "99999999999",
+            ],
+            "max_new_tokens 99999999999",
+        ),
+    ] {
+        let out = kvbench(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    assert!(
+        !scaling_out.exists(),
+        "a refused scaling run writes nothing"
+    );
     // Any base seed works: the per-sample seeds wrap instead of overflowing.
     ok(&kvbench(&[
         "sweep",

@@ -61,6 +61,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
         )],
     })?;
     let model = load_model(&p.cfg.options, &args.runtime)?;
+    kvbench::sweep::execute::check_context(&model, &p.plan)?;
     let ctx = model.policy_context(&spec, p.plan.decoding.max_new_tokens);
     let d = &p.plan.decoding;
     let bar = ProgressBar::new(p.plan.units.len() as u64);

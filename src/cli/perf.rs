@@ -197,6 +197,15 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     let load_start = Instant::now();
     let model = args.model.load()?;
     let load_secs = load_start.elapsed().as_secs_f64();
+    model.check_fits(args.prompt_tokens, 0, "--prompt-tokens")?;
+    model.check_fits(
+        args.decode_prompt_tokens,
+        args.decode_tokens,
+        "--decode-prompt-tokens and --decode-tokens",
+    )?;
+    for &b in &args.batch {
+        model.check_batch_memory(b, args.decode_prompt_tokens + args.decode_tokens, "--batch")?;
+    }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_default();
     println!(
         "model {} ({:?} weights, {:.0} MiB of weights, loaded in {:.1} s), {} threads, machine: {}",

@@ -106,8 +106,13 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     for s in specs.iter_mut() {
         *s = s.resolve(longest_length as f64)?;
     }
-    std::fs::create_dir_all(&args.out).map_err(|e| kvbench::Error::io(&args.out, e))?;
     let model = args.model.load()?;
+    model.check_fits(
+        args.prompt_tokens,
+        longest_length,
+        "--prompt-tokens and --lengths",
+    )?;
+    std::fs::create_dir_all(&args.out).map_err(|e| kvbench::Error::io(&args.out, e))?;
     let prompt = prompt_of(&model, args.prompt_tokens)?;
     let per_token = model.transformer.config.kv_bytes_per_token(4);
     let longest = *lengths.last().unwrap_or(&1);

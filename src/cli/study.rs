@@ -225,7 +225,13 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> anyhow::Result<Execut
     let load_start = std::time::Instant::now();
     let model = load_model(&p.cfg.options, flags.runtime)?;
     let load_secs = load_start.elapsed().as_secs_f64();
-    kvbench::sweep::execute::check_context(&model, &p.plan)?;
+    let longest_prompt = kvbench::sweep::execute::check_context(&model, &p.plan)?;
+    let per_set = p.plan.units.len() / p.plan.specs.len().max(1);
+    model.check_batch_memory(
+        p.cfg.options.batch_size().min(per_set.max(1)),
+        longest_prompt + p.plan.decoding.max_new_tokens,
+        "batch_size",
+    )?;
     let existing = if flags.out.is_dir() {
         kvbench::results::dir::read_samples(&flags.out)?.records
     } else {

@@ -139,6 +139,37 @@ const EOS_NAMES: &[&str] = &[
 ];
 
 impl Model {
+    /// Refuses a sequence of `prompt` tokens plus `new` generated ones that does not fit the model's
+    /// context, naming both numbers and the flags that set them.
+    pub fn check_fits(&self, prompt: usize, new: usize, flags: &str) -> Result<()> {
+        let context = self.transformer.config.max_position_embeddings;
+        match prompt.checked_add(new) {
+            Some(total) if total <= context => Ok(()),
+            _ => Err(Error::Input(format!(
+                "{flags}: a prompt of {prompt} tokens plus {new} new tokens does not fit the model's context of {context} tokens"
+            ))),
+        }
+    }
+
+    /// Refuses a batch whose full caches, at `tokens` each, would need more than this machine's
+    /// memory (f32 keys and values), naming the numbers and `flag`; checked before anything is
+    /// allocated, where the operating system says how much memory there is.
+    pub fn check_batch_memory(&self, batch: usize, tokens: usize, flag: &str) -> Result<()> {
+        let Some(total) = crate::metrics::total_memory_bytes() else {
+            return Ok(());
+        };
+        let per_token = self.transformer.config.kv_bytes_per_token(4) as u128;
+        let need = batch as u128 * tokens as u128 * per_token;
+        if need > total as u128 {
+            return Err(Error::Input(format!(
+                "{flag}: {batch} sequences of {tokens} tokens need {:.1} GiB of KV cache without compression, more than this machine's {:.1} GiB",
+                need as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64
+            )));
+        }
+        Ok(())
+    }
+
     /// What building `spec`'s policy for this model needs (the delimiter table only for Kara).
     pub fn policy_context(
         &self,

@@ -52,8 +52,9 @@ pub struct Failure {
 const MAX_BYTES_PER_TOKEN: usize = 64;
 
 /// Checks, before anything runs, that every problem's prompt plus `max_new_tokens` fits the model's
-/// context; the error names the problem and both numbers.
-pub fn check_context(model: &Model, plan: &Plan) -> Result<()> {
+/// context; the error names the problem and both numbers. Returns the longest prompt, in tokens.
+pub fn check_context(model: &Model, plan: &Plan) -> Result<usize> {
+    let mut longest = 0;
     let context = model.transformer.config.max_position_embeddings;
     let max_new = plan.decoding.max_new_tokens;
     if max_new >= context {
@@ -71,6 +72,7 @@ pub fn check_context(model: &Model, plan: &Plan) -> Result<()> {
             )));
         }
         let prompt = model.tokenizer.encode(&text)?.len();
+        longest = longest.max(prompt);
         if prompt + max_new > context {
             return Err(crate::Error::Input(format!(
                 "problem '{}': a prompt of {prompt} tokens plus max_new_tokens {max_new} is {} tokens, more than the model's context of {context}",
@@ -79,7 +81,7 @@ pub fn check_context(model: &Model, plan: &Plan) -> Result<()> {
             )));
         }
     }
-    Ok(())
+    Ok(longest)
 }
 
 /// Runs `units` (all from `plan`, in plan order) on `model`. `on_token` is called for every generated

@@ -174,7 +174,16 @@ impl LineChart {
         }
         for (i, (label, points)) in self.series.iter().enumerate() {
             let c = color(i, label);
-            let pts: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (tx(x), y)).collect();
+            // With interval bars, series sharing an x are set side by side (1% of the axis apart)
+            // so that their bars do not hide each other.
+            let n = self.series.len() as f64;
+            let dodge = if self.bars.is_empty() {
+                0.0
+            } else {
+                (i as f64 - (n - 1.0) / 2.0) * 0.01 * (x1 - x0)
+            };
+            let at = |x: f64| tx(x) + dodge;
+            let pts: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (at(x), y)).collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                 .map_err(&err)?
@@ -189,7 +198,7 @@ impl LineChart {
             for (_, b) in bars {
                 chart
                     .draw_series(b.iter().map(|&(x, y, lo, hi)| {
-                        ErrorBar::new_vertical(tx(x), lo, y, hi, c.stroke_width(1), 8)
+                        ErrorBar::new_vertical(at(x), lo, y, hi, c.stroke_width(1), 8)
                     }))
                     .map_err(&err)?;
             }
@@ -390,7 +399,7 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
         ),
         (
             "delta_vs_budget",
-            format!("Change in pass@1 from the full cache, paired by problem: {subject}"),
+            format!("Δ pass@1 vs the full cache: {subject}"),
             x_budget.to_string(),
             "Δ pass@1 vs full (points), 95% paired bootstrap interval".to_string(),
             series(

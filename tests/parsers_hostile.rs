@@ -128,6 +128,16 @@ fn load_is_clean(path: &Path) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Writes `bytes` as a GGUF file, checks [`load_is_clean`] on it, and removes it.
+fn bytes_load_cleanly(tag: &str, bytes: &[u8]) -> Result<(), TestCaseError> {
+    let dir = temp_dir(tag);
+    let path = dir.join(format!("hostile-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let result = load_is_clean(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
 /// Where the value of metadata `key` starts in GGUF `bytes` (after the key and its type).
 fn value_at(bytes: &[u8], key: &str) -> usize {
     let at = bytes
@@ -177,10 +187,7 @@ proptest! {
         if let Some(c) = cut {
             bytes.truncate(c.index(bytes.len()));
         }
-        let dir = temp_dir("gguf");
-        let path = dir.join(format!("hostile-{}.gguf", std::process::id()));
-        std::fs::write(&path, &bytes).unwrap();
-        load_is_clean(&path)?;
+        bytes_load_cleanly("gguf", &bytes)?;
     }
 
     /// One size, count or float of the metadata replaced by any value (0, 2^32 - 1, NaN, negative,
@@ -203,10 +210,7 @@ proptest! {
         let (mut bytes, _) = tiny_gguf();
         let at = value_at(&bytes, key);
         bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
-        let dir = temp_dir("gguf-md");
-        let path = dir.join(format!("hostile-{}.gguf", std::process::id()));
-        std::fs::write(&path, &bytes).unwrap();
-        load_is_clean(&path)?;
+        bytes_load_cleanly("gguf-md", &bytes)?;
     }
 
     /// A valid config with one top-level value replaced by an arbitrary TOML value, or with random
@@ -244,7 +248,9 @@ proptest! {
         let path = dir.join(format!("hostile-{}.toml", std::process::id()));
         std::fs::write(&path, &text).unwrap();
         let started = Instant::now();
-        match SweepConfig::load(&path) {
+        let loaded = SweepConfig::load(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        match loaded {
             Ok(c) => {
                 // What loads also plans its policies without panicking.
                 let _ = c.policy_specs();
@@ -292,7 +298,9 @@ proptest! {
             }
         }
         std::fs::write(dir.join("samples.jsonl"), &bytes).unwrap();
-        match read_samples(&dir) {
+        let read = read_samples(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        match read {
             Ok(s) => {
                 // A damaged byte may still leave valid JSON (inside a string, say) but never more
                 // or fewer records than complete lines.

@@ -1,7 +1,7 @@
 //! Kernel speed: `y = x Wᵀ` on a 1536 × 8960 matrix (Qwen2.5-1.5B's MLP shape) in every block format,
 //! at 1, 8, 32 and 256 activation rows, after a warm-up, as the median of repeats, with the weight bytes
 //! read per second and the multiply-adds per second. A benchmark, not a test: `cargo bench --bench kernels`
-//! (`-- --threads N`, default 2).
+//! (`-- --threads N`, default 2; `-- --formats Q4K,Q6K` for some formats only).
 
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
@@ -15,6 +15,12 @@ fn main() {
         .position(|a| a == "--threads")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(2);
+    // `--formats Q4K,Q6K` measures only those formats (names as `BlockFormat`'s Debug prints them).
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--formats")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.split(',').map(str::to_string).collect());
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()
@@ -28,6 +34,12 @@ fn main() {
     println!("| format | rows | ms | weight GB/s | GMAC/s |");
     println!("|---|---:|---:|---:|---:|");
     for format in BlockFormat::ALL {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.contains(&format!("{format:?}")))
+        {
+            continue;
+        }
         let q = QTensor::quantize(&w, format.to_ggml()).unwrap();
         let m = QMatrix::new(format, q.data().unwrap().into_owned(), n, k).unwrap();
         for rows in [1, 8, 32, 256] {

@@ -27,17 +27,17 @@ pub const ROWS: usize = 8;
 /// One weight row decoded for the kernels.
 #[derive(Debug, Default)]
 pub struct Prepared {
-    format: Option<BlockFormat>,
+    pub(super) format: Option<BlockFormat>,
     /// The weights as bytes: unsigned, or signed for Q8_0.
-    q: Vec<u8>,
+    pub(super) q: Vec<u8>,
     /// k-quants: per group of 32, the integer scales of its two halves as 16 lanes (8 + 8).
-    sv: Vec<[i16; 16]>,
+    pub(super) sv: Vec<[i16; 16]>,
     /// k-quants: per super-block, what multiplies each half's activation sum.
-    corr: Vec<[i16; 16]>,
+    pub(super) corr: Vec<[i16; 16]>,
     /// The scale per super-block (k-quants) or block.
-    d: Vec<f32>,
+    pub(super) d: Vec<f32>,
     /// `dmin` per super-block (k-quants), or the term added to each weight per block.
-    m: Vec<f32>,
+    pub(super) m: Vec<f32>,
 }
 
 impl Prepared {

@@ -1,90 +1,79 @@
 //! The multi-row driver: `y = x Wᵀ` for a [`QMatrix`] and quantized activations.
 //!
-//! Output columns are split into tasks run in parallel. Within a task, activation rows go in tiles of
-//! [`TILE`] (a tile of 1,536-wide rows is 96 KiB of bytes: it stays in cache while the task's weight
-//! rows stream past); each weight row is decoded once per tile (into L1) and multiplied with eight
-//! activation rows at a time. Decoding (a few rows) is one tile: each weight row is read once per call.
+//! Output columns are split into tasks run in parallel. Within a task, activation rows go in tiles
+//! ([`tile_rows`]: as many as keep the tile's bytes in L2 while the task's weight rows stream past).
+//! On AVX2, calls of fewer than [`TILED_MIN_ROWS`] rows (decoding) use the kernels that decode blocks in
+//! registers; larger ones decode [`gemm::NW`] weight rows once per tile (into L1) and multiply them
+//! with two activation rows at a time, every load serving several products. Columns a block of `NW`
+//! cannot take (a task's last few, or stacked parts of different kinds) go one by one.
 
 use super::acts::Acts;
 use super::dot::{portable, Path};
+#[cfg(target_arch = "x86_64")]
+use super::gemm;
 use super::{QMatrix, Unpacked};
 use rayon::prelude::*;
+use std::ops::Range;
 
-/// Activation rows per tile.
-const TILE: usize = 64;
 /// Output columns per task (weight rows unpacked and used by one thread in turn).
 const COLS: usize = 32;
+
+/// Activation bytes a tile may hold: half of this machine's 512 KiB L2, leaving room for the weights.
+const TILE_BYTES: usize = 256 * 1024;
+
+/// Activation rows per tile for rows of `k` inputs: 16 to 64, so that a tile's 8-bit activations stay
+/// in L2 (64 rows of 1,536 inputs, 29 of 8,960).
+fn tile_rows(k: usize) -> usize {
+    (TILE_BYTES / k.max(1)).clamp(16, 64)
+}
 
 pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
     let (n, m, k) = (w.rows(), x.m, w.cols());
     let mut out = vec![0f32; m * n];
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let dst = Out(out.as_mut_ptr(), n);
     let has_min = w.has_min();
     let path = if path == Path::Avx2 && !super::dot::has_avx2() {
         Path::Portable
     } else {
         path
     };
+    let tile = tile_rows(k);
     (0..n.div_ceil(COLS)).into_par_iter().for_each_init(
         || Scratch {
             unpacked: Unpacked::with_len(k, has_min),
             #[cfg(target_arch = "x86_64")]
             prepared: Default::default(),
+            #[cfg(target_arch = "x86_64")]
+            block: Default::default(),
         },
         |scratch, task| {
-            let out_ptr = &out_ptr;
             let cols = task * COLS..((task + 1) * COLS).min(n);
-            for t0 in (0..m).step_by(TILE) {
-                let t1 = (t0 + TILE).min(m);
-                for j in cols.clone() {
-                    let (format, bytes) = w.row(j);
+            for t0 in (0..m).step_by(tile) {
+                let rows = t0..(t0 + tile).min(m);
+                let mut j = cols.start;
+                while j < cols.end {
                     #[cfg(target_arch = "x86_64")]
-                    if path == Path::Avx2 && m < TILED_MIN_ROWS {
-                        let mut r = t0;
-                        while r < t1 {
-                            let rows = (t1 - r).min(4);
-                            let mut acc = [0f32; 4];
-                            // SAFETY: AVX2, FMA and F16C were checked above; the row holds whole
-                            // blocks of `k` weights and the activation rows `r .. r + rows` exist.
-                            unsafe { super::fused::dot_rows(format, bytes, x, r, rows, &mut acc) };
-                            for (i, a) in acc.iter().take(rows).enumerate() {
-                                // SAFETY: (r + i, j) is inside `out`; column j is this task's only.
-                                unsafe { *out_ptr.0.add((r + i) * n + j) = *a };
-                            }
-                            r += rows;
+                    if path == Path::Avx2 {
+                        if m < TILED_MIN_ROWS {
+                            // SAFETY: AVX2, FMA and F16C were checked above; column j is this
+                            // task's only.
+                            unsafe { fused_column(w, x, rows.clone(), j, &dst) };
+                            j += 1;
+                            continue;
                         }
-                        continue;
-                    }
-                    match path {
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `Path::Avx2` is only taken on CPUs with AVX2, FMA and F16C (checked
-                        // above); the row holds whole blocks of `k` weights.
-                        Path::Avx2 => unsafe {
-                            super::avx2::prepare(format, bytes, k, &mut scratch.prepared)
-                        },
-                        _ => format.unpack_row(bytes, &mut scratch.unpacked),
-                    }
-                    let mut r = t0;
-                    while r < t1 {
-                        let rows = (t1 - r).min(ROWS);
-                        let mut acc = [0f32; ROWS];
-                        match path {
-                            #[cfg(target_arch = "x86_64")]
-                            // SAFETY: as above; the row was prepared for `k` weights and the
-                            // activation rows `r .. r + rows` exist.
-                            Path::Avx2 => unsafe {
-                                super::avx2::dot_rows(&scratch.prepared, x, r, rows, &mut acc)
-                            },
-                            _ => {
-                                portable(&scratch.unpacked, format.has_min(), x, r, rows, &mut acc)
+                        if j + gemm::NW <= cols.end {
+                            if let Some(kind) = block_kind(w, j) {
+                                // SAFETY: as above; columns j .. j + NW are this task's only.
+                                unsafe {
+                                    block_columns(w, x, rows.clone(), j, kind, scratch, &dst)
+                                };
+                                j += gemm::NW;
+                                continue;
                             }
                         }
-                        for (i, a) in acc.iter().take(rows).enumerate() {
-                            // SAFETY: (r + i, j) is inside `out`, and column j belongs to this task only.
-                            unsafe { *out_ptr.0.add((r + i) * n + j) = *a };
-                        }
-                        r += rows;
                     }
+                    one_column(w, x, rows.clone(), j, path, scratch, &dst);
+                    j += 1;
                 }
             }
         },
@@ -93,7 +82,7 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
 }
 
 /// Calls with fewer activation rows use the kernels that decode blocks in registers (decoding); from
-/// here on a weight row is decoded once per tile. Measured on Qwen2.5-Coder-1.5B (README, speed): the
+/// here on weight rows are decoded once per tile. Measured on Qwen2.5-Coder-1.5B (README, speed): the
 /// register kernels decode at batch 1 in 11.5 tokens/s where the tiled ones manage 7.4, and the tiled
 /// ones prefill 512 tokens in 29.9 tokens/s where the register ones manage 25.6.
 const TILED_MIN_ROWS: usize = 16;
@@ -101,14 +90,129 @@ const TILED_MIN_ROWS: usize = 16;
 /// Activation rows one kernel call multiplies with a decoded weight row.
 const ROWS: usize = 8;
 
-/// A task's decoded weight row.
+/// Column `j` for activation `rows`, blocks decoded in registers, four rows at a time.
+///
+/// # Safety
+/// AVX2, FMA and F16C; column `j` is written by this caller only.
+#[cfg(target_arch = "x86_64")]
+unsafe fn fused_column(w: &QMatrix, x: &Acts, rows: Range<usize>, j: usize, out: &Out) {
+    let (format, bytes) = w.row(j);
+    let mut r = rows.start;
+    while r < rows.end {
+        let take = (rows.end - r).min(4);
+        let mut acc = [0f32; 4];
+        // SAFETY: the row holds whole blocks of `k` weights and the activation rows exist.
+        super::fused::dot_rows(format, bytes, x, r, take, &mut acc);
+        for (i, a) in acc.iter().take(take).enumerate() {
+            out.set(r + i, j, *a);
+        }
+        r += take;
+    }
+}
+
+/// The kernel kind shared by rows `j .. j + NW`, if they share one.
+#[cfg(target_arch = "x86_64")]
+fn block_kind(w: &QMatrix, j: usize) -> Option<gemm::Kind> {
+    let kind = gemm::Kind::of(w.row(j).0);
+    (1..gemm::NW)
+        .all(|i| gemm::Kind::of(w.row(j + i).0) == kind)
+        .then_some(kind)
+}
+
+/// Columns `j .. j + NW` for activation `rows`: each weight row decoded once, then multiplied two
+/// activation rows at a time by [`gemm::dot_block`].
+///
+/// # Safety
+/// AVX2, FMA and F16C; the columns are written by this caller only and are all of `kind`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn block_columns(
+    w: &QMatrix,
+    x: &Acts,
+    rows: Range<usize>,
+    j: usize,
+    kind: gemm::Kind,
+    scratch: &mut Scratch,
+    out: &Out,
+) {
+    for (i, p) in scratch.block.iter_mut().enumerate() {
+        let (format, bytes) = w.row(j + i);
+        super::avx2::prepare(format, bytes, w.cols(), p);
+    }
+    let mut r = rows.start;
+    while r < rows.end {
+        let take = (rows.end - r).min(gemm::R);
+        let mut acc = [[0f32; gemm::R]; gemm::NW];
+        gemm::dot_block(kind, &scratch.block, x, r, take, &mut acc);
+        for (c, col) in acc.iter().enumerate() {
+            for (i, a) in col.iter().take(take).enumerate() {
+                out.set(r + i, j + c, *a);
+            }
+        }
+        r += take;
+    }
+}
+
+/// Column `j` for activation `rows`: the weight row decoded once, then multiplied eight activation
+/// rows at a time (AVX2, or the portable kernel).
+fn one_column(
+    w: &QMatrix,
+    x: &Acts,
+    rows: Range<usize>,
+    j: usize,
+    path: Path,
+    scratch: &mut Scratch,
+    out: &Out,
+) {
+    let (format, bytes) = w.row(j);
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Path::Avx2` is only taken on CPUs with AVX2, FMA and F16C (checked by `run`);
+        // the row holds whole blocks of `k` weights.
+        Path::Avx2 => unsafe {
+            super::avx2::prepare(format, bytes, w.cols(), &mut scratch.prepared)
+        },
+        _ => format.unpack_row(bytes, &mut scratch.unpacked),
+    }
+    let mut r = rows.start;
+    while r < rows.end {
+        let take = (rows.end - r).min(ROWS);
+        let mut acc = [0f32; ROWS];
+        match path {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above; the row was prepared for `k` weights and the activation rows exist.
+            Path::Avx2 => unsafe { super::avx2::dot_rows(&scratch.prepared, x, r, take, &mut acc) },
+            _ => portable(&scratch.unpacked, format.has_min(), x, r, take, &mut acc),
+        }
+        for (i, a) in acc.iter().take(take).enumerate() {
+            // SAFETY: a row of the activations, a column of the weights, owned by this task.
+            unsafe { out.set(r + i, j, *a) };
+        }
+        r += take;
+    }
+}
+
+/// A task's decoded weight rows.
 struct Scratch {
     unpacked: Unpacked,
     #[cfg(target_arch = "x86_64")]
     prepared: super::avx2::Prepared,
+    #[cfg(target_arch = "x86_64")]
+    block: [super::avx2::Prepared; gemm::NW],
 }
 
-struct SendPtr(*mut f32);
+/// The output matrix (`m × n`, row-major), written by tasks that own disjoint columns.
+struct Out(*mut f32, usize);
 // SAFETY: tasks write disjoint columns of the output through this pointer.
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
+unsafe impl Sync for Out {}
+unsafe impl Send for Out {}
+
+impl Out {
+    /// Writes element (`r`, `j`).
+    ///
+    /// # Safety
+    /// (`r`, `j`) is inside the `m × n` output and column `j` is written by the caller's task only.
+    #[inline(always)]
+    unsafe fn set(&self, r: usize, j: usize, v: f32) {
+        *self.0.add(r * self.1 + j) = v;
+    }
+}

@@ -11,8 +11,9 @@
 //!   common unpacked form ([`Unpacked`]);
 //! - [`acts`]: activations quantized per block to 8 bits, as ggml does (32-wide, or 256-wide for
 //!   k-quant matrices);
-//! - [`fused`] (a few rows: blocks decoded in registers) and [`avx2`] (many rows: each weight row decoded
-//!   once per tile): the AVX2 kernels, with the same arithmetic;
+//! - [`fused`] (a few rows: blocks decoded in registers), [`avx2`] (each weight row decoded once per
+//!   tile of many rows) and [`gemm`] (several decoded weight rows against several activation rows at
+//!   once): the AVX2 kernels, with the same arithmetic;
 //! - [`dot`]: the choice of path and the portable kernel they are tested against;
 //! - [`driver`]: the multi-row driver: output columns split across threads, activation rows in tiles
 //!   that stay in cache.
@@ -25,6 +26,8 @@ pub mod driver;
 pub mod format;
 #[cfg(target_arch = "x86_64")]
 pub mod fused;
+#[cfg(target_arch = "x86_64")]
+pub mod gemm;
 pub mod kquants;
 pub mod legacy;
 

@@ -127,13 +127,14 @@ fn simd_and_portable_paths_agree() {
 #[test]
 fn a_row_is_independent_of_its_batch() {
     for format in BlockFormat::ALL {
-        let (n, k) = (33, 256);
+        let (n, k) = (33, 768);
         let q = QMatrix::new(format, quantized(format, n, k, 6), n, k).unwrap();
-        let x = random(70 * k, 7);
-        let all = q.matmul(&x, 70);
+        // 71 rows: a tile of 64 and one of 7, so the register-blocked kernel also ends on a single row.
+        let x = random(71 * k, 7);
+        let all = q.matmul(&x, 71);
         let few = q.matmul(&x[..5 * k], 5);
-        assert_eq!(&all[..5 * n], &few[..], "{format:?}: 5 rows against 70");
-        for r in [0, 2, 65] {
+        assert_eq!(&all[..5 * n], &few[..], "{format:?}: 5 rows against 71");
+        for r in [0, 2, 65, 70] {
             let one = q.matmul(&x[r * k..(r + 1) * k], 1);
             assert_eq!(&all[r * n..(r + 1) * n], &one[..], "{format:?} row {r}");
         }
@@ -167,6 +168,31 @@ fn stacked_formats_equal_their_parts() {
         }
         assert_within_activation_rounding(&w, &x, &part, m.rows(), k, 256);
         col += m.rows();
+    }
+}
+
+#[test]
+fn stacked_parts_of_different_kernels_are_independent_of_the_batch() {
+    // Signed Q8_0 rows beside unsigned Q4_0 and Q4_1 rows: blocks of columns that straddle two kinds
+    // go one by one, and every column still gives the bits it gives alone.
+    let k = 256;
+    let parts = [
+        (BlockFormat::Q8_0, 5),
+        (BlockFormat::Q4_0, 6),
+        (BlockFormat::Q4_1, 3),
+    ];
+    let mats: Vec<QMatrix> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, &(f, n))| QMatrix::new(f, quantized(f, n, k, 20 + i as u64), n, k).unwrap())
+        .collect();
+    let stacked = QMatrix::stack(mats).unwrap();
+    let n = stacked.rows();
+    let x = random(40 * k, 21);
+    let all = stacked.matmul(&x, 40);
+    for r in [0, 17, 39] {
+        let one = stacked.matmul(&x[r * k..(r + 1) * k], 1);
+        assert_eq!(&all[r * n..(r + 1) * n], &one[..], "row {r}");
     }
 }
 

@@ -1,7 +1,8 @@
 //! kvbench: measure what KV-cache compression does to reasoning language models.
 //!
-//! Layers, from the bottom: [`model`] (weights, tokenizer, the forward pass over a cache kvbench
-//! owns), [`cache`] (the per-layer, per-KV-head cache), [`policy`] (the compression contract),
+//! Layers, from the bottom: [`loading`] (a model name to verified files, files to tensors),
+//! [`kernels`] (matrix products from quantized blocks), [`model`] (weights, tokenizer, the forward pass
+//! over a cache kvbench owns), [`cache`] (the per-layer, per-KV-head cache), [`policy`] (the compression contract),
 //! [`generate`] (prefill, batched decoding, sampling), [`eval`] (problem sets and grading),
 //! [`metrics`] (memory and time measurements), and the command line in `cli`.
 
@@ -11,6 +12,7 @@ pub mod eval;
 pub mod files;
 pub mod generate;
 pub mod kernels;
+pub mod loading;
 pub mod metrics;
 pub mod model;
 pub mod policy;

@@ -4,7 +4,7 @@
 //! RoPE scaling, the Hugging Face rotate-half layout).
 
 use candle_core::{DType, Device, Tensor};
-use kvbench::model::source::WeightSource;
+use kvbench::loading::source::WeightSource;
 use kvbench::model::weights::WeightFormat;
 use kvbench::model::{SeqInput, Transformer};
 use kvbench::policy::Full;

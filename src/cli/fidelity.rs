@@ -3,7 +3,6 @@
 //! tokens in lockstep (`kvbench::generate::fidelity`): mean KL from full, top-1 agreement, the rank of
 //! full's token, and where a greedy run under the policy would first leave full's output.
 
-use super::study::{load_model, plan};
 use super::RuntimeArgs;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -13,6 +12,7 @@ use kvbench::policy::PolicySpec;
 use kvbench::sweep::config::{PolicyEntry, SweepConfig};
 use kvbench::sweep::execute::FIDELITY_BUCKET;
 use kvbench::sweep::options::StudyOptions;
+use kvbench::sweep::study::{load_model, plan};
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
@@ -60,7 +60,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
             &args.policy_args,
         )],
     })?;
-    let model = load_model(&p.cfg.options, &args.runtime)?;
+    let model = load_model(&p.cfg.options, args.runtime.tokenizer.as_deref())?;
     kvbench::sweep::execute::check_context(&model, &p.plan)?;
     let ctx = model.policy_context(&spec, p.plan.decoding.max_new_tokens);
     let d = &p.plan.decoding;

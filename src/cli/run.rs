@@ -2,7 +2,6 @@
 //! memory next to the full-cache baseline. It is a one-policy sweep built from flags, written to the
 //! same results layout (so rerunning the same command resumes).
 
-use super::study::{execute_plan, plan, ExecFlags};
 use super::RuntimeArgs;
 use clap::Args;
 use kvbench::eval::accuracy::{accuracy, mean_pass_at_k};
@@ -14,6 +13,7 @@ use kvbench::report::{summarize, table};
 use kvbench::results::sample::{SampleMetrics, SampleRecord};
 use kvbench::sweep::config::{PolicyEntry, SweepConfig};
 use kvbench::sweep::options::StudyOptions;
+use kvbench::sweep::study::{execute_plan, plan, ExecFlags};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -126,9 +126,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         &ExecFlags {
             out: out.clone(),
             shard: None,
-            phase: super::study::Phase::All,
+            phase: kvbench::sweep::study::Phase::All,
             lenient: args.lenient,
-            runtime: &args.runtime,
+            tokenizer: args.runtime.tokenizer.as_deref(),
             trace_file: args.trace.clone().map(|t| (t, mine_index)),
             show_output: args.show_output,
         },

@@ -3,13 +3,13 @@
 //! `--dry-run` prints the plan only; `--shard i/n` runs one shard; `--emit slurm` prints a job-array
 //! script that runs every shard on a cluster.
 
-use super::study::{execute_plan, plan, ExecFlags};
 use super::RuntimeArgs;
 use clap::{Args, ValueEnum};
 use kvbench::report::{summarize, table};
 use kvbench::sweep::config::SweepConfig;
 use kvbench::sweep::options::StudyOptions;
 use kvbench::sweep::shard::Shard;
+use kvbench::sweep::study::{execute_plan, plan, ExecFlags};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -32,7 +32,7 @@ pub struct SweepArgs {
     /// Run only the full-cache units (`full`) or only the others (`policies`): ratio budgets are
     /// resolved from the full run, so on a cluster the full phase runs first.
     #[arg(long, value_enum, default_value = "all")]
-    pub phase: super::study::Phase,
+    pub phase: kvbench::sweep::study::Phase,
     /// Print a script that runs the sweep on a cluster instead of running it.
     #[arg(long, value_enum)]
     pub emit: Option<Emit>,
@@ -64,7 +64,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("results").join(&p.cfg.name));
     if args.dry_run {
-        p.print(&out);
+        println!("{}", p.describe(&out));
         println!("dry run: nothing was run");
         return Ok(ExitCode::SUCCESS);
     }
@@ -91,7 +91,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         print!("{script}");
         return Ok(ExitCode::SUCCESS);
     }
-    p.print(&out);
+    println!("{}", p.describe(&out));
     let done = execute_plan(
         &p,
         &ExecFlags {
@@ -99,7 +99,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             shard: args.shard,
             phase: args.phase,
             lenient: args.lenient,
-            runtime: &args.runtime,
+            tokenizer: args.runtime.tokenizer.as_deref(),
             trace_file: None,
             show_output: false,
         },

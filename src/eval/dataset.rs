@@ -76,7 +76,7 @@ pub fn load(path: &Path, fields: &Fields) -> Result<Vec<Problem>> {
 
 /// kvbench's dataset cache: `$KVBENCH_CACHE/datasets` or `~/.cache/kvbench/datasets`.
 pub fn cache_dir() -> PathBuf {
-    crate::model::resolve::cache_dir().join("datasets")
+    crate::loading::resolve::cache_dir().join("datasets")
 }
 
 /// Resolves a dataset: `data` when given (with `fields`), else the built-in `name` from the hub
@@ -95,7 +95,7 @@ pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields) -> Result<Datas
             fetch(m)?
         }
     };
-    let sha256 = crate::model::resolve::sha256_file(&path)?;
+    let sha256 = crate::loading::verify::sha256_file(&path)?;
     let mut warnings = Vec::new();
     if let Some(m) = &manifest {
         if problems.len() != m.rows {
@@ -166,7 +166,7 @@ fn fetch_hub(h: &HubSource) -> Result<PathBuf> {
         .dataset(h.repo.clone())
         .get(&h.file)
         .map_err(|e| Error::Input(format!("{}/{}: {e}", h.repo, h.file)))?;
-    crate::model::hub::verify_blob(&path)?;
+    crate::loading::hub::verify_blob(&path)?;
     Ok(path)
 }
 

@@ -180,8 +180,8 @@ unsafe fn legacy_part<const RR: usize, const SIGNED: bool>(
         for b in 0..kb {
             for w in 0..LEGACY_NW {
                 let mw = *m[w].add(b);
-                for i in 0..RR {
-                    extra[w][i] = mw.mul_add(*xs.add(i * kb + b), extra[w][i]);
+                for (i, e) in extra[w].iter_mut().enumerate() {
+                    *e = mw.mul_add(*xs.add(i * kb + b), *e);
                 }
             }
         }

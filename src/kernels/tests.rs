@@ -141,6 +141,17 @@ fn a_row_is_independent_of_its_batch() {
     }
 }
 
+/// Random matrices of `parts` (format, rows) with `k` columns, seeded from `seed`, and their stack.
+fn stacked_parts(parts: &[(BlockFormat, usize)], k: usize, seed: u64) -> (Vec<QMatrix>, QMatrix) {
+    let mats: Vec<QMatrix> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, &(f, n))| QMatrix::new(f, quantized(f, n, k, seed + i as u64), n, k).unwrap())
+        .collect();
+    let stacked = QMatrix::stack(mats.clone()).unwrap();
+    (mats, stacked)
+}
+
 #[test]
 fn stacked_formats_equal_their_parts() {
     let k = 512;
@@ -149,12 +160,7 @@ fn stacked_formats_equal_their_parts() {
         (BlockFormat::Q6K, 7),
         (BlockFormat::Q5K, 5),
     ];
-    let mats: Vec<QMatrix> = parts
-        .iter()
-        .enumerate()
-        .map(|(i, &(f, n))| QMatrix::new(f, quantized(f, n, k, 10 + i as u64), n, k).unwrap())
-        .collect();
-    let stacked = QMatrix::stack(mats.clone()).unwrap();
+    let (mats, stacked) = stacked_parts(&parts, k, 10);
     assert_eq!(stacked.rows(), 22);
     let x = random(3 * k, 11);
     let y = stacked.matmul(&x, 3);
@@ -181,12 +187,7 @@ fn stacked_parts_of_different_kernels_are_independent_of_the_batch() {
         (BlockFormat::Q4_0, 6),
         (BlockFormat::Q4_1, 3),
     ];
-    let mats: Vec<QMatrix> = parts
-        .iter()
-        .enumerate()
-        .map(|(i, &(f, n))| QMatrix::new(f, quantized(f, n, k, 20 + i as u64), n, k).unwrap())
-        .collect();
-    let stacked = QMatrix::stack(mats).unwrap();
+    let (_, stacked) = stacked_parts(&parts, k, 20);
     let n = stacked.rows();
     let x = random(40 * k, 21);
     let all = stacked.matmul(&x, 40);

@@ -7,9 +7,9 @@
 //! its own cache, whose length and contents its own policy decides.
 
 use crate::error::Result;
+use crate::loading::source::WeightSource;
 use crate::model::attention;
 use crate::model::config::ModelConfig;
-use crate::model::source::WeightSource;
 use crate::model::state::SeqState;
 use crate::model::weights::{Embedding, Linear, RmsNorm, WeightFormat};
 use crate::policy::{AttentionView, StepInfo};

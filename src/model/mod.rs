@@ -1,27 +1,28 @@
-//! Models: resolving a name to files, loading weights, tokenizer and chat template, and the forward pass.
+//! Models: a loaded model (weights, tokenizer, chat template) and its forward pass. Finding files and
+//! reading tensors is [`crate::loading`]'s; the matrix kernels are [`crate::kernels`]'s.
 
 pub mod attention;
 pub mod chat;
 pub mod config;
-pub mod hub;
 pub mod llama;
-pub mod resolve;
-pub mod source;
 pub mod state;
 pub mod tokenizer;
 pub mod weights;
 
 use crate::error::{Error, Result};
+use crate::loading::resolve::ModelFiles;
+use crate::loading::source::WeightSource;
 use candle_core::Device;
 use chat::ChatTemplate;
-use resolve::ModelFiles;
-use source::WeightSource;
 use std::path::PathBuf;
 use tokenizer::Tokenizer;
 use weights::WeightFormat;
 
 pub use llama::{SeqInput, Transformer};
 pub use state::{SeqState, TraceEvent};
+
+/// The paths these modules had in kvbench 0.4 (`kvbench::model::resolve::TEST_MODEL`, ...).
+pub use crate::loading::{hub, resolve, source};
 
 /// A model ready to run: weights, tokenizer, chat template and where it came from.
 pub struct Model {

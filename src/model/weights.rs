@@ -7,7 +7,7 @@
 //! devices, and `--weights native` (the reference path, equal to candle-transformers' models).
 
 use crate::kernels::{BlockFormat, QMatrix};
-use crate::model::source::RawTensor;
+use crate::loading::source::RawTensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use std::sync::Arc;

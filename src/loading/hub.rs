@@ -118,6 +118,15 @@ pub fn verify_blob(link: &Path) -> Result<()> {
     if name.len() != 64 || !name.chars().all(|c| c.is_ascii_hexdigit()) {
         return Ok(()); // not an LFS blob (small git file): nothing to check against
     }
-    // The error names the blob the link points to: the file that does not match.
-    verify(&target, name)
+    // The error names the link: the file the user's cache lists under the repository's path.
+    verify(&target, name).map_err(|e| match e {
+        Error::Checksum {
+            expected, found, ..
+        } => Error::Checksum {
+            path: link.to_path_buf(),
+            expected,
+            found,
+        },
+        e => e,
+    })
 }

@@ -327,7 +327,7 @@ fn check_gguf_shapes(
             .map(|t| t.shape.dims().to_vec())
             .ok_or_else(|| format!("tensor {name} is missing"))
     };
-    let expect = |name: &str, want: [usize; 2]| -> std::result::Result<(), String> {
+    let expect = |name: &str, want: &[usize]| -> std::result::Result<(), String> {
         let got = dims(name)?;
         if got != want {
             return Err(format!(
@@ -344,21 +344,53 @@ fn check_gguf_shapes(
             c.hidden_size
         ));
     }
-    expect(
-        "blk.0.attn_q.weight",
-        [c.num_heads * c.head_dim, c.hidden_size],
-    )?;
-    expect(
-        "blk.0.attn_k.weight",
-        [c.num_kv_heads * c.head_dim, c.hidden_size],
-    )?;
-    expect("blk.0.ffn_up.weight", [c.intermediate_size, c.hidden_size])?;
-    let last = format!("blk.{}.attn_q.weight", c.num_layers - 1);
-    if !tensors.contains_key(&last) {
-        return Err(format!(
-            "block_count is {}, but tensor {last} is missing",
-            c.num_layers
-        ));
+    // Every layer's tensors, not only the first's: a damaged or inconsistent shape anywhere must be
+    // refused here, naming the tensor, rather than fail in the middle of a forward pass.
+    let (h, q, kv, ffn) = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+        c.intermediate_size,
+    );
+    for l in 0..c.num_layers {
+        let name = |t: &str| format!("blk.{l}.{t}");
+        if !tensors.contains_key(&name("attn_q.weight")) {
+            return Err(format!(
+                "block_count is {}, but tensor {} is missing",
+                c.num_layers,
+                name("attn_q.weight")
+            ));
+        }
+        expect(&name("attn_q.weight"), &[q, h])?;
+        expect(&name("attn_k.weight"), &[kv, h])?;
+        expect(&name("attn_v.weight"), &[kv, h])?;
+        expect(&name("attn_output.weight"), &[h, q])?;
+        expect(&name("ffn_gate.weight"), &[ffn, h])?;
+        expect(&name("ffn_up.weight"), &[ffn, h])?;
+        expect(&name("ffn_down.weight"), &[h, ffn])?;
+        expect(&name("attn_norm.weight"), &[h])?;
+        expect(&name("ffn_norm.weight"), &[h])?;
+        for (t, want) in [
+            ("attn_q.bias", q),
+            ("attn_k.bias", kv),
+            ("attn_v.bias", kv),
+            ("attn_q_norm.weight", c.head_dim),
+            ("attn_k_norm.weight", c.head_dim),
+        ] {
+            if tensors.contains_key(&name(t)) {
+                expect(&name(t), &[want])?;
+            }
+        }
+    }
+    expect("output_norm.weight", &[h])?;
+    if let Some(out) = tensors.get("output.weight") {
+        let got = out.shape.dims();
+        if got.len() != 2 || got[1] != h || got[0] != embd[0] {
+            return Err(format!(
+                "tensor output.weight has shape {got:?}, expected [{}, {h}] (the embedding's vocabulary and embedding_length)",
+                embd[0]
+            ));
+        }
     }
     Ok(())
 }

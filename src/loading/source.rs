@@ -316,7 +316,7 @@ impl WeightSource {
 }
 
 /// Checks the metadata's sizes against the tensors before anything is allocated from them: the
-/// embedding's width, the first layer's projections and the last layer's presence.
+/// embedding's width, then every layer's projections, norms, biases and QK-norms, and the output head.
 fn check_gguf_shapes(
     c: &ModelConfig,
     tensors: &std::collections::HashMap<String, gguf_file::TensorInfo>,

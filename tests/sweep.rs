@@ -384,3 +384,120 @@ fn slurm_script_runs_every_shard_and_then_the_report() {
     assert!(out.join("config.toml").is_file() && out.join("sweep.json").is_file());
     std::fs::remove_dir_all(&work).unwrap();
 }
+
+const SMALL: &str = r#"
+name = "extend-test"
+model = "smollm2-135m"
+dataset = "builtin"
+limit = 2
+max_new_tokens = 8
+weights = "f32"
+batch_size = 2
+"#;
+
+fn unit_ids(dir: &Path) -> Vec<String> {
+    let m = kvbench::results::dir::read_manifest(dir).unwrap();
+    let mut ids: Vec<String> = m.units.into_iter().map(|u| u.id).collect();
+    ids.sort();
+    ids
+}
+
+/// A sweep extended in place with more policies and budgets runs only the new units, keeps the old
+/// ones, records the union (a config that resumes everything), and gives each unit the result it has
+/// in a sweep of the larger config from scratch; a config that differs in anything but its grid is
+/// still refused, and so is a directory of kvbench 0.4.0 whose config was edited.
+#[test]
+fn a_sweep_extended_with_policies_and_budgets_runs_only_the_new_units() {
+    common::model(kvbench::model::weights::WeightFormat::Native);
+    let work = temp("extend");
+    let small = work.join("small.toml");
+    let big = work.join("big.toml");
+    std::fs::write(
+        &small,
+        format!("{SMALL}budgets = [4]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"streaming\"\nargs = {{ buffer = 2, sinks = 1 }}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        &big,
+        format!("{SMALL}budgets = [4, 6]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"streaming\"\nargs = {{ buffer = 2, sinks = 1 }}\n[[policy]]\nname = \"h2o\"\n"),
+    )
+    .unwrap();
+    let (small, big) = (small.to_str().unwrap(), big.to_str().unwrap());
+    let d = work.join("d");
+    let ds = d.to_str().unwrap();
+    let text = ok(&kvbench(&["sweep", small, "--out", ds]));
+    assert!(text.contains("4 units run"), "{text}");
+    let before = results(&d);
+
+    // Extended: 2 full + 2 × 2 streaming + 2 × 2 h2o planned, 6 of them new.
+    let out = kvbench(&["sweep", big, "--out", ds]);
+    let text = ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("extends the sweep there"), "{err}");
+    assert!(
+        err.contains("4 of 10 units already finished, 6 to run"),
+        "{err}"
+    );
+    assert!(text.contains("6 units run"), "{text}");
+    let after = results(&d);
+    for (id, r) in &before {
+        assert_eq!(after.get(id), Some(r), "unit {id} kept as it was");
+    }
+    assert_eq!(after.len(), 10);
+    let ids = unit_ids(&d);
+    assert_eq!(ids, after.keys().cloned().collect::<Vec<_>>());
+
+    // The directory's config now plans the union: resuming from it, or from the smaller config,
+    // runs nothing and leaves the plan as it is.
+    let own = d.join("config.toml");
+    let text = ok(&kvbench(&["sweep", own.to_str().unwrap(), "--out", ds]));
+    assert!(text.contains("0 units run"), "{text}");
+    let text = ok(&kvbench(&["sweep", small, "--out", ds]));
+    assert!(text.contains("0 units run"), "{text}");
+    assert_eq!(unit_ids(&d), ids);
+
+    // From scratch, the larger config gives every unit the same id and result.
+    let fresh = work.join("fresh");
+    ok(&kvbench(&["sweep", big, "--out", fresh.to_str().unwrap()]));
+    assert_eq!(results(&fresh), after);
+
+    // Anything but the grid changed: refused, nothing written.
+    let samples = std::fs::read(d.join("samples.jsonl")).unwrap();
+    let config = std::fs::read(&own).unwrap();
+    let out = kvbench(&["sweep", big, "--out", ds, "--max-new-tokens", "9"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another configuration"));
+    assert_eq!(std::fs::read(d.join("samples.jsonl")).unwrap(), samples);
+    assert_eq!(std::fs::read(&own).unwrap(), config);
+
+    // A directory of kvbench 0.4.0 (no base hash in sweep.json) extends too, while its config is
+    // the one it was bound to; edited, it is refused.
+    let old = work.join("old");
+    ok(&kvbench(&["sweep", small, "--out", old.to_str().unwrap()]));
+    let strip = |dir: &Path| {
+        let path = dir.join("sweep.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(v.as_object_mut().unwrap().remove("base_hash").is_some());
+        std::fs::write(&path, v.to_string()).unwrap();
+    };
+    strip(&old);
+    let edited = work.join("edited");
+    std::fs::create_dir_all(&edited).unwrap();
+    for f in ["sweep.json", "config.toml", "samples.jsonl"] {
+        std::fs::copy(old.join(f), edited.join(f)).unwrap();
+    }
+    let text = ok(&kvbench(&["sweep", big, "--out", old.to_str().unwrap()]));
+    assert!(text.contains("6 units run"), "{text}");
+    assert_eq!(results(&old), after);
+    let toml = std::fs::read_to_string(edited.join("config.toml")).unwrap();
+    std::fs::write(
+        edited.join("config.toml"),
+        toml.replace("max_new_tokens = 8", "max_new_tokens = 7"),
+    )
+    .unwrap();
+    let out = kvbench(&["sweep", big, "--out", edited.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another configuration"));
+    let _ = std::fs::remove_dir_all(&work);
+}

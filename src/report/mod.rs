@@ -536,6 +536,7 @@ mod tests {
         let manifest = Manifest {
             name: "t".into(),
             config_hash: "h".into(),
+            base_hash: None,
             kvbench: "0".into(),
             model: "m".into(),
             model_id: "m".into(),

@@ -41,6 +41,11 @@ pub struct PlannedUnit {
 pub struct Manifest {
     pub name: String,
     pub config_hash: String,
+    /// The hash of the config without its grid ([`crate::sweep::config::SweepConfig::base_hash`]):
+    /// a config with the same base may extend the directory. Absent in directories of kvbench 0.4.0
+    /// and earlier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_hash: Option<String>,
     pub kvbench: String,
     pub model: String,
     pub model_id: String,
@@ -112,6 +117,20 @@ impl ResultsDir {
     /// Shards of one sweep start together and share the directory, so binding is serialised by a
     /// blocking lock on `.lock.bind`: the first shard writes, the others then find its manifest.
     pub fn bind(&self, manifest: &Manifest, config_toml: &str) -> Result<()> {
+        self.bind_or_extend(manifest, config_toml, |_| Ok(None))
+    }
+
+    /// As [`ResultsDir::bind`], but a directory of another configuration is first offered to
+    /// `extend` (with its manifest): it returns the directory's new identity (a manifest and config
+    /// covering both configurations), which replaces the old one, or `None` to refuse. The manifest
+    /// is written before the config: a crash between them leaves a manifest that still names the
+    /// old config's base, so the next extension repairs the config.
+    pub fn bind_or_extend(
+        &self,
+        manifest: &Manifest,
+        config_toml: &str,
+        extend: impl FnOnce(&Manifest) -> Result<Option<(Manifest, String)>>,
+    ) -> Result<()> {
         let guard_path = self.path.join(".lock.bind");
         let _guard = OpenOptions::new()
             .create(true)
@@ -124,6 +143,10 @@ impl ResultsDir {
         if file.exists() {
             let old = read_manifest(&self.path)?;
             if old.config_hash != manifest.config_hash {
+                if let Some((m, toml)) = extend(&old)? {
+                    self.write_identity(&m, &toml, true)?;
+                    return Ok(());
+                }
                 return Err(Error::Input(format!(
                     "{} holds results of another configuration (config hash {} there, {} now; see {}): \
                      results are never mixed. Use another --out, or remove the directory to start over",
@@ -151,15 +174,39 @@ impl ResultsDir {
                 self.path.display()
             )));
         }
-        let mut f = AtomicFile::create(&self.path.join("config.toml"))?;
-        f.write_all(config_toml.as_bytes())
-            .map_err(|e| Error::io(&file, e))?;
-        f.commit()?;
-        let mut f = AtomicFile::create(&file)?;
-        let text =
-            serde_json::to_string_pretty(manifest).map_err(|e| Error::Input(e.to_string()))?;
-        writeln!(f, "{text}").map_err(|e| Error::io(&file, e))?;
-        f.commit()
+        // The config first: a directory holding only a config is still unbound (and ours).
+        self.write_identity(manifest, config_toml, false)
+    }
+
+    /// Writes `sweep.json` and `config.toml`, each atomically, in the order asked.
+    fn write_identity(
+        &self,
+        manifest: &Manifest,
+        config_toml: &str,
+        manifest_first: bool,
+    ) -> Result<()> {
+        let write_manifest = || -> Result<()> {
+            let file = self.path.join("sweep.json");
+            let mut f = AtomicFile::create(&file)?;
+            let text =
+                serde_json::to_string_pretty(manifest).map_err(|e| Error::Input(e.to_string()))?;
+            writeln!(f, "{text}").map_err(|e| Error::io(&file, e))?;
+            f.commit()
+        };
+        let write_config = || -> Result<()> {
+            let config = self.path.join("config.toml");
+            let mut f = AtomicFile::create(&config)?;
+            f.write_all(config_toml.as_bytes())
+                .map_err(|e| Error::io(&config, e))?;
+            f.commit()
+        };
+        if manifest_first {
+            write_manifest()?;
+            write_config()
+        } else {
+            write_config()?;
+            write_manifest()
+        }
     }
 
     /// Appends one provenance line (synced).
@@ -383,6 +430,7 @@ mod tests {
         Manifest {
             name: "t".into(),
             config_hash: hash.into(),
+            base_hash: None,
             kvbench: "0".into(),
             model: "m".into(),
             model_id: "m".into(),

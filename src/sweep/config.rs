@@ -67,6 +67,20 @@ impl PolicyEntry {
     }
 }
 
+/// A policy table's parameters as `--policy-arg` gives them: strings as they are, other values as TOML
+/// writes them.
+fn arg_strings(args: &BTreeMap<String, toml::Value>) -> BTreeMap<String, String> {
+    args.iter()
+        .map(|(k, v)| {
+            let v = match v {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
 /// A sweep's name names its results directory (`results/NAME`): one plain file name, never a path.
 fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
@@ -143,6 +157,81 @@ impl SweepConfig {
         }))
     }
 
+    /// The hash of everything but the grid (the policies and budgets): configs with one base hash
+    /// give the (policy, budget)s they share the same unit ids, so one results directory can hold
+    /// them all (a sweep extended with more policies or budgets, see [`SweepConfig::extended_by`]).
+    pub fn base_hash(&self, model_id: &str, dataset_id: &str) -> String {
+        let mut c = self.clone();
+        c.policies.clear();
+        c.budgets.clear();
+        c.hash(model_id, dataset_id)
+    }
+
+    /// This config's grid with `other`'s added: the (policy, parameters, budget)s of both, this
+    /// config's first, each once. The options are `other`'s (the configs are expected to share a
+    /// base hash). Budgets every table shares stay at the top, so a config extended by a superset of
+    /// itself is that superset, and extending is idempotent.
+    pub fn extended_by(&self, other: &SweepConfig) -> Result<SweepConfig> {
+        let rule = other.options.budget_rule();
+        let mut tables: Vec<PolicyEntry> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for cfg in [self, other] {
+            for p in &cfg.policies {
+                let full = p.name == "full";
+                let budgets = if full {
+                    vec![1.0]
+                } else {
+                    p.budgets.clone().unwrap_or_else(|| cfg.budgets.clone())
+                };
+                for b in budgets {
+                    let spec = PolicySpec::with_rule(&p.name, b, rule, arg_strings(&p.args))?;
+                    if !seen.insert(spec.describe()) {
+                        continue;
+                    }
+                    let i = match tables
+                        .iter()
+                        .position(|t| t.name == p.name && t.args == p.args)
+                    {
+                        Some(i) => i,
+                        None => {
+                            tables.push(PolicyEntry {
+                                name: p.name.clone(),
+                                budgets: (!full).then(Vec::new),
+                                args: p.args.clone(),
+                            });
+                            tables.len() - 1
+                        }
+                    };
+                    if let Some(list) = tables[i].budgets.as_mut() {
+                        list.push(b);
+                    }
+                }
+            }
+        }
+        let mut top: Vec<f64> = Vec::new();
+        for b in tables.iter().filter(|t| t.name != "full") {
+            for &v in b.budgets.iter().flatten() {
+                if !top.contains(&v) {
+                    top.push(v);
+                }
+            }
+        }
+        let same_set = |b: &[f64]| b.len() == top.len() && b.iter().all(|v| top.contains(v));
+        for t in &mut tables {
+            if t.name == "full" || t.budgets.as_deref().is_some_and(same_set) {
+                t.budgets = None;
+            }
+        }
+        let merged = SweepConfig {
+            name: other.name.clone(),
+            options: other.options.clone(),
+            budgets: top,
+            policies: tables,
+        };
+        merged.check()?;
+        Ok(merged)
+    }
+
     /// The config as TOML, for the results directory.
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# not representable as TOML: {e}\n"))
@@ -155,17 +244,7 @@ impl SweepConfig {
         }
         let mut out: Vec<PolicySpec> = Vec::new();
         for p in &self.policies {
-            let args: BTreeMap<String, String> = p
-                .args
-                .iter()
-                .map(|(k, v)| {
-                    let v = match v {
-                        toml::Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    (k.clone(), v)
-                })
-                .collect();
+            let args = arg_strings(&p.args);
             let budgets = if p.name == "full" {
                 vec![1.0]
             } else {
@@ -191,5 +270,87 @@ impl SweepConfig {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> SweepConfig {
+        let dir = std::env::temp_dir().join(format!("kvbench-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!(
+            "{}.toml",
+            crate::sweep::plan::content_id(&text.into())
+        ));
+        std::fs::write(&path, text).unwrap();
+        SweepConfig::load(&path).unwrap()
+    }
+
+    const HEAD: &str = "name = \"s\"\nmodel = \"smollm2-135m\"\ndataset = \"builtin\"\n";
+
+    #[test]
+    fn extending_by_a_superset_gives_the_superset_and_is_idempotent() {
+        let small = config(&format!(
+            "{HEAD}budgets = [64, 128]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"rkv\"\n"
+        ));
+        let big = config(&format!(
+            "{HEAD}budgets = [64, 128, 256]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"rkv\"\n[[policy]]\nname = \"h2o\"\n"
+        ));
+        let merged = small.extended_by(&big).unwrap();
+        assert_eq!(merged, big);
+        assert_eq!(merged.hash("m", "d"), big.hash("m", "d"));
+        assert_eq!(merged.extended_by(&small).unwrap(), merged);
+        assert_eq!(small.base_hash("m", "d"), big.base_hash("m", "d"));
+        assert_ne!(small.hash("m", "d"), big.hash("m", "d"));
+    }
+
+    #[test]
+    fn extending_keeps_every_policy_budget_once_and_per_table_budgets_where_they_differ() {
+        let a = config(&format!(
+            "{HEAD}budgets = [64]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"rkv\"\nargs = {{ buffer = 8 }}\n"
+        ));
+        let b = config(&format!(
+            "{HEAD}budgets = [128]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"streaming\"\n[[policy]]\nname = \"rkv\"\nargs = {{ buffer = 8 }}\nbudgets = [64, 256]\n"
+        ));
+        let m = a.extended_by(&b).unwrap();
+        let described: Vec<String> = m
+            .policy_specs()
+            .unwrap()
+            .iter()
+            .map(|s| s.describe())
+            .collect();
+        let expect = |c: &SweepConfig| -> Vec<String> {
+            c.policy_specs()
+                .unwrap()
+                .iter()
+                .map(|s| s.describe())
+                .collect()
+        };
+        for d in expect(&a).iter().chain(expect(&b).iter()) {
+            assert_eq!(
+                described.iter().filter(|x| *x == d).count(),
+                1,
+                "{d} in {described:?}"
+            );
+        }
+        assert_eq!(described.len(), 4, "{described:?}"); // full, rkv 64/256, streaming 128
+                                                         // rkv's budgets differ from streaming's: it keeps its own list; the top holds the union.
+        let rkv = m.policies.iter().find(|p| p.name == "rkv").unwrap();
+        assert_eq!(rkv.budgets, Some(vec![64.0, 256.0]));
+        assert_eq!(m.budgets, vec![64.0, 256.0, 128.0]);
+    }
+
+    #[test]
+    fn the_base_hash_still_sees_every_setting_but_the_grid() {
+        let a = config(&format!(
+            "{HEAD}budgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+        ));
+        let b = config(&format!(
+            "{HEAD}max_new_tokens = 99\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+        ));
+        assert_ne!(a.base_hash("m", "d"), b.base_hash("m", "d"));
+        assert_ne!(a.base_hash("m", "d"), a.base_hash("m2", "d"));
     }
 }

@@ -30,6 +30,8 @@ pub struct Planned {
     pub dataset_id: String,
     /// The config hash a results directory records.
     pub hash: String,
+    /// The hash of the config without its grid: a directory of the same base may be extended.
+    pub base_hash: String,
     pub plan: Plan,
 }
 
@@ -70,6 +72,7 @@ pub fn plan(mut cfg: SweepConfig) -> Result<Planned> {
         &dataset_id,
     )?;
     let hash = cfg.hash(&model_id, &dataset_id);
+    let base_hash = cfg.base_hash(&model_id, &dataset_id);
     Ok(Planned {
         cfg,
         set,
@@ -77,6 +80,7 @@ pub fn plan(mut cfg: SweepConfig) -> Result<Planned> {
         model_id,
         dataset_id,
         hash,
+        base_hash,
         plan,
     })
 }
@@ -84,26 +88,30 @@ pub fn plan(mut cfg: SweepConfig) -> Result<Planned> {
 impl Planned {
     /// The manifest of a results directory holding this plan.
     pub fn manifest(&self) -> Manifest {
+        Self::manifest_of(&self.cfg, &self.plan, self.hash.clone(), self)
+    }
+
+    fn manifest_of(cfg: &SweepConfig, plan: &Plan, hash: String, ids: &Planned) -> Manifest {
         Manifest {
-            name: self.cfg.name.clone(),
-            config_hash: self.hash.clone(),
+            name: cfg.name.clone(),
+            config_hash: hash,
+            base_hash: Some(ids.base_hash.clone()),
             kvbench: env!("CARGO_PKG_VERSION").into(),
-            model: self.cfg.options.model().into(),
-            model_id: self.model_id.clone(),
-            dataset: self.set.source.clone(),
-            dataset_id: self.dataset_id.clone(),
-            units: self
-                .plan
+            model: cfg.options.model().into(),
+            model_id: ids.model_id.clone(),
+            dataset: ids.set.source.clone(),
+            dataset_id: ids.dataset_id.clone(),
+            units: plan
                 .units
                 .iter()
                 .map(|u| {
-                    let spec = &self.plan.specs[u.policy];
+                    let spec = &plan.specs[u.policy];
                     PlannedUnit {
                         id: u.id.clone(),
                         policy: spec.describe(),
                         policy_name: spec.name().into(),
                         budget: (spec.name() != "full").then(|| spec.budget().value()),
-                        problem_id: self.plan.problems[u.problem].id.clone(),
+                        problem_id: plan.problems[u.problem].id.clone(),
                         sample: u.sample,
                     }
                 })
@@ -111,19 +119,72 @@ impl Planned {
         }
     }
 
+    /// The identity of a results directory that holds `old` (another configuration) extended by
+    /// this one, or `None` when they differ in more than their grid (policies and budgets): the
+    /// union config and its plan, with any unit of `old` the union does not plan kept.
+    fn extension_of(&self, dir: &Path, old: &Manifest) -> Result<Option<(Manifest, String)>> {
+        if old.kvbench != env!("CARGO_PKG_VERSION")
+            || old.model_id != self.model_id
+            || old.dataset_id != self.dataset_id
+            || old.base_hash.as_ref().is_some_and(|b| *b != self.base_hash)
+        {
+            return Ok(None);
+        }
+        let path = dir.join("config.toml");
+        let stored = SweepConfig::load(&path)?;
+        // A directory of kvbench 0.4.0 and earlier records no base: its config must be the one it
+        // was bound to, and have this config's base.
+        if old.base_hash.is_none()
+            && (stored.hash(&self.model_id, &self.dataset_id) != old.config_hash
+                || stored.base_hash(&self.model_id, &self.dataset_id) != self.base_hash)
+        {
+            return Ok(None);
+        }
+        // The options are this run's (they share the base); only the stored grid is taken.
+        let old_cfg = SweepConfig {
+            options: self.cfg.options.clone(),
+            ..stored
+        };
+        let merged = old_cfg.extended_by(&self.cfg)?;
+        let plan = Plan::new(
+            merged.policy_specs()?,
+            self.plan.problems.clone(),
+            self.plan.samples,
+            self.plan.decoding.clone(),
+            &self.model_id,
+            &self.dataset_id,
+        )?;
+        let hash = merged.hash(&self.model_id, &self.dataset_id);
+        let mut manifest = Self::manifest_of(&merged, &plan, hash, self);
+        let planned: HashSet<String> = manifest.units.iter().map(|u| u.id.clone()).collect();
+        manifest.units.extend(
+            old.units
+                .iter()
+                .filter(|u| !planned.contains(&u.id))
+                .cloned(),
+        );
+        Ok(Some((manifest, config_toml_of(&merged))))
+    }
+
     /// The config as the results directory keeps it: overrides applied, without the output
     /// directory (the directory is where it lies).
     pub fn config_toml(&self) -> String {
-        let mut c = self.cfg.clone();
-        c.options.out = None;
-        format!(
-            "# Resolved by kvbench {} (command-line overrides applied). Resume with:\n#   {}\n{}",
-            env!("CARGO_PKG_VERSION"),
-            "kvbench sweep THIS_DIR/config.toml --out THIS_DIR",
-            c.to_toml()
-        )
+        config_toml_of(&self.cfg)
     }
+}
 
+fn config_toml_of(cfg: &SweepConfig) -> String {
+    let mut c = cfg.clone();
+    c.options.out = None;
+    format!(
+        "# Resolved by kvbench {} (command-line overrides applied). Resume with:\n#   {}\n{}",
+        env!("CARGO_PKG_VERSION"),
+        "kvbench sweep THIS_DIR/config.toml --out THIS_DIR",
+        c.to_toml()
+    )
+}
+
+impl Planned {
     /// The plan as the user reads it before it runs: inputs, decoding, one row per (policy, budget).
     pub fn describe(&self, out: &Path) -> String {
         use std::fmt::Write;
@@ -278,7 +339,19 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
             .map_err(|e| Error::Input(format!("{}: {e}", flags.out.display())))?;
     }
     let dir = ResultsDir::open(&flags.out, flags.shard)?;
-    dir.bind(&p.manifest(), &p.config_toml())?;
+    dir.bind_or_extend(&p.manifest(), &p.config_toml(), |old| {
+        let extended = p.extension_of(&flags.out, old)?;
+        if let Some((m, _)) = &extended {
+            eprintln!(
+                "{}: extends the sweep there (config hash {} there, {} now): {} units planned in all, config.toml updated",
+                flags.out.display(),
+                old.config_hash,
+                p.hash,
+                m.units.len()
+            );
+        }
+        Ok(extended)
+    })?;
     let finished = dir.finished()?;
     let mine: Vec<_> = p
         .plan

@@ -461,6 +461,27 @@ fn a_sweep_extended_with_policies_and_budgets_runs_only_the_new_units() {
     ok(&kvbench(&["sweep", big, "--out", fresh.to_str().unwrap()]));
     assert_eq!(results(&fresh), after);
 
+    // Directories of the same settings report together; of other settings (here the length
+    // limit), they are refused: their rows would pool outputs that are not comparable.
+    let text = ok(&kvbench(&["report", ds, fresh.to_str().unwrap()]));
+    assert!(text.contains("h2o"), "{text}");
+    let shorter = work.join("shorter");
+    ok(&kvbench(&[
+        "sweep",
+        small,
+        "--out",
+        shorter.to_str().unwrap(),
+        "--max-new-tokens",
+        "4",
+    ]));
+    let out = kvbench(&["report", ds, shorter.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("different settings") && err.contains("max_new_tokens 8 there, 4 here"),
+        "{err}"
+    );
+
     // Anything but the grid changed: refused, nothing written.
     let samples = std::fs::read(d.join("samples.jsonl")).unwrap();
     let config = std::fs::read(&own).unwrap();

@@ -102,6 +102,7 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
             c.traces.extend(t);
         }
     }
+    check_same_decoding(&c.manifests)?;
     let done: HashSet<&str> = c.records.iter().map(|r| r.unit.as_str()).collect();
     let mut planned = HashSet::new();
     for (dir, m) in &c.manifests {
@@ -112,6 +113,70 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
         }
     }
     Ok(c)
+}
+
+/// The settings that decide how a directory's outputs were generated, besides the model, the data
+/// and the policy: the weights, template, prompt, sampling (and its seed when it samples), the length
+/// limit and the budget rule. Rows pool records by (model, dataset, policy) and pair them with full's,
+/// so directories that differ here cannot be reported together. Problem selection, sample counts and
+/// batch sizes may differ: pairing uses the problems both rows have.
+/// `None` when the directory's config does not parse (an older kvbench's): it is then not checked.
+fn decoding_of(dir: &Path) -> Option<serde_json::Value> {
+    let cfg = crate::sweep::config::SweepConfig::load(&dir.join("config.toml")).ok()?;
+    let o = &cfg.options;
+    let (temperature, top_p) = o.sampling();
+    Some(serde_json::json!({
+        "weights": o.weights(),
+        "chat_template": o.chat_template,
+        "prompt": o.prompt(),
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": (temperature > 0.0).then(|| o.seed()),
+        "max_new_tokens": o.max_new_tokens,
+        "budget_rule": o.budget_rule(),
+    }))
+}
+
+/// Refuses directories of one model and dataset generated with different settings ([`decoding_of`]),
+/// naming both directories and the settings that differ.
+fn check_same_decoding(manifests: &[(PathBuf, Manifest)]) -> Result<()> {
+    let mut first: HashMap<(String, String), (PathBuf, serde_json::Value)> = HashMap::new();
+    for (dir, m) in manifests {
+        let Some(d) = decoding_of(dir) else {
+            continue;
+        };
+        let key = (m.model_id.clone(), short_dataset(&m.dataset).to_string());
+        match first.get(&key) {
+            None => {
+                first.insert(key, (dir.clone(), d));
+            }
+            Some((other, od)) if *od != d => {
+                let differ: Vec<String> = d
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(k, v)| od.get(k.as_str()) != Some(v))
+                    .map(|(k, v)| {
+                        format!(
+                            "{k} {} there, {v} here",
+                            od.get(k.as_str()).unwrap_or(&serde_json::Value::Null)
+                        )
+                    })
+                    .collect();
+                return Err(crate::Error::Input(format!(
+                    "{} and {} ran {} on {} with different settings ({}): their rows would pool and pair outputs \
+                     that are not comparable. Report them separately",
+                    other.display(),
+                    dir.display(),
+                    m.model,
+                    short_dataset(&m.dataset),
+                    differ.join("; ")
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// One summary row: a policy at a budget on one model and dataset.

@@ -152,6 +152,45 @@ fn check(tied: bool) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A checkpoint whose tensor disagrees with config.json, in any layer, is refused when it is
+/// opened, naming the tensor (Hugging Face name) and config.json.
+#[test]
+fn a_safetensors_shape_that_disagrees_with_the_config_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("kvbench-qwen2-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_qwen2(&dir, false);
+    let file = dir.join("model.safetensors");
+    let good = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+    let last = LAYERS - 1;
+    for (name, shape) in [
+        (
+            format!("model.layers.{last}.mlp.down_proj.weight"),
+            vec![HIDDEN, FFN - 1],
+        ),
+        (
+            format!("model.layers.{last}.self_attn.k_proj.bias"),
+            vec![HIDDEN],
+        ),
+        ("lm_head.weight".to_string(), vec![VOCAB - 1, HIDDEN]),
+    ] {
+        let mut t = good.clone();
+        t.insert(
+            name.clone(),
+            Tensor::zeros(shape.as_slice(), DType::F32, &Device::Cpu).unwrap(),
+        );
+        candle_core::safetensors::save(&t, &file).unwrap();
+        let err = WeightSource::open_safetensors(&dir)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains(&format!("tensor {name} has shape")) && err.contains("config.json"),
+            "{name}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn qwen2_untied_matches_candle_transformers() {
     check(false);

@@ -509,11 +509,7 @@ fn gguf_metadata_is_checked_against_the_tensors_and_for_finite_values() {
             512u32.to_le_bytes(),
             "token_embd.weight",
         ),
-        (
-            "llama.block_count",
-            31u32.to_le_bytes(),
-            "block_count is 31",
-        ),
+        ("llama.block_count", 31u32.to_le_bytes(), "has 31 layers"),
         (
             "llama.attention.layer_norm_rms_epsilon",
             f32::NAN.to_le_bytes(),
@@ -541,6 +537,47 @@ fn gguf_metadata_is_checked_against_the_tensors_and_for_finite_values() {
         assert!(
             started.elapsed().as_secs() < 10,
             "{key}: refused before loading"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The test model with the two dimensions of one tensor's shape swapped in its header: the same
+/// byte size (so the file's bounds still hold), a shape the metadata does not allow.
+fn with_swapped_dims(dir: &std::path::Path, tensor: &str) -> std::path::PathBuf {
+    let mut bytes = std::fs::read(common::gguf_path()).unwrap();
+    // A tensor info: name length (u64), name, dimension count (u32), dimensions (u64 each).
+    let at = bytes
+        .windows(tensor.len() + 1)
+        .position(|w| &w[..tensor.len()] == tensor.as_bytes() && w[tensor.len()] == 2)
+        .unwrap_or_else(|| panic!("{tensor} in the test model"));
+    let d = at + tensor.len() + 4;
+    let (a, b) = (bytes[d..d + 8].to_vec(), bytes[d + 8..d + 16].to_vec());
+    assert_ne!(a, b, "{tensor} is not square");
+    bytes[d..d + 8].copy_from_slice(&b);
+    bytes[d + 8..d + 16].copy_from_slice(&a);
+    let path = dir.join(format!("{tensor}.gguf"));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// A damaged shape in any layer, not only the first, is refused at load naming the tensor, rather
+/// than failing inside a matrix product mid-forward.
+#[test]
+fn a_damaged_tensor_shape_in_a_later_layer_is_refused_by_name() {
+    common::model(kvbench::model::weights::WeightFormat::Native);
+    let dir = std::env::temp_dir().join(format!("kvbench-gguf-shape-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for tensor in [
+        "blk.29.ffn_down.weight",
+        "blk.17.attn_k.weight",
+        "blk.0.ffn_up.weight",
+    ] {
+        let path = with_swapped_dims(&dir, tensor);
+        let msg = load_err(&path);
+        assert!(
+            msg.contains(&format!("tensor {tensor} has shape")) && msg.contains(".gguf"),
+            "{tensor}: {msg}"
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();

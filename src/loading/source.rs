@@ -153,6 +153,8 @@ impl WeightSource {
         // SAFETY: the files are memory-mapped read-only; kvbench never writes to them while mapped.
         let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
             .map_err(|e| Error::model(dir, format!("unreadable safetensors: {e}")))?;
+        let shape = |n: &str| tensors.get(&hf_name(n)).ok().map(|v| v.shape().to_vec());
+        check_shapes(&config, &shape, &hf_name).map_err(|e| Error::model(&config_path, e))?;
         Ok((
             WeightSource::Safetensors {
                 dir: dir.to_path_buf(),
@@ -302,7 +304,9 @@ impl WeightSource {
             max_position_embeddings: get_u("context_length").unwrap_or(4096),
         };
         config.validate().map_err(|e| Error::model(path, e))?;
-        check_gguf_shapes(&config, &content.tensor_infos).map_err(|e| Error::model(path, e))?;
+        let shape = |n: &str| content.tensor_infos.get(n).map(|t| t.shape.dims().to_vec());
+        check_shapes(&config, &shape, &|n: &str| n.to_string())
+            .map_err(|e| Error::model(path, e))?;
         Ok(config)
     }
 
@@ -317,22 +321,22 @@ impl WeightSource {
 
 /// Checks the metadata's sizes against the tensors before anything is allocated from them: the
 /// embedding's width, then every layer's projections, norms, biases and QK-norms, and the output head.
-fn check_gguf_shapes(
+/// `shape` gives a tensor's `[rows, cols]` by its GGUF name (None when absent) and `file_name` the name
+/// the file uses, for the error: one check for GGUF files and Hugging Face checkpoints alike.
+fn check_shapes(
     c: &ModelConfig,
-    tensors: &std::collections::HashMap<String, gguf_file::TensorInfo>,
+    shape: &dyn Fn(&str) -> Option<Vec<usize>>,
+    file_name: &dyn Fn(&str) -> String,
 ) -> std::result::Result<(), String> {
     let dims = |name: &str| -> std::result::Result<Vec<usize>, String> {
-        tensors
-            .get(name)
-            .map(|t| t.shape.dims().to_vec())
-            .ok_or_else(|| format!("tensor {name} is missing"))
+        shape(name).ok_or_else(|| format!("tensor {} is missing", file_name(name)))
     };
     let expect = |name: &str, want: &[usize]| -> std::result::Result<(), String> {
         let got = dims(name)?;
         if got != want {
             return Err(format!(
-                "tensor {name} has shape {got:?}, the metadata says {want:?} (embedding_length {}, head counts {} / {}, head size {}, feed_forward_length {})",
-                c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+                "tensor {} has shape {got:?}, the model's config says {want:?} (hidden size {}, head counts {} / {}, head size {}, feed-forward size {})",
+                file_name(name), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
             ));
         }
         Ok(())
@@ -340,7 +344,8 @@ fn check_gguf_shapes(
     let embd = dims("token_embd.weight")?;
     if embd.len() != 2 || embd[1] != c.hidden_size {
         return Err(format!(
-            "tensor token_embd.weight has shape {embd:?}, the metadata's embedding_length is {}",
+            "tensor {} has shape {embd:?}, the model's hidden size is {}",
+            file_name("token_embd.weight"),
             c.hidden_size
         ));
     }
@@ -354,11 +359,11 @@ fn check_gguf_shapes(
     );
     for l in 0..c.num_layers {
         let name = |t: &str| format!("blk.{l}.{t}");
-        if !tensors.contains_key(&name("attn_q.weight")) {
+        if shape(&name("attn_q.weight")).is_none() {
             return Err(format!(
-                "block_count is {}, but tensor {} is missing",
+                "the model has {} layers, but tensor {} is missing",
                 c.num_layers,
-                name("attn_q.weight")
+                file_name(&name("attn_q.weight"))
             ));
         }
         expect(&name("attn_q.weight"), &[q, h])?;
@@ -377,17 +382,17 @@ fn check_gguf_shapes(
             ("attn_q_norm.weight", c.head_dim),
             ("attn_k_norm.weight", c.head_dim),
         ] {
-            if tensors.contains_key(&name(t)) {
+            if shape(&name(t)).is_some() {
                 expect(&name(t), &[want])?;
             }
         }
     }
     expect("output_norm.weight", &[h])?;
-    if let Some(out) = tensors.get("output.weight") {
-        let got = out.shape.dims();
+    if let Some(got) = shape("output.weight") {
         if got.len() != 2 || got[1] != h || got[0] != embd[0] {
             return Err(format!(
-                "tensor output.weight has shape {got:?}, expected [{}, {h}] (the embedding's vocabulary and embedding_length)",
+                "tensor {} has shape {got:?}, expected [{}, {h}] (the embedding's vocabulary and the hidden size)",
+                file_name("output.weight"),
                 embd[0]
             ));
         }

@@ -307,7 +307,7 @@ fn run_prints_answers_grades_and_speed() {
         err.contains("--no-baseline") && err.contains("--budget 0.5"),
         "{err}"
     );
-    // --no-baseline is another configuration: refused, nothing written.
+    // Another budget rule is another configuration (not only another grid): refused, nothing written.
     let out = kvbench(&[
         "run",
         "--policy",
@@ -471,24 +471,35 @@ fn bad_sweep_configs_give_one_clear_error_each() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The test model with one metadata value overwritten in place (a u32 or f32 value of `key`).
-fn with_metadata(dir: &std::path::Path, key: &str, value: [u8; 4]) -> std::path::PathBuf {
+/// The test model patched in memory by `patch`, written to `dir/NAME.gguf`.
+fn patched_model(
+    dir: &std::path::Path,
+    name: &str,
+    patch: impl FnOnce(&mut Vec<u8>),
+) -> std::path::PathBuf {
     let mut bytes = std::fs::read(common::gguf_path()).unwrap();
-    let at = bytes
-        .windows(key.len())
-        .position(|w| w == key.as_bytes())
-        .unwrap_or_else(|| panic!("{key} in the test model"));
-    let ty = u32::from_le_bytes(
-        bytes[at + key.len()..at + key.len() + 4]
-            .try_into()
-            .unwrap(),
-    );
-    assert!(ty == 4 || ty == 6, "{key} is a u32 or f32");
-    let v = at + key.len() + 4;
-    bytes[v..v + 4].copy_from_slice(&value);
-    let path = dir.join(format!("{key}.gguf"));
+    patch(&mut bytes);
+    let path = dir.join(format!("{name}.gguf"));
     std::fs::write(&path, bytes).unwrap();
     path
+}
+
+/// The test model with one metadata value overwritten in place (a u32 or f32 value of `key`).
+fn with_metadata(dir: &std::path::Path, key: &str, value: [u8; 4]) -> std::path::PathBuf {
+    patched_model(dir, key, |bytes| {
+        let at = bytes
+            .windows(key.len())
+            .position(|w| w == key.as_bytes())
+            .unwrap_or_else(|| panic!("{key} in the test model"));
+        let ty = u32::from_le_bytes(
+            bytes[at + key.len()..at + key.len() + 4]
+                .try_into()
+                .unwrap(),
+        );
+        assert!(ty == 4 || ty == 6, "{key} is a u32 or f32");
+        let v = at + key.len() + 4;
+        bytes[v..v + 4].copy_from_slice(&value);
+    })
 }
 
 /// GGUF metadata that disagrees with the tensors, or is not finite, is refused before anything is
@@ -545,20 +556,18 @@ fn gguf_metadata_is_checked_against_the_tensors_and_for_finite_values() {
 /// The test model with the two dimensions of one tensor's shape swapped in its header: the same
 /// byte size (so the file's bounds still hold), a shape the metadata does not allow.
 fn with_swapped_dims(dir: &std::path::Path, tensor: &str) -> std::path::PathBuf {
-    let mut bytes = std::fs::read(common::gguf_path()).unwrap();
-    // A tensor info: name length (u64), name, dimension count (u32), dimensions (u64 each).
-    let at = bytes
-        .windows(tensor.len() + 1)
-        .position(|w| &w[..tensor.len()] == tensor.as_bytes() && w[tensor.len()] == 2)
-        .unwrap_or_else(|| panic!("{tensor} in the test model"));
-    let d = at + tensor.len() + 4;
-    let (a, b) = (bytes[d..d + 8].to_vec(), bytes[d + 8..d + 16].to_vec());
-    assert_ne!(a, b, "{tensor} is not square");
-    bytes[d..d + 8].copy_from_slice(&b);
-    bytes[d + 8..d + 16].copy_from_slice(&a);
-    let path = dir.join(format!("{tensor}.gguf"));
-    std::fs::write(&path, bytes).unwrap();
-    path
+    patched_model(dir, tensor, |bytes| {
+        // A tensor info: name length (u64), name, dimension count (u32), dimensions (u64 each).
+        let at = bytes
+            .windows(tensor.len() + 1)
+            .position(|w| &w[..tensor.len()] == tensor.as_bytes() && w[tensor.len()] == 2)
+            .unwrap_or_else(|| panic!("{tensor} in the test model"));
+        let d = at + tensor.len() + 4;
+        let (a, b) = (bytes[d..d + 8].to_vec(), bytes[d + 8..d + 16].to_vec());
+        assert_ne!(a, b, "{tensor} is not square");
+        bytes[d..d + 8].copy_from_slice(&b);
+        bytes[d + 8..d + 16].copy_from_slice(&a);
+    })
 }
 
 /// A damaged shape in any layer, not only the first, is refused at load naming the tensor, rather

@@ -230,6 +230,9 @@ pub struct Row {
     /// Aggregate decode tokens/s and end-to-end seconds (prefill plus decode shares), from the
     /// speed machine's records only; None when it has none in this row.
     pub decode_tokens_per_s: Option<f64>,
+    /// The batch sizes (sequences decoded together) of the speed records, ascending, joined by "/":
+    /// aggregate speed depends on them, so rows of different batch sizes do not compare.
+    pub batch: Option<String>,
     pub end_to_end_s: Option<f64>,
     /// Median time to first token (prefill), seconds.
     pub ttft_s: Option<f64>,
@@ -490,6 +493,16 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         events: metric(&|m| m.events as f64),
         policy_state_peak_bytes: metric(&|m| m.policy_state_bytes_peak as f64),
         decode_tokens_per_s: (decode_secs > 0.0).then(|| speed_tokens / decode_secs),
+        batch: {
+            let sizes: std::collections::BTreeSet<usize> = speed.iter().map(|m| m.batch).collect();
+            (!sizes.is_empty()).then(|| {
+                sizes
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+        },
         end_to_end_s: (!speed.is_empty()).then(|| {
             speed
                 .iter()
@@ -702,5 +715,25 @@ mod tests {
         assert!(line("rkv").contains("| 12 / 0 |"), "{table}");
         // The same records give the same report.
         assert_eq!(table::markdown(&summarize(&records)), table);
+    }
+
+    #[test]
+    fn rows_of_different_batch_sizes_say_so_and_show_their_batch() {
+        let mut records = vec![
+            record("full", "a", true, 100, true),
+            record("rkv", "a", true, 100, true),
+        ];
+        let table = table::markdown(&summarize(&records));
+        assert!(!table.contains("different batch sizes"), "{table}");
+        assert!(!table.contains("| batch |"), "{table}");
+        let mut other = record("rkv", "b", true, 100, true);
+        other.metrics.as_mut().unwrap().batch = 25;
+        records.push(other);
+        let s = summarize(&records);
+        let rkv = s.rows.iter().find(|r| r.policy == "rkv").unwrap();
+        assert_eq!(rkv.batch.as_deref(), Some("1/25"));
+        let table = table::markdown(&s);
+        assert!(table.contains("| batch |"), "{table}");
+        assert!(table.contains("different batch sizes (1, 1/25;"), "{table}");
     }
 }

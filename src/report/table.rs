@@ -46,6 +46,14 @@ fn budget_label(r: &Row) -> String {
     }
 }
 
+/// The distinct batch sizes of the rows, when there is more than one.
+fn mixed_batches(s: &Summary) -> Option<Vec<String>> {
+    let mut sizes: Vec<String> = s.rows.iter().filter_map(|r| r.batch.clone()).collect();
+    sizes.sort();
+    sizes.dedup();
+    (sizes.len() > 1).then_some(sizes)
+}
+
 /// The Markdown table, with a line under it on how to read it.
 pub fn markdown(s: &Summary) -> String {
     let mut out = String::new();
@@ -55,6 +63,7 @@ pub fn markdown(s: &Summary) -> String {
         .any(|w| w[0].model != w[1].model || w[0].dataset != w[1].dataset);
     let any_cons = s.rows.iter().any(|r| r.cons.is_some());
     let any_fidelity = s.rows.iter().any(|r| r.mean_kl.is_some());
+    let batches = mixed_batches(s);
     let mut head = vec![
         "policy",
         "budget",
@@ -77,6 +86,11 @@ pub fn markdown(s: &Summary) -> String {
         "KV ratio",
         "policy state KiB",
         "events",
+    ]);
+    if batches.is_some() {
+        head.push("batch");
+    }
+    head.extend([
         "decode tok/s",
         "ms/token p50 / p90",
         "end-to-end s",
@@ -132,6 +146,11 @@ pub fn markdown(s: &Summary) -> String {
             opt(r.kv_ratio, |x| format!("{x:.3}")),
             opt(r.policy_state_peak_bytes, |x| format!("{:.1}", x / 1024.0)),
             opt(r.events, |x| format!("{x:.1}")),
+        ]);
+        if batches.is_some() {
+            cells.push(r.batch.clone().unwrap_or_else(|| "-".into()));
+        }
+        cells.extend([
             opt(r.decode_tokens_per_s, |x| format!("{x:.1}")),
             match (r.tpot_p50_s, r.tpot_p90_s) {
                 (Some(a), Some(b)) => format!("{:.1} / {:.1}", 1e3 * a, 1e3 * b),
@@ -176,6 +195,14 @@ pub fn markdown(s: &Summary) -> String {
     );
     if let Some(m) = &s.speed_machine {
         let _ = writeln!(out, "speed machine: {m}");
+    }
+    if let Some(sizes) = batches {
+        let _ = writeln!(
+            out,
+            "rows were decoded at different batch sizes ({}; the batch column): aggregate decode tokens/s and \
+             ms/token compare only between rows of the same batch size",
+            sizes.join(", ")
+        );
     }
     if !s.other_machines.is_empty() {
         let others: Vec<String> = s

@@ -283,6 +283,16 @@ impl Summary {
     }
 }
 
+/// A record's data as rows group it: the dataset's name and content hash without the file's path
+/// (`"math500, /path/math500.jsonl (sha256 …)"` → `"math500 (sha256 …)"`), so that one file read from
+/// two places (another checkout, another machine) pools and pairs, and two revisions never do.
+pub fn dataset_identity(source: &str) -> String {
+    match (source.split_once(", "), source.rfind(" (sha256 ")) {
+        (Some((name, _)), Some(at)) if at > name.len() => format!("{name}{}", &source[at..]),
+        _ => source.to_string(),
+    }
+}
+
 /// The dataset's name: the part of a record's source before the first comma.
 pub fn short_dataset(source: &str) -> &str {
     source.split(',').next().unwrap_or(source).trim()
@@ -307,22 +317,27 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
     let mut groups: BTreeMap<(String, String, String), Vec<&SampleRecord>> = BTreeMap::new();
     for r in records {
         groups
-            .entry((r.model.clone(), r.dataset.clone(), r.policy.clone()))
+            .entry((
+                r.model.clone(),
+                dataset_identity(&r.dataset),
+                r.policy.clone(),
+            ))
             .or_default()
             .push(r);
     }
     let groups: Vec<Vec<&SampleRecord>> = groups.into_values().collect();
     // The full records of each model and data, for the comparisons.
-    let fulls: HashMap<(&str, &str), &Vec<&SampleRecord>> = groups
+    let fulls: HashMap<(String, String), &Vec<&SampleRecord>> = groups
         .iter()
         .filter(|rs| is_full(rs[0]))
-        .map(|rs| ((rs[0].model.as_str(), rs[0].dataset.as_str()), rs))
+        .map(|rs| ((rs[0].model.clone(), dataset_identity(&rs[0].dataset)), rs))
         .collect();
     let rows: Vec<Row> = groups
         .iter()
         .map(|rs| {
             let mut r = row(rs, speed_machine.as_deref());
-            if let Some(full) = fulls.get(&(rs[0].model.as_str(), rs[0].dataset.as_str())) {
+            if let Some(full) = fulls.get(&(rs[0].model.clone(), dataset_identity(&rs[0].dataset)))
+            {
                 let p = paired(full, rs);
                 r.shared_problems = Some(p.problems);
                 r.accuracy_vs_full = (p.full_pass > 0.0).then(|| p.pass / p.full_pass);
@@ -450,7 +465,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         .collect();
     Row {
         model: first.model.clone(),
-        dataset: first.dataset.clone(),
+        dataset: dataset_identity(&first.dataset),
         policy: if first.policy_name.is_empty() {
             first.policy.split_whitespace().next().unwrap_or("").into()
         } else {
@@ -735,5 +750,25 @@ mod tests {
         let table = table::markdown(&s);
         assert!(table.contains("| batch |"), "{table}");
         assert!(table.contains("different batch sizes (1, 1/25;"), "{table}");
+    }
+
+    #[test]
+    fn one_data_file_read_from_two_paths_pools_and_pairs_and_two_revisions_do_not() {
+        let at = |r: &mut SampleRecord, source: &str| r.dataset = source.into();
+        let mut full = record("full", "a", true, 100, true);
+        at(&mut full, "math500, /a/math500.jsonl (sha256 00aa)");
+        let mut rkv = record("rkv", "a", false, 100, true);
+        at(&mut rkv, "math500, /elsewhere/m.jsonl (sha256 00aa)");
+        let mut other = record("h2o", "a", false, 100, true);
+        at(&mut other, "math500, /a/math500.jsonl (sha256 11bb)");
+        let s = summarize(&[full, rkv, other]);
+        let row = |p: &str| s.rows.iter().find(|r| r.policy == p).unwrap();
+        assert_eq!(row("rkv").delta_pass, Some(-1.0));
+        assert_eq!(row("rkv").dataset, "math500 (sha256 00aa)");
+        assert_eq!(row("h2o").delta_pass, None);
+        assert_eq!(
+            dataset_identity("built-in set, seed 7"),
+            "built-in set, seed 7"
+        );
     }
 }

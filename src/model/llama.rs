@@ -212,7 +212,18 @@ impl Transformer {
         self.forward_inner(batch, true)
     }
 
+    /// Runs the pass on a thread of the compute pool. Called from outside the pool, every parallel
+    /// product would hand its work to the pool and put the caller to sleep until it is done: two
+    /// thread wake-ups per product, about five products per layer. From inside, the caller takes part
+    /// in each product and the pool's other threads are still looking for work between them.
     fn forward_inner(&self, batch: &mut [SeqInput<'_>], all_logits: bool) -> Result<Tensor> {
+        if rayon::current_thread_index().is_none() && self.device.is_cpu() {
+            return rayon::scope(|_| self.forward_on_pool(batch, all_logits));
+        }
+        self.forward_on_pool(batch, all_logits)
+    }
+
+    fn forward_on_pool(&self, batch: &mut [SeqInput<'_>], all_logits: bool) -> Result<Tensor> {
         let cfg = &self.config;
         let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
 

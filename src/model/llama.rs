@@ -341,8 +341,7 @@ impl Transformer {
             let h = block.ffn_norm.forward(&x)?;
             let gate_up = block.gate_up.forward(&h)?;
             let ffn = cfg.intermediate_size;
-            let act = (candle_nn::ops::silu(&gate_up.narrow(1, 0, ffn)?)?
-                * gate_up.narrow(1, ffn, ffn)?)?;
+            let act = super::ops::swiglu(&gate_up, ffn)?;
             x = (x + block.down.forward(&act)?)?;
         }
 

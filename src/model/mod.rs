@@ -5,6 +5,7 @@ pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod llama;
+pub mod ops;
 pub mod state;
 pub mod tokenizer;
 pub mod weights;

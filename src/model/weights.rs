@@ -104,8 +104,11 @@ impl Weight {
         match self {
             Weight::Own(q) => {
                 let rows = x.dim(0)?;
-                let input = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-                Tensor::from_vec(q.matmul(&input, rows), (rows, q.rows()), x.device())
+                let y = match super::ops::with_f32_slice(x, |input| q.matmul(input, rows)) {
+                    Some(y) => y,
+                    None => q.matmul(&x.contiguous()?.flatten_all()?.to_vec1::<f32>()?, rows),
+                };
+                Tensor::from_vec(y, (rows, q.rows()), x.device())
             }
             Weight::Candle(q) => q.forward(x),
             Weight::Dense(wt) if wt.dtype() == DType::F32 => x.matmul(wt),

@@ -31,7 +31,6 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
     let (n, m, k) = (w.rows(), x.m, w.cols());
     let mut out = vec![0f32; m * n];
     let dst = Out(out.as_mut_ptr(), n);
-    let has_min = w.has_min();
     let path = if path == Path::Avx2 && !super::dot::has_avx2() {
         Path::Portable
     } else {
@@ -40,7 +39,7 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
     let tile = tile_rows(k);
     (0..n.div_ceil(COLS)).into_par_iter().for_each_init(
         || Scratch {
-            unpacked: Unpacked::with_len(k, has_min),
+            unpacked: None,
             #[cfg(target_arch = "x86_64")]
             prepared: Default::default(),
             #[cfg(target_arch = "x86_64")]
@@ -197,7 +196,12 @@ fn one_column(
         Path::Avx2 => unsafe {
             super::avx2::prepare(format, bytes, w.cols(), &mut scratch.prepared)
         },
-        _ => format.unpack_row(bytes, &mut scratch.unpacked),
+        _ => format.unpack_row(
+            bytes,
+            scratch
+                .unpacked
+                .get_or_insert_with(|| Unpacked::with_len(w.cols(), w.has_min())),
+        ),
     }
     let mut r = rows.start;
     while r < rows.end {
@@ -207,7 +211,10 @@ fn one_column(
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; the row was prepared for `k` weights and the activation rows exist.
             Path::Avx2 => unsafe { super::avx2::dot_rows(&scratch.prepared, x, r, take, &mut acc) },
-            _ => portable(&scratch.unpacked, format.has_min(), x, r, take, &mut acc),
+            _ => {
+                let unpacked = scratch.unpacked.as_ref().expect("unpacked just above");
+                portable(unpacked, format.has_min(), x, r, take, &mut acc)
+            }
         }
         for (i, a) in acc.iter().take(take).enumerate() {
             // SAFETY: a row of the activations, a column of the weights, owned by this task.
@@ -219,7 +226,9 @@ fn one_column(
 
 /// A task's decoded weight rows.
 struct Scratch {
-    unpacked: Unpacked,
+    /// The portable path's row, allocated on first use: the AVX2 kernels never need it, and every
+    /// split of the parallel loop builds a scratch (several per product, a hundred products a step).
+    unpacked: Option<Unpacked>,
     #[cfg(target_arch = "x86_64")]
     prepared: super::avx2::Prepared,
     #[cfg(target_arch = "x86_64")]

@@ -100,14 +100,20 @@ impl Weight {
         Ok(Weight::Dense(w.t()?.contiguous()?))
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `x Wᵀ`, plus `bias` (`[out]`) when given: added here for kvbench's kernels (in place, before
+    /// the tensor is made), by the caller for the others.
+    fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         match self {
             Weight::Own(q) => {
                 let rows = x.dim(0)?;
-                let y = match super::ops::with_f32_slice(x, |input| q.matmul(input, rows)) {
+                let mut y = match super::ops::with_f32_slice(x, |input| q.matmul(input, rows)) {
                     Some(y) => y,
                     None => q.matmul(&x.contiguous()?.flatten_all()?.to_vec1::<f32>()?, rows),
                 };
+                if let Some(b) = bias {
+                    let b = b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                    super::ops::add_rows(&mut y, &b)?;
+                }
                 Tensor::from_vec(y, (rows, q.rows()), x.device())
             }
             Weight::Candle(q) => q.forward(x),
@@ -200,11 +206,12 @@ impl Linear {
     /// `x`: `[rows, in]` → `[rows, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match self.parts.as_slice() {
-            [one] => one.forward(x)?,
+            [one @ Weight::Own(_)] => return one.forward(x, self.bias.as_ref()),
+            [one] => one.forward(x, None)?,
             parts => {
                 let ys = parts
                     .iter()
-                    .map(|p| p.forward(x))
+                    .map(|p| p.forward(x, None))
                     .collect::<Result<Vec<_>>>()?;
                 Tensor::cat(&ys, 1)?
             }

@@ -22,8 +22,6 @@ pub mod sweep;
 
 pub use error::{Error, Result};
 
-/// Sets candle's thread count once at start-up unless the user did: without `RAYON_NUM_THREADS`
-/// candle re-reads /proc/cpuinfo on every matrix product (about a fifth of decode time).
 /// The most compute threads kvbench accepts: four per logical core. More only adds scheduling (and
 /// `--threads 100000` would start thousands of OS threads).
 pub fn max_threads() -> usize {
@@ -41,6 +39,8 @@ pub fn parse_threads(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
+/// Sets candle's thread count once at start-up unless the user did: without `RAYON_NUM_THREADS`
+/// candle re-reads /proc/cpuinfo on every matrix product (about a fifth of decode time).
 pub fn init_threads(threads: Option<usize>) {
     if let Some(n) = threads {
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());

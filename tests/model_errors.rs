@@ -189,6 +189,28 @@ fn bad_flags_exit_with_code_2_and_say_which() {
             ],
             "max_new_tokens 99999999999",
         ),
+        // Budgets that wait for the full run's mean length, where none runs: the remedy fits the
+        // policy (Kara's absolute budget is always read as ρ = B / mean; --budget-rule seen would
+        // not help it).
+        (
+            vec!["fidelity", "--policy", "rkv", "--budget", "0.5"],
+            "or --budget-rule seen",
+        ),
+        (
+            vec!["fidelity", "--policy", "kara", "--budget", "128"],
+            "ρ = 128 / the full run's mean",
+        ),
+        (
+            vec![
+                "run",
+                "--policy",
+                "kara",
+                "--budget",
+                "128",
+                "--no-baseline",
+            ],
+            "ρ = 128 / the full run's mean",
+        ),
     ] {
         let out = kvbench(&args);
         let err = String::from_utf8_lossy(&out.stderr);

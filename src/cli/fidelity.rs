@@ -45,8 +45,12 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
     )?;
     if spec.needs_full_mean() {
         return Err(super::UsageError(format!(
-            "--budget {}: a ratio budget is resolved from the full run's mean generation length, which `fidelity` does not run; use `kvbench run --policy {} --budget {} --fidelity` (it runs full first), an absolute budget, or --budget-rule seen",
-            args.budget, args.policy, args.budget
+            "--budget {}: {}'s budget is resolved from the full run's mean generation length, which `fidelity` does not run; use `kvbench run --policy {} --budget {} --fidelity` (it runs full first), or {}",
+            args.budget,
+            args.policy,
+            args.policy,
+            args.budget,
+            spec.full_mean_remedy()
         ))
         .into());
     }

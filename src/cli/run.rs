@@ -63,8 +63,9 @@ fn config(args: &RunArgs) -> anyhow::Result<SweepConfig> {
     )?;
     if args.no_baseline && spec.needs_full_mean() {
         return Err(super::UsageError(format!(
-            "--budget {} is resolved from the full run's mean generation length (a budget at most 1 is a ratio of it; Kara's ρ is always B over it), and --no-baseline drops the full run: drop --no-baseline, give an absolute budget (entries, above 1, for policies other than kara), or --budget-rule seen",
-            args.budget
+            "--budget {} is resolved from the full run's mean generation length (a budget at most 1 is a ratio of it; Kara's ρ is always B over it), and --no-baseline drops the full run: drop --no-baseline, or {}",
+            args.budget,
+            spec.full_mean_remedy()
         ))
         .into());
     }

@@ -366,6 +366,17 @@ impl PolicySpec {
         }
     }
 
+    /// What a user can give instead when the full run's mean length is not at hand (see
+    /// [`Self::needs_full_mean`]): the remedy differs for Kara, whose absolute budget always needs it.
+    pub fn full_mean_remedy(&self) -> String {
+        match (&self.config, self.requested) {
+            (Config::Kara(_), Budget::Entries(n)) => format!(
+                "give Kara's retention ratio ρ directly as a budget at most 1 (ρ = {n} / the full run's mean generation length)"
+            ),
+            _ => "give an absolute budget (entries, above 1) or --budget-rule seen".to_string(),
+        }
+    }
+
     /// The fewest entries the policy keeps whatever its budget (its window, its sinks).
     fn floor(&self) -> usize {
         match &self.config {
@@ -451,8 +462,10 @@ impl PolicySpec {
     pub fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Policy>> {
         if self.needs_full_mean() {
             return Err(Error::Input(format!(
-                "{}: budget {} is resolved from the full run's mean generation length (a ratio of it, or Kara's ρ = B over it) and was not resolved (run `full` on the same problems first, or give an absolute budget, or --budget-rule seen)",
-                self.name, self.requested
+                "{}: budget {} is resolved from the full run's mean generation length (a ratio of it, or Kara's ρ = B over it) and was not resolved (run `full` on the same problems first, or {})",
+                self.name,
+                self.requested,
+                self.full_mean_remedy()
             )));
         }
         Ok(match &self.config {

@@ -63,7 +63,7 @@ pub fn swiglu(gate_up: &Tensor, ffn: usize) -> Result<Tensor> {
 /// Adds `bias` to every row of the row-major `y` (rows of `bias.len()`), in place: the same sums as
 /// candle's `broadcast_add`, without its new tensor (or its thread pool, from 64K elements on).
 pub fn add_rows(y: &mut [f32], bias: &[f32]) -> Result<()> {
-    if bias.is_empty() || y.len() % bias.len() != 0 {
+    if bias.is_empty() || !y.len().is_multiple_of(bias.len()) {
         candle_core::bail!(
             "add_rows: {} values are not rows of {}",
             y.len(),

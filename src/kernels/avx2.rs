@@ -9,8 +9,10 @@
 //!   blocks. Per block and row: `d·dx·Σ q·xq + m·dx·Σ xq`. Q8_0's signed bytes take the sign trick.
 //! - k-quants (Q4_K, Q5_K, Q6_K): per 256-weight super-block, eight groups of 32 unsigned bytes with
 //!   integer scales per 16, summed in integers over the super-block as ggml does, then
-//!   `d·dx·Σ − dmin·dx·Σ_h c_h·Σ xq_h`, where `c_h` is the sub-block minimum (Q4_K, Q5_K) or `32·sc_h`
-//!   (Q6_K's offset); activations in 256-wide blocks (ggml's Q8_K).
+//!   `(d·S − dmin·C)·dx` with `S = Σ sc·q·xq` and `C = Σ_h c_h·Σ xq_h`, where `c_h` is the sub-block
+//!   minimum (Q4_K, Q5_K) or `32·sc_h` (Q6_K's offset); activations in 256-wide blocks (ggml's Q8_K).
+//!   `S` and `C` are reduced to exact integers before any float operation ([`kquant_step`]), so
+//!   kernels that split the work among lanes differently give the same bits.
 //!
 //! Every row is summed in the same order whatever its batch, so a sequence decodes to the same bits
 //! alone or batched. The portable path ([`crate::kernels::dot::portable`]) is the reference they are
@@ -299,7 +301,7 @@ unsafe fn kquant<const R: usize>(p: &Prepared, x: &Acts, r0: usize, acc: &mut [f
     let xq = x.row(r0).as_ptr();
     let xd = x.scales(r0).as_ptr();
     let xs = x.row_sums(r0).as_ptr();
-    let mut total = [_mm256_setzero_ps(); R];
+    let mut total = [0f32; R];
     let q = p.q.as_ptr();
     for b in 0..kb {
         let mut isum = [_mm256_setzero_si256(); R];
@@ -314,19 +316,37 @@ unsafe fn kquant<const R: usize>(p: &Prepared, x: &Acts, r0: usize, acc: &mut [f
             }
         }
         let cv = _mm256_loadu_si256(p.corr.get_unchecked(b).as_ptr() as *const __m256i);
-        let (d, dmin) = (
-            _mm256_set1_ps(*p.d.get_unchecked(b)),
-            _mm256_set1_ps(*p.m.get_unchecked(b)),
-        );
+        let (d, dmin) = (*p.d.get_unchecked(b), *p.m.get_unchecked(b));
         for i in 0..R {
             let sums = _mm256_loadu_si256(xs.add(i * (k / 16) + 16 * b) as *const __m256i);
-            let c = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, cv));
-            let dx = _mm256_broadcast_ss(&*xd.add(i * kb + b));
-            let v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isum[i]), d, _mm256_mul_ps(c, dmin));
-            total[i] = _mm256_fmadd_ps(v, dx, total[i]);
+            let c = hsum_epi32(_mm256_madd_epi16(sums, cv));
+            total[i] = kquant_step(
+                hsum_epi32(isum[i]),
+                c,
+                d,
+                dmin,
+                *xd.add(i * kb + b),
+                total[i],
+            );
         }
     }
-    for i in 0..R {
-        acc[i] = hsum(total[i]);
-    }
+    acc[..R].copy_from_slice(&total);
+}
+
+/// The float part of a k-quant product, per super-block, the same in every kernel: `s` the integer
+/// sum of scaled products, `c` the integer sum that the minimum (or offset) multiplies, `dx` the
+/// activations' scale. Every kernel reduces to these exact integers first, so however it splits the
+/// work among lanes, a row's float operations (and so its bits) are these.
+#[inline(always)]
+pub(crate) fn kquant_step(s: i32, c: i32, d: f32, dmin: f32, dx: f32, total: f32) -> f32 {
+    (s as f32).mul_add(d, -(c as f32 * dmin)).mul_add(dx, total)
+}
+
+/// The sum of a vector's eight 32-bit integer lanes (exact: no product here comes near overflow).
+#[inline(always)]
+pub(crate) unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
 }

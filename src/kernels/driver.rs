@@ -44,6 +44,8 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
             prepared: Default::default(),
             #[cfg(target_arch = "x86_64")]
             block: Default::default(),
+            #[cfg(target_arch = "x86_64")]
+            interleaved: Default::default(),
         },
         |scratch, task| {
             let cols = task * COLS..((task + 1) * COLS).min(n);
@@ -163,11 +165,25 @@ unsafe fn block_columns(
         let (format, bytes) = w.row(j + i);
         super::avx2::prepare(format, bytes, w.cols(), p);
     }
+    let per_call = if kind == gemm::Kind::KQuant {
+        scratch.interleaved.build(&scratch.block, w.cols());
+        gemm::KR
+    } else {
+        gemm::R
+    };
     let mut r = rows.start;
     while r < rows.end {
-        let take = (rows.end - r).min(gemm::R);
-        let mut acc = [[0f32; gemm::R]; gemm::NW];
-        gemm::dot_block(kind, &scratch.block, x, r, take, &mut acc);
+        let take = (rows.end - r).min(per_call);
+        let mut acc = [[0f32; gemm::KR]; gemm::NW];
+        gemm::dot_block(
+            kind,
+            &scratch.block,
+            &scratch.interleaved,
+            x,
+            r,
+            take,
+            &mut acc,
+        );
         for (c, col) in acc.iter().enumerate() {
             for (i, a) in col.iter().take(take).enumerate() {
                 out.set(r + i, j + c, *a);
@@ -233,6 +249,8 @@ struct Scratch {
     prepared: super::avx2::Prepared,
     #[cfg(target_arch = "x86_64")]
     block: [super::avx2::Prepared; gemm::NW],
+    #[cfg(target_arch = "x86_64")]
+    interleaved: gemm::Interleaved,
 }
 
 /// The output matrix (`m × n`, row-major), written by tasks that own disjoint columns.

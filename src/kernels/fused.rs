@@ -8,7 +8,7 @@
 //! decodes to the same bits alone or in any batch.
 
 use super::acts::Acts;
-use super::avx2::{fifth_bits, hsum, nibbles};
+use super::avx2::{fifth_bits, hsum, hsum_epi32, kquant_step, nibbles};
 use super::format::f16_at;
 use super::kquants::scale_min;
 use super::BlockFormat;
@@ -346,7 +346,7 @@ unsafe fn kquant<F: KQuant, const R: usize, const W: usize>(
         xd[i] = x.scales(r0 + i).as_ptr();
         xs[i] = x.row_sums(r0 + i).as_ptr();
     }
-    let mut total = [[_mm256_setzero_ps(); R]; W];
+    let mut total = [[0f32; R]; W];
     let (mut scales, mut corr) = ([[0i16; 16]; W], [[0i16; 16]; W]);
     for b in 0..kb {
         let p: [*const u8; W] = std::array::from_fn(|c| w[c].add(b * F::BYTES));
@@ -374,19 +374,15 @@ unsafe fn kquant<F: KQuant, const R: usize, const W: usize>(
         }
         for c in 0..W {
             let cv = _mm256_loadu_si256(corr[c].as_ptr() as *const __m256i);
-            let (dv, dminv) = (_mm256_set1_ps(dd[c].0), _mm256_set1_ps(dd[c].1));
             for i in 0..R {
                 let sums = _mm256_loadu_si256(xs[i].add(16 * b) as *const __m256i);
-                let cs = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, cv));
-                let v =
-                    _mm256_fmsub_ps(_mm256_cvtepi32_ps(isum[c][i]), dv, _mm256_mul_ps(cs, dminv));
-                total[c][i] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*xd[i].add(b)), total[c][i]);
+                let cs = hsum_epi32(_mm256_madd_epi16(sums, cv));
+                let s = hsum_epi32(isum[c][i]);
+                total[c][i] = kquant_step(s, cs, dd[c].0, dd[c].1, *xd[i].add(b), total[c][i]);
             }
         }
     }
     for c in 0..W {
-        for i in 0..R {
-            acc[c][i] = hsum(total[c][i]);
-        }
+        acc[c][..R].copy_from_slice(&total[c]);
     }
 }

@@ -68,21 +68,40 @@ pub fn percentile(xs: &[f64], p: f64) -> Option<f64> {
     Some(v[lo] + (v[hi] - v[lo]) * (rank - lo as f64))
 }
 
-/// A short description of this machine for result records: CPU model and logical cores.
+/// A short description of this machine for result records: CPU model (with its family and model
+/// numbers, since a cloud "AMD EPYC" can be several generations), the vector instructions that decide
+/// kernel speed, and logical cores. The same VM name has run on Zen 3 (AVX2 only) and Zen 4 (AVX-512,
+/// VNNI), where llama.cpp built for the machine uses the latter and kvbench's kernels do not.
 pub fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().map(str::trim) == Some(name))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|s| s.trim().to_string())
+    };
+    let cpu = field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_string());
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    format!("{cpu}, {cores} logical cores")
+    let mut extra = Vec::new();
+    if let (Some(family), Some(model)) = (field("cpu family"), field("model")) {
+        extra.push(format!("family {family} model {model}"));
+    }
+    if let Some(flags) = field("flags") {
+        let has: Vec<&str> = ["avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni"]
+            .into_iter()
+            .filter(|f| flags.split_whitespace().any(|g| g == *f))
+            .collect();
+        if !has.is_empty() {
+            extra.push(has.join(" "));
+        }
+    }
+    if extra.is_empty() {
+        format!("{cpu}, {cores} logical cores")
+    } else {
+        format!("{cpu} ({}), {cores} logical cores", extra.join("; "))
+    }
 }
 
 #[cfg(test)]

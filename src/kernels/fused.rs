@@ -10,7 +10,6 @@
 use super::acts::Acts;
 use super::avx2::{fifth_bits, hsum, hsum_epi32, kquant_step, nibbles};
 use super::format::f16_at;
-use super::kquants::scale_min;
 use super::BlockFormat;
 use std::arch::x86_64::*;
 
@@ -210,12 +209,27 @@ unsafe fn legacy<F: Legacy, const R: usize, const W: usize>(
     }
 }
 
+/// A k-quant super-block's header, decoded once into registers.
+#[derive(Clone, Copy)]
+struct Header {
+    d: f32,
+    dmin: f32,
+    /// Q4_K/Q5_K: the eight sub-block scales as 16-bit lanes, in both halves; Q6_K: the sixteen
+    /// per-16 scales.
+    scales: __m256i,
+    /// Q4_K/Q5_K: the eight sub-block minima as 16-bit lanes (Q6_K: unused).
+    mins: __m128i,
+}
+
 /// How a 256-weight k-quant super-block is decoded.
 trait KQuant {
     const BYTES: usize;
-    /// The super-block's `d` and `dmin`; `scales[h]`, the integer scale of weights `16h … 16h + 15`;
-    /// `corr[h]`, what multiplies their activation sum (subtracted, times `dmin`).
-    unsafe fn header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32);
+    /// The super-block's `d`, `dmin` and integer scales.
+    unsafe fn header(p: *const u8) -> Header;
+    /// Group `g`'s scales as the product's 16-bit lanes: 0–7 for its weights 0–15, 8–15 for 16–31.
+    unsafe fn group_scales(h: &Header, g: usize) -> __m256i;
+    /// `C = Σ_h c_h · Σ xq_h` over the sixteen activation sums `xs` (exact), what `dmin` multiplies.
+    unsafe fn corr(h: &Header, xs: *const i16) -> i32;
     /// Group `g`'s 32 weights, unsigned.
     unsafe fn group(p: *const u8, g: usize) -> __m256i;
 }
@@ -224,20 +238,51 @@ struct Q4K;
 struct Q5K;
 struct Q6K;
 
-/// Q4_K/Q5_K's header: 6-bit scales and minima of eight 32-weight sub-blocks (ggml's
-/// `get_scale_min_k4`), each spread over its two halves.
+/// Q4_K/Q5_K's header: the 6-bit scales and minima of eight 32-weight sub-blocks, unpacked from their
+/// 12 bytes with whole-word masks (the layout of ggml's `get_scale_min_k4`: sub-blocks 0–3 in the low
+/// six bits of bytes 0–3 and 4–7, sub-blocks 4–7 in the nibbles of bytes 8–11 with their top two bits
+/// in the top bits of bytes 0–7). [`super::kquants::scale_min`] is the same, one sub-block at a time.
 #[inline(always)]
-unsafe fn k45_header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32) {
+unsafe fn k45_header(p: *const u8) -> Header {
     let h = std::slice::from_raw_parts(p, 16);
-    let s = &h[4..16];
-    for j in 0..8 {
-        let (sc, m) = scale_min(j, s);
-        scales[2 * j] = sc as i16;
-        scales[2 * j + 1] = sc as i16;
-        corr[2 * j] = m as i16;
-        corr[2 * j + 1] = m as i16;
+    let word =
+        |i: usize| u32::from_le_bytes([h[4 + 4 * i], h[5 + 4 * i], h[6 + 4 * i], h[7 + 4 * i]]);
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let sc_lo = u0 & LOW6;
+    let sc_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+    let mn_lo = u1 & LOW6;
+    let mn_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+    let sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
+    Header {
+        d: f16_at(h, 0),
+        dmin: f16_at(h, 2),
+        scales: _mm256_set_m128i(sc, sc),
+        mins: _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32)),
     }
-    (f16_at(h, 0), f16_at(h, 2))
+}
+
+/// Q4_K/Q5_K: sub-block `g`'s scale in all sixteen lanes.
+#[inline(always)]
+unsafe fn k45_group_scales(h: &Header, g: usize) -> __m256i {
+    let pick = ((2 * g + 1) << 8 | 2 * g) as i16;
+    _mm256_shuffle_epi8(h.scales, _mm256_set1_epi16(pick))
+}
+
+/// Q4_K/Q5_K: `Σ_j min_j · (Σ xq over sub-block j)`, the activation sums taken in pairs.
+#[inline(always)]
+unsafe fn k45_corr(h: &Header, xs: *const i16) -> i32 {
+    let sums = _mm256_loadu_si256(xs as *const __m256i);
+    // |pair| ≤ 32 · 127: fits an i16.
+    let pairs = _mm_hadd_epi16(
+        _mm256_castsi256_si128(sums),
+        _mm256_extracti128_si256(sums, 1),
+    );
+    let m = _mm_madd_epi16(h.mins, pairs);
+    let m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0b01_00_11_10));
+    _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, 0b10_11_00_01)))
 }
 
 /// Group `g` of Q4_K/Q5_K's nibbles at `qs`: chunk `g / 2`, low nibbles for even `g`, high for odd.
@@ -255,8 +300,16 @@ unsafe fn k45_nibbles(qs: *const u8, g: usize) -> __m256i {
 impl KQuant for Q4K {
     const BYTES: usize = 144;
     #[inline(always)]
-    unsafe fn header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32) {
-        k45_header(p, scales, corr)
+    unsafe fn header(p: *const u8) -> Header {
+        k45_header(p)
+    }
+    #[inline(always)]
+    unsafe fn group_scales(h: &Header, g: usize) -> __m256i {
+        k45_group_scales(h, g)
+    }
+    #[inline(always)]
+    unsafe fn corr(h: &Header, xs: *const i16) -> i32 {
+        k45_corr(h, xs)
     }
     #[inline(always)]
     unsafe fn group(p: *const u8, g: usize) -> __m256i {
@@ -267,8 +320,16 @@ impl KQuant for Q4K {
 impl KQuant for Q5K {
     const BYTES: usize = 176;
     #[inline(always)]
-    unsafe fn header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32) {
-        k45_header(p, scales, corr)
+    unsafe fn header(p: *const u8) -> Header {
+        k45_header(p)
+    }
+    #[inline(always)]
+    unsafe fn group_scales(h: &Header, g: usize) -> __m256i {
+        k45_group_scales(h, g)
+    }
+    #[inline(always)]
+    unsafe fn corr(h: &Header, xs: *const i16) -> i32 {
+        k45_corr(h, xs)
     }
     #[inline(always)]
     unsafe fn group(p: *const u8, g: usize) -> __m256i {
@@ -284,15 +345,35 @@ impl KQuant for Q5K {
 impl KQuant for Q6K {
     const BYTES: usize = 210;
     #[inline(always)]
-    unsafe fn header(p: *const u8, scales: &mut [i16; 16], corr: &mut [i16; 16]) -> (f32, f32) {
-        let b = std::slice::from_raw_parts(p, 210);
-        for h in 0..16 {
-            let sc = b[192 + h] as i8 as i16;
-            scales[h] = sc;
-            corr[h] = 32 * sc; // the weights are q − 32
+    unsafe fn header(p: *const u8) -> Header {
+        let d = f16_at(std::slice::from_raw_parts(p, 210), 208);
+        Header {
+            d,
+            dmin: d,
+            scales: _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i)),
+            mins: _mm_setzero_si128(),
         }
-        let d = f16_at(b, 208);
-        (d, d)
+    }
+    #[inline(always)]
+    unsafe fn group_scales(h: &Header, g: usize) -> __m256i {
+        // 32-bit lane g holds scales 2g and 2g + 1: spread it, then take the first for the low
+        // half and the second for the high half.
+        let both = _mm256_permutevar8x32_epi32(h.scales, _mm256_set1_epi32(g as i32));
+        _mm256_shuffle_epi8(
+            both,
+            _mm256_set_epi64x(
+                0x0302_0302_0302_0302,
+                0x0302_0302_0302_0302,
+                0x0100_0100_0100_0100,
+                0x0100_0100_0100_0100,
+            ),
+        )
+    }
+    #[inline(always)]
+    unsafe fn corr(h: &Header, xs: *const i16) -> i32 {
+        // The weights are q − 32: c_h = 32 · scale_h.
+        let sums = _mm256_loadu_si256(xs as *const __m256i);
+        32 * super::avx2::hsum_epi32(_mm256_madd_epi16(h.scales, sums))
     }
     #[inline(always)]
     unsafe fn group(p: *const u8, g: usize) -> __m256i {
@@ -347,13 +428,9 @@ unsafe fn kquant<F: KQuant, const R: usize, const W: usize>(
         xs[i] = x.row_sums(r0 + i).as_ptr();
     }
     let mut total = [[0f32; R]; W];
-    let (mut scales, mut corr) = ([[0i16; 16]; W], [[0i16; 16]; W]);
     for b in 0..kb {
         let p: [*const u8; W] = std::array::from_fn(|c| w[c].add(b * F::BYTES));
-        let mut dd = [(0f32, 0f32); W];
-        for c in 0..W {
-            dd[c] = F::header(p[c], &mut scales[c], &mut corr[c]);
-        }
+        let hdr: [Header; W] = std::array::from_fn(|c| F::header(p[c]));
         let mut isum = [[_mm256_setzero_si256(); R]; W];
         for g in 0..8 {
             let xv: [__m256i; R] = std::array::from_fn(|i| {
@@ -361,10 +438,7 @@ unsafe fn kquant<F: KQuant, const R: usize, const W: usize>(
             });
             for c in 0..W {
                 let q = F::group(p[c], g);
-                let sv = _mm256_set_m128i(
-                    _mm_set1_epi16(scales[c][2 * g + 1]),
-                    _mm_set1_epi16(scales[c][2 * g]),
-                );
+                let sv = F::group_scales(&hdr[c], g);
                 for i in 0..R {
                     // |pair| ≤ 2·63·127; times |scale| ≤ 128, over 8 groups: well inside i32.
                     let pairs = _mm256_maddubs_epi16(q, xv[i]);
@@ -373,12 +447,10 @@ unsafe fn kquant<F: KQuant, const R: usize, const W: usize>(
             }
         }
         for c in 0..W {
-            let cv = _mm256_loadu_si256(corr[c].as_ptr() as *const __m256i);
             for i in 0..R {
-                let sums = _mm256_loadu_si256(xs[i].add(16 * b) as *const __m256i);
-                let cs = hsum_epi32(_mm256_madd_epi16(sums, cv));
+                let cs = F::corr(&hdr[c], xs[i].add(16 * b));
                 let s = hsum_epi32(isum[c][i]);
-                total[c][i] = kquant_step(s, cs, dd[c].0, dd[c].1, *xd[i].add(b), total[c][i]);
+                total[c][i] = kquant_step(s, cs, hdr[c].d, hdr[c].dmin, *xd[i].add(b), total[c][i]);
             }
         }
     }

@@ -161,14 +161,17 @@ unsafe fn block_columns(
     scratch: &mut Scratch,
     out: &Out,
 ) {
-    for (i, p) in scratch.block.iter_mut().enumerate() {
-        let (format, bytes) = w.row(j + i);
-        super::avx2::prepare(format, bytes, w.cols(), p);
-    }
     let per_call = if kind == gemm::Kind::KQuant {
-        scratch.interleaved.build(&scratch.block, w.cols());
+        let rows = std::array::from_fn(|i| w.row(j + i));
+        if !scratch.interleaved.build_raw(rows, w.cols()) {
+            // Rows of different k-quant formats (at the seam of stacked parts): through the
+            // prepared forms.
+            prepare_block(w, j, scratch);
+            scratch.interleaved.build(&scratch.block, w.cols());
+        }
         gemm::KR
     } else {
+        prepare_block(w, j, scratch);
         gemm::R
     };
     let mut r = rows.start;
@@ -190,6 +193,18 @@ unsafe fn block_columns(
             }
         }
         r += take;
+    }
+}
+
+/// Decodes weight rows `j .. j + NW` into the scratch's prepared rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+unsafe fn prepare_block(w: &QMatrix, j: usize, scratch: &mut Scratch) {
+    for (i, p) in scratch.block.iter_mut().enumerate() {
+        let (format, bytes) = w.row(j + i);
+        super::avx2::prepare(format, bytes, w.cols(), p);
     }
 }
 

@@ -211,9 +211,9 @@ unsafe fn legacy<F: Legacy, const R: usize, const W: usize>(
 
 /// A k-quant super-block's header, decoded once into registers.
 #[derive(Clone, Copy)]
-struct Header {
-    d: f32,
-    dmin: f32,
+pub(super) struct Header {
+    pub(super) d: f32,
+    pub(super) dmin: f32,
     /// Q4_K/Q5_K: the eight sub-block scales as 16-bit lanes, in both halves; Q6_K: the sixteen
     /// per-16 scales.
     scales: __m256i,
@@ -222,8 +222,12 @@ struct Header {
 }
 
 /// How a 256-weight k-quant super-block is decoded.
-trait KQuant {
+pub(super) trait KQuant {
     const BYTES: usize;
+    /// Whether scales change every 16 weights (Q6_K) rather than every 32.
+    const BY_16: bool;
+    /// What multiplies each 16 activations' sum (`c_h`, 16 lanes), for the interleaved kernel.
+    unsafe fn corr_lanes(h: &Header) -> __m256i;
     /// The super-block's `d`, `dmin` and integer scales.
     unsafe fn header(p: *const u8) -> Header;
     /// Group `g`'s scales as the product's 16-bit lanes: 0–7 for its weights 0–15, 8–15 for 16–31.
@@ -234,9 +238,9 @@ trait KQuant {
     unsafe fn group(p: *const u8, g: usize) -> __m256i;
 }
 
-struct Q4K;
-struct Q5K;
-struct Q6K;
+pub(super) struct Q4K;
+pub(super) struct Q5K;
+pub(super) struct Q6K;
 
 /// Q4_K/Q5_K's header: the 6-bit scales and minima of eight 32-weight sub-blocks, unpacked from their
 /// 12 bytes with whole-word masks (the layout of ggml's `get_scale_min_k4`: sub-blocks 0–3 in the low
@@ -299,6 +303,14 @@ unsafe fn k45_nibbles(qs: *const u8, g: usize) -> __m256i {
 
 impl KQuant for Q4K {
     const BYTES: usize = 144;
+    const BY_16: bool = false;
+    #[inline(always)]
+    unsafe fn corr_lanes(h: &Header) -> __m256i {
+        _mm256_set_m128i(
+            _mm_unpackhi_epi16(h.mins, h.mins),
+            _mm_unpacklo_epi16(h.mins, h.mins),
+        )
+    }
     #[inline(always)]
     unsafe fn header(p: *const u8) -> Header {
         k45_header(p)
@@ -319,6 +331,14 @@ impl KQuant for Q4K {
 
 impl KQuant for Q5K {
     const BYTES: usize = 176;
+    const BY_16: bool = false;
+    #[inline(always)]
+    unsafe fn corr_lanes(h: &Header) -> __m256i {
+        _mm256_set_m128i(
+            _mm_unpackhi_epi16(h.mins, h.mins),
+            _mm_unpacklo_epi16(h.mins, h.mins),
+        )
+    }
     #[inline(always)]
     unsafe fn header(p: *const u8) -> Header {
         k45_header(p)
@@ -344,6 +364,12 @@ impl KQuant for Q5K {
 
 impl KQuant for Q6K {
     const BYTES: usize = 210;
+    const BY_16: bool = true;
+    #[inline(always)]
+    unsafe fn corr_lanes(h: &Header) -> __m256i {
+        // The weights are q − 32: c_h = 32 · scale_h (|c_h| ≤ 4,096).
+        _mm256_slli_epi16(h.scales, 5)
+    }
     #[inline(always)]
     unsafe fn header(p: *const u8) -> Header {
         let d = f16_at(std::slice::from_raw_parts(p, 210), 208);

@@ -19,7 +19,7 @@
 
 use super::acts::Acts;
 use super::avx2::{hsum, Prepared};
-use super::BlockFormat;
+use super::{fused, BlockFormat};
 use std::arch::x86_64::*;
 
 /// Weight rows per call.
@@ -142,6 +142,86 @@ impl Interleaved {
     }
 }
 
+impl Interleaved {
+    /// Interleaves four rows of `k` weights straight from their blocks when they share a k-quant
+    /// format (decoded in registers, transposed there, stored once); `false` when they do not.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; every row holds whole blocks for `k` weights.
+    pub unsafe fn build_raw(&mut self, rows: [(BlockFormat, &[u8]); NW], k: usize) -> bool {
+        let format = rows[0].0;
+        if rows.iter().any(|r| r.0 != format) {
+            return false;
+        }
+        let bytes = rows.map(|r| r.1.as_ptr());
+        match format {
+            BlockFormat::Q4K => self.build_from::<fused::Q4K>(bytes, k),
+            BlockFormat::Q5K => self.build_from::<fused::Q5K>(bytes, k),
+            BlockFormat::Q6K => self.build_from::<fused::Q6K>(bytes, k),
+            _ => return false,
+        }
+        true
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn build_from<F: fused::KQuant>(&mut self, rows: [*const u8; NW], k: usize) {
+        let kb = k / 256;
+        self.q.resize(NW * k, 0);
+        self.sv.resize(kb * 8, [[0; 16]; 2]);
+        self.corr.resize(kb, [[0; 16]; NW]);
+        self.d.resize(kb, [0.0; 8]);
+        self.dmin.resize(kb, [0.0; 8]);
+        self.by_16 = F::BY_16;
+        let q = self.q.as_mut_ptr();
+        for b in 0..kb {
+            let p: [*const u8; NW] = rows.map(|r| r.add(b * F::BYTES));
+            let hdr: [fused::Header; NW] = p.map(|p| F::header(p));
+            for g in 0..8 {
+                let [a, bb, c, d] = p.map(|p| F::group(p, g));
+                store_transposed(q.add(4 * (256 * b + 32 * g)), a, bb, c, d);
+                // Row w's scales for the group's two halves, into lanes 4w … 4w + 3.
+                let s: [__m256i; NW] = std::array::from_fn(|w| F::group_scales(&hdr[w], g));
+                let sv = self.sv.get_unchecked_mut(8 * b + g);
+                for (h, out) in sv.iter_mut().enumerate().take(if F::BY_16 { 2 } else { 1 }) {
+                    // lane 0 (low half) or lane 8 (high half) of each row's scales, as 64 bits
+                    let pick = |v: __m256i| {
+                        if h == 0 {
+                            _mm256_extract_epi64(v, 0)
+                        } else {
+                            _mm256_extract_epi64(v, 2)
+                        }
+                    };
+                    let v = _mm256_setr_epi64x(pick(s[0]), pick(s[1]), pick(s[2]), pick(s[3]));
+                    _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v);
+                }
+            }
+            let corr = self.corr.get_unchecked_mut(b);
+            for w in 0..NW {
+                _mm256_storeu_si256(corr[w].as_mut_ptr() as *mut __m256i, F::corr_lanes(&hdr[w]));
+            }
+            for lane in 0..8 {
+                let w = pair_lanes(lane).1;
+                self.d[b][lane] = hdr[w].d;
+                self.dmin[b][lane] = hdr[w].dmin;
+            }
+        }
+    }
+}
+
+/// Stores four rows' 32 bytes as four 32-byte chunks, chunk `c` holding bytes `8c … 8c + 7` of each
+/// row in turn: a 4 × 4 transpose of 64-bit lanes.
+#[inline(always)]
+unsafe fn store_transposed(dst: *mut u8, a: __m256i, b: __m256i, c: __m256i, d: __m256i) {
+    // ab_lo = a0 b0 | a2 b2, ab_hi = a1 b1 | a3 b3 (64-bit lanes), the same for c, d
+    let (ab_lo, ab_hi) = (_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+    let (cd_lo, cd_hi) = (_mm256_unpacklo_epi64(c, d), _mm256_unpackhi_epi64(c, d));
+    let dst = dst as *mut __m256i;
+    _mm256_storeu_si256(dst, _mm256_permute2x128_si256(ab_lo, cd_lo, 0x20));
+    _mm256_storeu_si256(dst.add(1), _mm256_permute2x128_si256(ab_hi, cd_hi, 0x20));
+    _mm256_storeu_si256(dst.add(2), _mm256_permute2x128_si256(ab_lo, cd_lo, 0x31));
+    _mm256_storeu_si256(dst.add(3), _mm256_permute2x128_si256(ab_hi, cd_hi, 0x31));
+}
+
 /// Writes the four rows' bytes interleaved in 8-byte chunks: per 32 weights, a 4 × 4 transpose of
 /// 64-bit lanes.
 #[target_feature(enable = "avx2")]
@@ -149,14 +229,7 @@ unsafe fn transpose_chunks(p: &[Prepared; NW], k: usize, out: *mut u8) {
     let src: [*const u8; NW] = std::array::from_fn(|w| p[w].q.as_ptr());
     for at in (0..k).step_by(32) {
         let [a, b, c, d] = src.map(|s| _mm256_loadu_si256(s.add(at) as *const __m256i));
-        // ab_lo = a0 b0 | a2 b2, ab_hi = a1 b1 | a3 b3 (64-bit lanes), the same for c, d
-        let (ab_lo, ab_hi) = (_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
-        let (cd_lo, cd_hi) = (_mm256_unpacklo_epi64(c, d), _mm256_unpackhi_epi64(c, d));
-        let dst = out.add(4 * at) as *mut __m256i;
-        _mm256_storeu_si256(dst, _mm256_permute2x128_si256(ab_lo, cd_lo, 0x20));
-        _mm256_storeu_si256(dst.add(1), _mm256_permute2x128_si256(ab_hi, cd_hi, 0x20));
-        _mm256_storeu_si256(dst.add(2), _mm256_permute2x128_si256(ab_lo, cd_lo, 0x31));
-        _mm256_storeu_si256(dst.add(3), _mm256_permute2x128_si256(ab_hi, cd_hi, 0x31));
+        store_transposed(out.add(4 * at), a, b, c, d);
     }
 }
 

@@ -271,7 +271,7 @@ unsafe fn k45_header(p: *const u8) -> Header {
 /// Q4_K/Q5_K: sub-block `g`'s scale in all sixteen lanes.
 #[inline(always)]
 unsafe fn k45_group_scales(h: &Header, g: usize) -> __m256i {
-    let pick = ((2 * g + 1) << 8 | 2 * g) as i16;
+    let pick = (((2 * g + 1) << 8) | (2 * g)) as i16;
     _mm256_shuffle_epi8(h.scales, _mm256_set1_epi16(pick))
 }
 
@@ -301,28 +301,35 @@ unsafe fn k45_nibbles(qs: *const u8, g: usize) -> __m256i {
     _mm256_and_si256(raw, _mm256_set1_epi8(0x0F))
 }
 
+/// What Q4_K and Q5_K share: the header, its scales and minima (they differ only in the fifth bit).
+macro_rules! k45_shared {
+    () => {
+        const BY_16: bool = false;
+        #[inline(always)]
+        unsafe fn corr_lanes(h: &Header) -> __m256i {
+            _mm256_set_m128i(
+                _mm_unpackhi_epi16(h.mins, h.mins),
+                _mm_unpacklo_epi16(h.mins, h.mins),
+            )
+        }
+        #[inline(always)]
+        unsafe fn header(p: *const u8) -> Header {
+            k45_header(p)
+        }
+        #[inline(always)]
+        unsafe fn group_scales(h: &Header, g: usize) -> __m256i {
+            k45_group_scales(h, g)
+        }
+        #[inline(always)]
+        unsafe fn corr(h: &Header, xs: *const i16) -> i32 {
+            k45_corr(h, xs)
+        }
+    };
+}
+
 impl KQuant for Q4K {
     const BYTES: usize = 144;
-    const BY_16: bool = false;
-    #[inline(always)]
-    unsafe fn corr_lanes(h: &Header) -> __m256i {
-        _mm256_set_m128i(
-            _mm_unpackhi_epi16(h.mins, h.mins),
-            _mm_unpacklo_epi16(h.mins, h.mins),
-        )
-    }
-    #[inline(always)]
-    unsafe fn header(p: *const u8) -> Header {
-        k45_header(p)
-    }
-    #[inline(always)]
-    unsafe fn group_scales(h: &Header, g: usize) -> __m256i {
-        k45_group_scales(h, g)
-    }
-    #[inline(always)]
-    unsafe fn corr(h: &Header, xs: *const i16) -> i32 {
-        k45_corr(h, xs)
-    }
+    k45_shared!();
     #[inline(always)]
     unsafe fn group(p: *const u8, g: usize) -> __m256i {
         k45_nibbles(p.add(16), g)
@@ -331,26 +338,7 @@ impl KQuant for Q4K {
 
 impl KQuant for Q5K {
     const BYTES: usize = 176;
-    const BY_16: bool = false;
-    #[inline(always)]
-    unsafe fn corr_lanes(h: &Header) -> __m256i {
-        _mm256_set_m128i(
-            _mm_unpackhi_epi16(h.mins, h.mins),
-            _mm_unpacklo_epi16(h.mins, h.mins),
-        )
-    }
-    #[inline(always)]
-    unsafe fn header(p: *const u8) -> Header {
-        k45_header(p)
-    }
-    #[inline(always)]
-    unsafe fn group_scales(h: &Header, g: usize) -> __m256i {
-        k45_group_scales(h, g)
-    }
-    #[inline(always)]
-    unsafe fn corr(h: &Header, xs: *const i16) -> i32 {
-        k45_corr(h, xs)
-    }
+    k45_shared!();
     #[inline(always)]
     unsafe fn group(p: *const u8, g: usize) -> __m256i {
         let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);

@@ -251,6 +251,8 @@ unsafe fn kquant_by_16<const RR: usize>(
     }
 }
 
+// Indexes are clearer than iterators here: `h` picks both chunks and scales, `pair` two rows.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kquant<const RR: usize, const BY_16: bool>(
     p: &Interleaved,

@@ -99,22 +99,24 @@ pub struct Interleaved {
     by_16: bool,
 }
 
-/// Row `w` of a pair of activation rows `(i, i + 1)` has its results in lanes `[w, w + 2]`-style
-/// order of `_mm256_hadd_epi32`: lanes 0–3 are (i, 0), (i, 1), (i+1, 0), (i+1, 1), lanes 4–7 the same
-/// for weight rows 2 and 3. This maps a lane to its (activation row of the pair, weight row).
+/// Where `_mm256_hadd_epi32` of two activation rows' sums (`i`, `i + 1`) puts each product: lanes 0–3
+/// hold (i, w0), (i, w1), (i + 1, w0), (i + 1, w1), lanes 4–7 the same for weight rows 2 and 3. Maps a
+/// lane to (activation row within the pair, weight row).
 const fn pair_lanes(lane: usize) -> (usize, usize) {
     ((lane % 4) / 2, (lane / 4) * 2 + lane % 2)
 }
 
 impl Interleaved {
     /// Interleaves four prepared k-quant rows of `k` weights.
-    pub fn build(&mut self, p: &[Prepared; NW], k: usize) {
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every row must be prepared for `k` weights.
+    pub unsafe fn build(&mut self, p: &[Prepared; NW], k: usize) {
         let kb = k / 256;
         self.q.resize(NW * k, 0);
         debug_assert!(p.iter().all(|row| row.q.len() >= k));
-        // SAFETY: the CPU has AVX2 (only the AVX2 driver builds these); every row holds `k` bytes and
-        // `q` holds `NW · k`.
-        unsafe { transpose_chunks(p, k, self.q.as_mut_ptr()) };
+        // SAFETY: AVX2 by this function's contract; every row holds `k` bytes and `q` holds `NW · k`.
+        transpose_chunks(p, k, self.q.as_mut_ptr());
         self.sv.resize(kb * 8, [[0; 16]; 2]);
         // By format, not by the values: Q6_K's bytes are 0…63, too large to sum four chunks.
         self.by_16 = p.iter().any(|row| row.format == Some(BlockFormat::Q6K));

@@ -1,7 +1,8 @@
 //! Kernel speed: `y = x Wᵀ` on a 1536 × 8960 matrix (Qwen2.5-1.5B's MLP shape) in every block format,
 //! at 1, 8, 32 and 256 activation rows, after a warm-up, as the median of repeats, with the weight bytes
 //! read per second and the multiply-adds per second. A benchmark, not a test: `cargo bench --bench kernels`
-//! (`-- --threads N`, default 2; `-- --formats Q4K,Q6K` for some formats only).
+//! (`-- --threads N`, default 2; `-- --formats Q4K,Q6K` for some formats only, `-- --rows 1,8` for some
+//! counts of rows only, `-- --repeats N` for more or fewer than 7).
 
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
@@ -21,6 +22,20 @@ fn main() {
         .position(|a| a == "--formats")
         .and_then(|i| args.get(i + 1))
         .map(|s| s.split(',').map(str::to_string).collect());
+    // `--repeats N` times each product N times (default 7; more for a profiler).
+    let repeats: usize = args
+        .iter()
+        .position(|a| a == "--repeats")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(7)
+        .max(1);
+    // `--rows 1,8` measures only those counts of activation rows.
+    let rows_list: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--rows")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 8, 32, 256]);
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()
@@ -30,7 +45,7 @@ fn main() {
         .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
         .collect();
     let w = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-    println!("{n} × {k} weights, {threads} threads, median of 7 after a warm-up");
+    println!("{n} × {k} weights, {threads} threads, median of {repeats} after a warm-up");
     println!("| format | rows | ms | weight GB/s | GMAC/s |");
     println!("|---|---:|---:|---:|---:|");
     for format in BlockFormat::ALL {
@@ -42,12 +57,12 @@ fn main() {
         }
         let q = QTensor::quantize(&w, format.to_ggml()).unwrap();
         let m = QMatrix::new(format, q.data().unwrap().into_owned(), n, k).unwrap();
-        for rows in [1, 8, 32, 256] {
+        for &rows in &rows_list {
             let x: Vec<f32> = (0..rows * k)
                 .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
                 .collect();
             std::hint::black_box(m.matmul(&x, rows));
-            let mut times: Vec<f64> = (0..7)
+            let mut times: Vec<f64> = (0..repeats)
                 .map(|_| {
                     let t = Instant::now();
                     std::hint::black_box(m.matmul(&x, rows));
@@ -55,7 +70,7 @@ fn main() {
                 })
                 .collect();
             times.sort_by(f64::total_cmp);
-            let t = times[3];
+            let t = times[repeats / 2];
             println!(
                 "| {format:?} | {rows} | {:.2} | {:.1} | {:.1} |",
                 t * 1e3,

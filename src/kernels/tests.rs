@@ -180,20 +180,28 @@ fn stacked_formats_equal_their_parts() {
 #[test]
 fn stacked_parts_of_different_kernels_are_independent_of_the_batch() {
     // Signed Q8_0 rows beside unsigned Q4_0 and Q4_1 rows: blocks of columns that straddle two kinds
-    // go one by one, and every column still gives the bits it gives alone.
+    // go one by one, and every column still gives the bits it gives alone. k-quant parts of three
+    // formats: blocks of four that straddle two go another way, alone and in a batch.
     let k = 256;
-    let parts = [
+    let legacy = [
         (BlockFormat::Q8_0, 5),
         (BlockFormat::Q4_0, 6),
         (BlockFormat::Q4_1, 3),
     ];
-    let (_, stacked) = stacked_parts(&parts, k, 20);
-    let n = stacked.rows();
-    let x = random(40 * k, 21);
-    let all = stacked.matmul(&x, 40);
-    for r in [0, 17, 39] {
-        let one = stacked.matmul(&x[r * k..(r + 1) * k], 1);
-        assert_eq!(&all[r * n..(r + 1) * n], &one[..], "row {r}");
+    let kquants = [
+        (BlockFormat::Q4K, 6),
+        (BlockFormat::Q6K, 7),
+        (BlockFormat::Q5K, 9),
+    ];
+    for parts in [legacy, kquants] {
+        let (_, stacked) = stacked_parts(&parts, k, 20);
+        let n = stacked.rows();
+        let x = random(40 * k, 21);
+        let all = stacked.matmul(&x, 40);
+        for r in [0, 17, 39] {
+            let one = stacked.matmul(&x[r * k..(r + 1) * k], 1);
+            assert_eq!(&all[r * n..(r + 1) * n], &one[..], "{parts:?} row {r}");
+        }
     }
 }
 

@@ -203,6 +203,10 @@ unsafe fn block_columns(
                 inter.build(&scratch.block, w.cols());
             }
             *built_for = Some(j);
+            // The next block's rows come from memory while this one is multiplied: at batch 32 the
+            // rows are built once a step, and their loads waited on memory (measured on Qwen2.5-1.5B:
+            // 63.5 / 61.3 → 70.7 / 68.5 tokens/s at batch 32, prefill unchanged; README).
+            prefetch_rows(w, j + gemm::NW..(j + 2 * gemm::NW).min(w.rows()));
         }
         gemm::KR
     } else {
@@ -228,6 +232,19 @@ unsafe fn block_columns(
             }
         }
         r += take;
+    }
+}
+
+/// Asks for weight `rows` to be brought into L2, a cache line at a time (a hint: nothing is read).
+#[cfg(target_arch = "x86_64")]
+fn prefetch_rows(w: &QMatrix, rows: Range<usize>) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    for j in rows {
+        let bytes = w.row(j).1;
+        for line in (0..bytes.len()).step_by(64) {
+            // SAFETY: a prefetch of an address inside the row; it has no effect on the program.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(line) as *const i8) };
+        }
     }
 }
 

@@ -2,10 +2,12 @@
 //! at 1, 8, 32 and 256 activation rows, after a warm-up, as the median of repeats, with the weight bytes
 //! read per second and the multiply-adds per second. A benchmark, not a test: `cargo bench --bench kernels`
 //! (`-- --threads N`, default 2; `-- --formats Q4K,Q6K` for some formats only, `-- --rows 1,8` for some
-//! counts of rows only, `-- --repeats N` for more or fewer than 7).
+//! counts of rows only, `-- --repeats N` for more or fewer than 7, `-- --paths avx2,avx512` to time
+//! code paths in turn in one process, an A/B; default: the best this CPU runs).
 
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
+use kvbench::kernels::dot::Path;
 use kvbench::kernels::{BlockFormat, QMatrix};
 use std::time::Instant;
 
@@ -36,6 +38,22 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 8, 32, 256]);
+    // `--paths avx2,avx512` times each path in turn (a path this CPU lacks runs as the best below it).
+    let paths: Vec<Path> = match args.iter().position(|a| a == "--paths") {
+        None => vec![Path::best()],
+        Some(i) => args
+            .get(i + 1)
+            .map(String::as_str)
+            .unwrap_or("")
+            .split(',')
+            .map(|p| match p {
+                "portable" => Path::Portable,
+                "avx2" => Path::Avx2,
+                "avx512" => Path::Avx512,
+                other => panic!("--paths: unknown path {other:?} (portable, avx2, avx512)"),
+            })
+            .collect(),
+    };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()
@@ -46,8 +64,8 @@ fn main() {
         .collect();
     let w = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
     println!("{n} × {k} weights, {threads} threads, median of {repeats} after a warm-up");
-    println!("| format | rows | ms | weight GB/s | GMAC/s |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| format | rows | path | ms | weight GB/s | GMAC/s |");
+    println!("|---|---:|---|---:|---:|---:|");
     for format in BlockFormat::ALL {
         if only
             .as_ref()
@@ -61,22 +79,29 @@ fn main() {
             let x: Vec<f32> = (0..rows * k)
                 .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
                 .collect();
-            std::hint::black_box(m.matmul(&x, rows));
-            let mut times: Vec<f64> = (0..repeats)
-                .map(|_| {
+            for &path in &paths {
+                std::hint::black_box(m.matmul_with(&x, rows, path));
+            }
+            // The paths in turn, a repeat of each at a time: both under the same drift.
+            let mut times = vec![Vec::with_capacity(repeats); paths.len()];
+            for _ in 0..repeats {
+                for (p, &path) in paths.iter().enumerate() {
                     let t = Instant::now();
-                    std::hint::black_box(m.matmul(&x, rows));
-                    t.elapsed().as_secs_f64()
-                })
-                .collect();
-            times.sort_by(f64::total_cmp);
-            let t = times[repeats / 2];
-            println!(
-                "| {format:?} | {rows} | {:.2} | {:.1} | {:.1} |",
-                t * 1e3,
-                m.bytes() as f64 / t / 1e9,
-                (n * k * rows) as f64 / t / 1e9
-            );
+                    std::hint::black_box(m.matmul_with(&x, rows, path));
+                    times[p].push(t.elapsed().as_secs_f64());
+                }
+            }
+            for (times, path) in times.iter_mut().zip(&paths) {
+                times.sort_by(f64::total_cmp);
+                let t = times[repeats / 2];
+                println!(
+                    "| {format:?} | {rows} | {:?} | {:.2} | {:.1} | {:.1} |",
+                    path.supported(),
+                    t * 1e3,
+                    m.bytes() as f64 / t / 1e9,
+                    (n * k * rows) as f64 / t / 1e9
+                );
+            }
         }
     }
 }

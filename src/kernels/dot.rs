@@ -14,16 +14,35 @@ use super::{Unpacked, GROUP, HALF};
 pub enum Path {
     Portable,
     Avx2,
+    /// The AVX2 kernels, with the k-quant products of many rows on 512-bit vectors
+    /// ([`crate::kernels::gemm512`]).
+    Avx512,
 }
 
 impl Path {
-    /// AVX2 with FMA when the CPU has them, else portable.
+    /// The widest path this CPU runs: AVX-512, AVX2 with FMA, else portable.
     pub fn best() -> Self {
-        if has_avx2() {
+        if has_avx512() {
+            Path::Avx512
+        } else if has_avx2() {
             Path::Avx2
         } else {
             Path::Portable
         }
+    }
+
+    /// `self`, or the widest path below it that this CPU runs.
+    pub fn supported(self) -> Self {
+        match self {
+            Path::Avx512 if !has_avx512() => Path::Avx2.supported(),
+            Path::Avx2 if !has_avx2() => Path::Portable,
+            p => p,
+        }
+    }
+
+    /// Whether the AVX2 kernels run (on this path alone or under AVX-512's).
+    pub fn simd(self) -> bool {
+        matches!(self, Path::Avx2 | Path::Avx512)
     }
 }
 
@@ -36,6 +55,23 @@ pub fn has_avx2() -> bool {
             is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU runs the AVX-512 path (AVX-512F and BW, besides the AVX2 path's features).
+pub fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX512.get_or_init(|| {
+            has_avx2()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

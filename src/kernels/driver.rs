@@ -47,11 +47,7 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
     let (n, m, k) = (w.rows(), x.m, w.cols());
     let mut out = vec![0f32; m * n];
     let dst = Out(out.as_mut_ptr(), n);
-    let path = if path == Path::Avx2 && !super::dot::has_avx2() {
-        Path::Portable
-    } else {
-        path
-    };
+    let path = path.supported();
     let tile = tile_rows(m, k);
     (0..n.div_ceil(COLS)).into_par_iter().for_each_init(
         || Scratch {
@@ -72,7 +68,7 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                 let mut j = cols.start;
                 while j < cols.end {
                     #[cfg(target_arch = "x86_64")]
-                    if path == Path::Avx2 {
+                    if path.simd() {
                         if m < TILED_MIN_ROWS {
                             // From two activation rows on, two columns of one 32-weight format go
                             // together: measured on SmolLM2 (Q4_1) 12% faster at batch 8, but 20%
@@ -86,6 +82,18 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                             // task's only.
                             unsafe { fused_columns(w, x, rows.clone(), j, pair, &dst) };
                             j += 1 + usize::from(pair);
+                            continue;
+                        }
+                        if path == Path::Avx512
+                            && j + 2 * gemm::NW <= cols.end
+                            && block_kind(w, j) == Some(gemm::Kind::KQuant)
+                            && block_kind(w, j + gemm::NW) == Some(gemm::Kind::KQuant)
+                        {
+                            let slot = (j - cols.start) / gemm::NW;
+                            // SAFETY: AVX-512 was checked by `supported`; columns j .. j + 2·NW
+                            // are this task's only.
+                            unsafe { pair_columns(w, x, rows.clone(), (j, slot), scratch, &dst) };
+                            j += 2 * gemm::NW;
                             continue;
                         }
                         if j + gemm::NW <= cols.end {
@@ -193,21 +201,7 @@ unsafe fn block_columns(
     out: &Out,
 ) {
     let per_call = if kind == gemm::Kind::KQuant {
-        let (built_for, inter) = &mut scratch.interleaved[slot];
-        if *built_for != Some(j) {
-            let rows = std::array::from_fn(|i| w.row(j + i));
-            if !inter.build_raw(rows, w.cols()) {
-                // Rows of different k-quant formats (at the seam of stacked parts): through the
-                // prepared forms.
-                prepare_block(w, j, &mut scratch.block);
-                inter.build(&scratch.block, w.cols());
-            }
-            *built_for = Some(j);
-            // The next block's rows come from memory while this one is multiplied: at batch 32 the
-            // rows are built once a step, and their loads waited on memory (measured on Qwen2.5-1.5B:
-            // 63.5 / 61.3 → 70.7 / 68.5 tokens/s at batch 32, prefill unchanged; README).
-            prefetch_rows(w, j + gemm::NW..(j + 2 * gemm::NW).min(w.rows()));
-        }
+        interleave(w, (j, slot), scratch);
         gemm::KR
     } else {
         prepare_block(w, j, &mut scratch.block);
@@ -229,6 +223,76 @@ unsafe fn block_columns(
         for (c, col) in acc.iter().enumerate() {
             for (i, a) in col.iter().take(take).enumerate() {
                 out.set(r + i, j + c, *a);
+            }
+        }
+        r += take;
+    }
+}
+
+/// k-quant columns `j .. j + NW` interleaved into the task's `slot`, unless they already are
+/// (built on the task's first tile, kept for the others).
+///
+/// # Safety
+/// AVX2, FMA and F16C; the columns are k-quants.
+#[cfg(target_arch = "x86_64")]
+unsafe fn interleave(w: &QMatrix, (j, slot): (usize, usize), scratch: &mut Scratch) {
+    let (built_for, inter) = &mut scratch.interleaved[slot];
+    if *built_for == Some(j) {
+        return;
+    }
+    let rows = std::array::from_fn(|i| w.row(j + i));
+    if !inter.build_raw(rows, w.cols()) {
+        // Rows of different k-quant formats (at the seam of stacked parts): through the
+        // prepared forms.
+        prepare_block(w, j, &mut scratch.block);
+        inter.build(&scratch.block, w.cols());
+    }
+    *built_for = Some(j);
+    // The next block's rows come from memory while this one is multiplied: at batch 32 the
+    // rows are built once a step, and their loads waited on memory (measured on Qwen2.5-1.5B:
+    // 63.5 / 61.3 → 70.7 / 68.5 tokens/s at batch 32, prefill unchanged; README).
+    prefetch_rows(w, j + gemm::NW..(j + 2 * gemm::NW).min(w.rows()));
+}
+
+/// k-quant columns `j .. j + 2·NW` (two blocks, in slots `slot` and `slot + 1`) for activation `rows`
+/// through the AVX-512 kernel, [`gemm::KR`] rows a call; blocks whose chunk sums differ (Q6_K beside
+/// Q4_K) go one by one through [`block_columns`].
+///
+/// # Safety
+/// AVX-512F/BW, AVX2, FMA and F16C; the columns are k-quants written by this caller only; `slot` as
+/// for [`block_columns`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn pair_columns(
+    w: &QMatrix,
+    x: &Acts,
+    rows: Range<usize>,
+    (j, slot): (usize, usize),
+    scratch: &mut Scratch,
+    out: &Out,
+) {
+    interleave(w, (j, slot), scratch);
+    interleave(w, (j + gemm::NW, slot + 1), scratch);
+    let p = [
+        &scratch.interleaved[slot].1,
+        &scratch.interleaved[slot + 1].1,
+    ];
+    if !super::gemm512::pairs_with(p[0], p[1]) {
+        for s in 0..2 {
+            let at = (j + s * gemm::NW, slot + s);
+            block_columns(w, x, rows.clone(), at, gemm::Kind::KQuant, scratch, out);
+        }
+        return;
+    }
+    let mut r = rows.start;
+    while r < rows.end {
+        let take = (rows.end - r).min(gemm::KR);
+        let mut acc = [[[0f32; gemm::KR]; gemm::NW]; 2];
+        super::gemm512::dot_pair(p, x, r, take, &mut acc);
+        for (s, block) in acc.iter().enumerate() {
+            for (c, col) in block.iter().enumerate() {
+                for (i, a) in col.iter().take(take).enumerate() {
+                    out.set(r + i, j + s * gemm::NW + c, *a);
+                }
             }
         }
         r += take;
@@ -274,9 +338,10 @@ fn one_column(
     let (format, bytes) = w.row(j);
     match path {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Path::Avx2` is only taken on CPUs with AVX2, FMA and F16C (checked by `run`);
+        // SAFETY: `Path::Avx2` and `Avx512` are only taken on CPUs with AVX2, FMA and F16C (checked by
+        // `run`);
         // the row holds whole blocks of `k` weights.
-        Path::Avx2 => unsafe {
+        Path::Avx2 | Path::Avx512 => unsafe {
             super::avx2::prepare(format, bytes, w.cols(), &mut scratch.prepared)
         },
         _ => format.unpack_row(
@@ -293,7 +358,9 @@ fn one_column(
         match path {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; the row was prepared for `k` weights and the activation rows exist.
-            Path::Avx2 => unsafe { super::avx2::dot_rows(&scratch.prepared, x, r, take, &mut acc) },
+            Path::Avx2 | Path::Avx512 => unsafe {
+                super::avx2::dot_rows(&scratch.prepared, x, r, take, &mut acc)
+            },
             _ => {
                 let unpacked = scratch.unpacked.as_ref().expect("unpacked just above");
                 portable(unpacked, format.has_min(), x, r, take, &mut acc)

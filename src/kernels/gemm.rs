@@ -87,16 +87,16 @@ pub const KR: usize = 4;
 #[derive(Debug, Default)]
 pub struct Interleaved {
     /// Weight bytes: chunk `t` (weights `8t … 8t + 7`) of row `w` at `32t + 8w`.
-    q: Vec<u8>,
+    pub(super) q: Vec<u8>,
     /// Per group of 32 and half (16 weights): the rows' integer scales, row `w` in lanes `4w … 4w + 3`.
-    sv: Vec<[[i16; 16]; 2]>,
+    pub(super) sv: Vec<[[i16; 16]; 2]>,
     /// Per super-block and row: what multiplies each 16 activations' sum.
     corr: Vec<[[i16; 16]; NW]>,
     /// Per super-block: `d` and `dmin` in the lanes of [`pair_lanes`]' order.
     d: Vec<[f32; 8]>,
     dmin: Vec<[f32; 8]>,
     /// Whether any row scales per 16 weights (Q6_K): then the chunks are summed two by two.
-    by_16: bool,
+    pub(super) by_16: bool,
 }
 
 /// Where `_mm256_hadd_epi32` of two activation rows' sums (`i`, `i + 1`) puts each product: lanes 0–3
@@ -265,12 +265,8 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
     debug_assert_eq!(x.block, 256);
     let (k, kb) = (x.k, x.k / 256);
     let xq = x.row(r0).as_ptr();
-    let xd = x.scales(r0).as_ptr();
-    let xs = x.row_sums(r0).as_ptr();
     let q = p.q.as_ptr();
-    const PAIRS: usize = KR / 2;
-    let pairs = RR.div_ceil(2);
-    let mut total = [_mm256_setzero_ps(); PAIRS];
+    let mut total: Totals = [_mm256_setzero_ps(); KR / 2];
     for b in 0..kb {
         let mut isum = [_mm256_setzero_si256(); RR];
         for g in 0..8 {
@@ -295,25 +291,53 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
                 }
             }
         }
-        let dv = _mm256_loadu_ps(p.d.get_unchecked(b).as_ptr());
-        let dminv = _mm256_loadu_ps(p.dmin.get_unchecked(b).as_ptr());
-        let corr = p.corr.get_unchecked(b);
-        for pair in 0..pairs {
-            let (i0, i1) = (2 * pair, (2 * pair + 1).min(RR - 1));
-            let s = _mm256_hadd_epi32(isum[i0], isum[i1]);
-            let (c0, c1) = (corr_sums(xs, k, b, i0, corr), corr_sums(xs, k, b, i1, corr));
-            let c = _mm256_set_m128i(_mm_unpackhi_epi64(c0, c1), _mm_unpacklo_epi64(c0, c1));
-            let (dx0, dx1) = (*xd.add(i0 * kb + b), *xd.add(i1 * kb + b));
-            let dx = _mm256_setr_ps(dx0, dx0, dx1, dx1, dx0, dx0, dx1, dx1);
-            let v = _mm256_fmsub_ps(
-                _mm256_cvtepi32_ps(s),
-                dv,
-                _mm256_mul_ps(_mm256_cvtepi32_ps(c), dminv),
-            );
-            total[pair] = _mm256_fmadd_ps(v, dx, total[pair]);
-        }
+        finish_block(p, b, &isum, x, r0, &mut total);
     }
-    for (pair, t) in total.iter().take(pairs).enumerate() {
+    store_totals::<RR>(&total, acc);
+}
+
+/// Per-pair float sums of [`kquant`]'s activation rows (lanes in [`pair_lanes`]' order).
+pub(super) type Totals = [__m256; KR / 2];
+
+/// The float step of super-block `b` for the four interleaved rows `p` and activation rows
+/// `r0 .. r0 + RR`, from the exact integer sums `isum[i]` (lanes `2w`, `2w + 1` of row `i` belong to
+/// weight row `w`): [`super::avx2::kquant_step`]'s operations, lane by lane. Shared by every kernel
+/// on interleaved rows, so their bits are the same.
+#[inline(always)]
+pub(super) unsafe fn finish_block<const RR: usize>(
+    p: &Interleaved,
+    b: usize,
+    isum: &[__m256i; RR],
+    x: &Acts,
+    r0: usize,
+    total: &mut Totals,
+) {
+    let (k, kb) = (x.k, x.k / 256);
+    let xd = x.scales(r0).as_ptr();
+    let xs = x.row_sums(r0).as_ptr();
+    let dv = _mm256_loadu_ps(p.d.get_unchecked(b).as_ptr());
+    let dminv = _mm256_loadu_ps(p.dmin.get_unchecked(b).as_ptr());
+    let corr = p.corr.get_unchecked(b);
+    for pair in 0..RR.div_ceil(2) {
+        let (i0, i1) = (2 * pair, (2 * pair + 1).min(RR - 1));
+        let s = _mm256_hadd_epi32(isum[i0], isum[i1]);
+        let (c0, c1) = (corr_sums(xs, k, b, i0, corr), corr_sums(xs, k, b, i1, corr));
+        let c = _mm256_set_m128i(_mm_unpackhi_epi64(c0, c1), _mm_unpacklo_epi64(c0, c1));
+        let (dx0, dx1) = (*xd.add(i0 * kb + b), *xd.add(i1 * kb + b));
+        let dx = _mm256_setr_ps(dx0, dx0, dx1, dx1, dx0, dx0, dx1, dx1);
+        let v = _mm256_fmsub_ps(
+            _mm256_cvtepi32_ps(s),
+            dv,
+            _mm256_mul_ps(_mm256_cvtepi32_ps(c), dminv),
+        );
+        total[pair] = _mm256_fmadd_ps(v, dx, total[pair]);
+    }
+}
+
+/// Writes the first `RR` activation rows' sums of `total` into `acc[w][i]`.
+#[inline(always)]
+pub(super) unsafe fn store_totals<const RR: usize>(total: &Totals, acc: &mut [[f32; KR]; NW]) {
+    for (pair, t) in total.iter().take(RR.div_ceil(2)).enumerate() {
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), *t);
         for (lane, v) in lanes.iter().enumerate() {

@@ -13,7 +13,8 @@
 //!   k-quant matrices);
 //! - [`fused`] (a few rows: blocks decoded in registers), [`avx2`] (each weight row decoded once per
 //!   tile of many rows) and [`gemm`] (several decoded weight rows against several activation rows at
-//!   once): the AVX2 kernels, with the same arithmetic;
+//!   once): the AVX2 kernels, with the same arithmetic; [`gemm512`] the k-quant part of [`gemm`] on
+//!   512-bit vectors where the CPU has AVX-512 (the same integer sums and float step, so the same bits);
 //! - [`dot`]: the choice of path and the portable kernel they are tested against;
 //! - [`driver`]: the multi-row driver: output columns split across threads, activation rows in tiles
 //!   that stay in cache.
@@ -28,6 +29,8 @@ pub mod format;
 pub mod fused;
 #[cfg(target_arch = "x86_64")]
 pub mod gemm;
+#[cfg(target_arch = "x86_64")]
+pub mod gemm512;
 pub mod kquants;
 pub mod legacy;
 

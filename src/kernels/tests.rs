@@ -1,7 +1,7 @@
 //! Every format's kernel against candle's dequantization, the AVX2 path against the portable one, and
 //! a row's result against its batch.
 
-use super::dot::{has_avx2, Path};
+use super::dot::{has_avx2, has_avx512, Path};
 use super::*;
 use candle_core::quantized::{QStorage, QTensor};
 use candle_core::{Device, Tensor};
@@ -137,6 +137,41 @@ fn a_row_is_independent_of_its_batch() {
         for r in [0, 2, 65, 70] {
             let one = q.matmul(&x[r * k..(r + 1) * k], 1);
             assert_eq!(&all[r * n..(r + 1) * n], &one[..], "{format:?} row {r}");
+        }
+    }
+}
+
+/// The AVX-512 k-quant kernel gives the AVX2 kernels' bits: on whole matrices of each k-quant format
+/// (70 columns: tasks of 32 in pairs of blocks, and a rest that goes block by block and one by one),
+/// on stacked parts where a Q6_K block meets a Q4_K or Q5_K one (chunks summed differently: the pair
+/// goes block by block), and for every number of rows in a call (16 to 19, and 40 in two tiles).
+#[test]
+fn avx512_and_avx2_paths_give_the_same_bits() {
+    if !has_avx512() {
+        eprintln!("no AVX-512 on this CPU: its kernel cannot run here");
+        return;
+    }
+    let k = 512;
+    let mut mats: Vec<(String, QMatrix)> = [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K]
+        .into_iter()
+        .map(|f| {
+            let q = QMatrix::new(f, quantized(f, 70, k, 30), 70, k).unwrap();
+            (format!("{f:?}"), q)
+        })
+        .collect();
+    let parts = [
+        (BlockFormat::Q4K, 12),
+        (BlockFormat::Q6K, 8),
+        (BlockFormat::Q5K, 6),
+        (BlockFormat::Q4K, 10),
+    ];
+    mats.push((format!("{parts:?}"), stacked_parts(&parts, k, 31).1));
+    for (name, q) in &mats {
+        for m in [16, 17, 18, 19, 40] {
+            let x = random(m * k, 32 + m as u64);
+            let wide = q.matmul_with(&x, m, Path::Avx512);
+            let narrow = q.matmul_with(&x, m, Path::Avx2);
+            assert_eq!(wide, narrow, "{name}, {m} rows");
         }
     }
 }

@@ -23,30 +23,26 @@ pub struct Acts {
 }
 
 impl Acts {
+    /// Quantizes `m` rows of `k` values (`x`, row-major) in blocks of `block`. Rows are independent,
+    /// so large inputs (prefill, large batches) are split across the thread pool by rows: the same
+    /// values as one thread, in a twelfth of a 256-row product's time instead of an eighth (measured,
+    /// README speed).
     pub fn quantize(x: &[f32], m: usize, k: usize, block: usize) -> Self {
         debug_assert!(k.is_multiple_of(block) && x.len() == m * k);
+        let (kb, kh) = (k / block, k / HALF);
         let mut q = vec![0i8; m * k];
-        let mut d = Vec::with_capacity(m * k / block);
-        for (xb, qb) in x.chunks_exact(block).zip(q.chunks_exact_mut(block)) {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            for (o, v) in qb.iter_mut().zip(xb) {
-                *o = (v * inv).round() as i8;
-            }
-            d.push(scale);
-        }
-        // |Σ| ≤ 16 · 127: fits an i16.
-        let sums: Vec<i16> = q
-            .chunks_exact(HALF)
-            .map(|qs| qs.iter().map(|&v| v as i16).sum::<i16>())
-            .collect();
-        let per_block = block / HALF;
-        let scaled = sums
-            .chunks_exact(per_block)
-            .zip(&d)
-            .map(|(s, d)| d * s.iter().map(|&v| v as i32).sum::<i32>() as f32)
-            .collect();
+        let mut d = vec![0f32; m * kb];
+        let mut sums = vec![0i16; m * kh];
+        let mut scaled = vec![0f32; m * kb];
+        use rayon::prelude::*;
+        x.par_chunks_exact(k)
+            .zip(q.par_chunks_exact_mut(k))
+            .zip(d.par_chunks_exact_mut(kb))
+            .zip(sums.par_chunks_exact_mut(kh))
+            .zip(scaled.par_chunks_exact_mut(kb))
+            // Small inputs (a decoding step's few rows) stay on the calling thread.
+            .with_min_len(PARALLEL_FROM.div_ceil(k))
+            .for_each(|((((x, q), d), sums), scaled)| quantize_row(x, q, d, sums, scaled, block));
         Self {
             m,
             k,
@@ -83,5 +79,46 @@ impl Acts {
     pub fn row_sums(&self, r: usize) -> &[i16] {
         let kh = self.k / HALF;
         &self.sums[r * kh..(r + 1) * kh]
+    }
+}
+
+/// Values per task of [`Acts::quantize`] (below this, the hand-off costs more than it saves: a decoding
+/// step's rows are a few thousand values and stay on one thread).
+const PARALLEL_FROM: usize = 1 << 16;
+
+/// One row: per block `d = max|x| / 127`, `q = round(x / d)`; per 16 values `Σ q`; per block
+/// `d · Σ q`.
+fn quantize_row(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sums: &mut [i16],
+    scaled: &mut [f32],
+    block: usize,
+) {
+    for ((xb, qb), db) in x
+        .chunks_exact(block)
+        .zip(q.chunks_exact_mut(block))
+        .zip(d.iter_mut())
+    {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for (o, v) in qb.iter_mut().zip(xb) {
+            *o = (v * inv).round() as i8;
+        }
+        *db = scale;
+    }
+    // |Σ| ≤ 16 · 127: fits an i16.
+    for (s, qs) in sums.iter_mut().zip(q.chunks_exact(HALF)) {
+        *s = qs.iter().map(|&v| v as i16).sum::<i16>();
+    }
+    let per_block = block / HALF;
+    for ((o, s), d) in scaled
+        .iter_mut()
+        .zip(sums.chunks_exact(per_block))
+        .zip(d.iter())
+    {
+        *o = d * s.iter().map(|&v| v as i32).sum::<i32>() as f32;
     }
 }

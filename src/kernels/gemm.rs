@@ -91,10 +91,10 @@ pub struct Interleaved {
     /// Per group of 32 and half (16 weights): the rows' integer scales, row `w` in lanes `4w … 4w + 3`.
     pub(super) sv: Vec<[[i16; 16]; 2]>,
     /// Per super-block and row: what multiplies each 16 activations' sum.
-    corr: Vec<[[i16; 16]; NW]>,
+    pub(super) corr: Vec<[[i16; 16]; NW]>,
     /// Per super-block: `d` and `dmin` in the lanes of [`pair_lanes`]' order.
-    d: Vec<[f32; 8]>,
-    dmin: Vec<[f32; 8]>,
+    pub(super) d: Vec<[f32; 8]>,
+    pub(super) dmin: Vec<[f32; 8]>,
     /// Whether any row scales per 16 weights (Q6_K): then the chunks are summed two by two.
     pub(super) by_16: bool,
 }

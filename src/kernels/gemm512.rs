@@ -6,11 +6,12 @@
 //! instruction does the work of two AVX2 ones in the products that dominate prefill and large
 //! batches; llama.cpp built for such a CPU uses them. It reads the same [`Interleaved`] blocks
 //! (nothing laid out anew: each 512-bit weight vector is two blocks' 32-byte chunks side by side),
-//! computes the same exact integer sums per super-block and hands them to the AVX2 kernel's own float
-//! step ([`finish_block`]), so its outputs are that kernel's bits.
+//! computes the same exact integer sums per super-block and puts them through the AVX2 kernel's float
+//! step (`gemm::finish_block`) lane by lane, two blocks per instruction, so its outputs are that
+//! kernel's bits.
 
 use super::acts::Acts;
-use super::gemm::{finish_block, store_totals, Interleaved, Totals, KR, NW};
+use super::gemm::{store_totals, Interleaved, Totals, KR, NW};
 use std::arch::x86_64::*;
 
 /// Products of the eight weight rows interleaved in `p[0]` and `p[1]` (both of one chunk summing,
@@ -62,7 +63,7 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
     let (k, kb) = (x.k, x.k / 256);
     let xq = x.row(r0).as_ptr();
     let q = p.map(|p| p.q.as_ptr());
-    let mut total: [Totals; 2] = [[_mm256_setzero_ps(); KR / 2]; 2];
+    let mut total = [_mm512_setzero_ps(); KR / 2];
     for b in 0..kb {
         let mut isum = [_mm512_setzero_si512(); RR];
         for g in 0..8 {
@@ -92,14 +93,93 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
                 }
             }
         }
-        // Each half holds exactly what the AVX2 kernel's sums hold for that block.
-        let lo: [__m256i; RR] = std::array::from_fn(|i| _mm512_castsi512_si256(isum[i]));
-        let hi: [__m256i; RR] = std::array::from_fn(|i| _mm512_extracti64x4_epi64::<1>(isum[i]));
-        finish_block(p[0], b, &lo, x, r0, &mut total[0]);
-        finish_block(p[1], b, &hi, x, r0, &mut total[1]);
+        finish_pair(p, b, &isum, x, r0, &mut total);
     }
-    store_totals::<RR>(&total[0], &mut acc[0]);
-    store_totals::<RR>(&total[1], &mut acc[1]);
+    // Each half holds exactly what the AVX2 kernel's sums hold for that block.
+    let mut lo: Totals = [_mm256_setzero_ps(); KR / 2];
+    let mut hi: Totals = [_mm256_setzero_ps(); KR / 2];
+    for pair in 0..KR / 2 {
+        lo[pair] = _mm512_castps512_ps256(total[pair]);
+        hi[pair] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(total[pair])));
+    }
+    store_totals::<RR>(&lo, &mut acc[0]);
+    store_totals::<RR>(&hi, &mut acc[1]);
+}
+
+/// `_mm256_hadd_epi32` on each 256-bit half: per 128-bit lane `a0 + a1, a2 + a3, b0 + b1, b2 + b3`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn hadd(a: __m512i, b: __m512i) -> __m512i {
+    let (a, b) = (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b));
+    let even = _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(a, b));
+    let odd = _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(a, b));
+    _mm512_add_epi32(even, odd)
+}
+
+/// [`finish_block`] for both blocks at once, block `s` in the 256-bit half `s` of every vector: the
+/// same integer sums and the same float operations lane by lane (`total` holds, per pair of activation
+/// rows, the two blocks' [`Totals`] lanes side by side), in half the instructions.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn finish_pair<const RR: usize>(
+    p: [&Interleaved; 2],
+    b: usize,
+    isum: &[__m512i; RR],
+    x: &Acts,
+    r0: usize,
+    total: &mut [__m512; KR / 2],
+) {
+    let (k, kb) = (x.k, x.k / 256);
+    let xd = x.scales(r0).as_ptr();
+    let xs = x.row_sums(r0).as_ptr();
+    // No closures here: they would not inherit the caller's target features, and every intrinsic in
+    // them would become a call.
+    let (d0, d1) = (p[0].d.get_unchecked(b), p[1].d.get_unchecked(b));
+    let dv = _mm512_castsi512_ps(join(d0.as_ptr() as *const u8, d1.as_ptr() as *const u8));
+    let (m0, m1) = (p[0].dmin.get_unchecked(b), p[1].dmin.get_unchecked(b));
+    let dminv = _mm512_castsi512_ps(join(m0.as_ptr() as *const u8, m1.as_ptr() as *const u8));
+    let (c0, c1) = (p[0].corr.get_unchecked(b), p[1].corr.get_unchecked(b));
+    let mut cw = [_mm512_setzero_si512(); NW];
+    for w in 0..NW {
+        cw[w] = join(c0[w].as_ptr() as *const u8, c1[w].as_ptr() as *const u8);
+    }
+    // Per activation row: `Σ_h corr[w][h] · Σ xq_h` for the four rows of each block, block s's in
+    // 128-bit lane 2s (exact integers, as `gemm::corr_sums`).
+    let mut c = [_mm512_setzero_si512(); RR];
+    for i in 0..RR {
+        let sums = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+            xs.add(i * (k / 16) + 16 * b) as *const __m256i
+        ));
+        let m01 = hadd(
+            _mm512_madd_epi16(sums, cw[0]),
+            _mm512_madd_epi16(sums, cw[1]),
+        );
+        let m23 = hadd(
+            _mm512_madd_epi16(sums, cw[2]),
+            _mm512_madd_epi16(sums, cw[3]),
+        );
+        let h = hadd(m01, m23);
+        c[i] = _mm512_add_epi32(h, _mm512_shuffle_i64x2::<0b10_11_00_01>(h, h));
+    }
+    for pair in 0..RR.div_ceil(2) {
+        let (i0, i1) = (2 * pair, (2 * pair + 1).min(RR - 1));
+        let s = hadd(isum[i0], isum[i1]);
+        // Per block: (i0, w0), (i0, w1), (i1, w0), (i1, w1) | the same for w2, w3.
+        let lo = _mm512_unpacklo_epi64(c[i0], c[i1]);
+        let hi = _mm512_unpackhi_epi64(c[i0], c[i1]);
+        let cc = _mm512_shuffle_i64x2::<0b10_00_10_00>(lo, hi);
+        let cc = _mm512_shuffle_i64x2::<0b11_01_10_00>(cc, cc);
+        let (dx0, dx1) = (*xd.add(i0 * kb + b), *xd.add(i1 * kb + b));
+        let dx = _mm512_castps256_ps512(_mm256_setr_ps(dx0, dx0, dx1, dx1, dx0, dx0, dx1, dx1));
+        let dx = _mm512_shuffle_f32x4::<0b01_00_01_00>(dx, dx);
+        let v = _mm512_fmsub_ps(
+            _mm512_cvtepi32_ps(s),
+            dv,
+            _mm512_mul_ps(_mm512_cvtepi32_ps(cc), dminv),
+        );
+        total[pair] = _mm512_fmadd_ps(v, dx, total[pair]);
+    }
 }
 
 /// Whether two blocks can go through [`dot_pair`] together.

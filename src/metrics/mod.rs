@@ -70,8 +70,9 @@ pub fn percentile(xs: &[f64], p: f64) -> Option<f64> {
 
 /// A short description of this machine for result records: CPU model (with its family and model
 /// numbers, since a cloud "AMD EPYC" can be several generations), the vector instructions that decide
-/// kernel speed, and logical cores. The same VM name has run on Zen 3 (AVX2 only) and Zen 4 (AVX-512,
-/// VNNI), where llama.cpp built for the machine uses the latter and kvbench's kernels do not.
+/// kernel speed, the kernel path kvbench takes on them, and logical cores. The same 2-core VM has been
+/// a Zen 3 (AVX2 only), a Zen 4 and an Intel Xeon (both AVX-512 with VNNI), and llama.cpp built for the
+/// machine uses all it has.
 pub fn machine() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |name: &str| {
@@ -89,19 +90,31 @@ pub fn machine() -> String {
         extra.push(format!("family {family} model {model}"));
     }
     if let Some(flags) = field("flags") {
-        let has: Vec<&str> = ["avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni"]
-            .into_iter()
-            .filter(|f| flags.split_whitespace().any(|g| g == *f))
-            .collect();
+        let has: Vec<&str> = [
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512bw",
+            "avx512_vnni",
+            "avx_vnni",
+        ]
+        .into_iter()
+        .filter(|f| flags.split_whitespace().any(|g| g == *f))
+        .collect();
         if !has.is_empty() {
             extra.push(has.join(" "));
         }
     }
-    if extra.is_empty() {
-        format!("{cpu}, {cores} logical cores")
-    } else {
-        format!("{cpu} ({}), {cores} logical cores", extra.join("; "))
-    }
+    extra.push(format!(
+        "kvbench kernels: {}",
+        match crate::kernels::dot::Path::best() {
+            crate::kernels::dot::Path::Avx512 => "AVX-512",
+            crate::kernels::dot::Path::Avx2 => "AVX2",
+            crate::kernels::dot::Path::Portable => "portable",
+        }
+    ));
+    format!("{cpu} ({}), {cores} logical cores", extra.join("; "))
 }
 
 #[cfg(test)]

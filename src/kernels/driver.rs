@@ -2,8 +2,8 @@
 //!
 //! Output columns are split into tasks run in parallel. Within a task, activation rows go in tiles
 //! ([`tile_rows`]: as many as keep the tile's bytes in L2 while the task's weight rows stream past).
-//! On AVX2, calls of fewer than [`TILED_MIN_ROWS`] rows (decoding) use the kernels that decode blocks in
-//! registers; larger ones decode [`gemm::NW`] weight rows once per tile (into L1) and multiply them
+//! On AVX2, calls of fewer than [`TILED_MIN_ROWS`] rows (decoding; 8 for k-quants on AVX-512, see
+//! [`tiled_from`]) use the kernels that decode blocks in registers; larger ones decode [`gemm::NW`] weight rows once per tile (into L1) and multiply them
 //! with two activation rows at a time, every load serving several products. Columns a block of `NW`
 //! cannot take (a task's last few, or stacked parts of different kinds) go one by one.
 
@@ -69,7 +69,7 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                 while j < cols.end {
                     #[cfg(target_arch = "x86_64")]
                     if path.simd() {
-                        if m < TILED_MIN_ROWS {
+                        if m < tiled_from(path, w.row(j).0) {
                             // From two activation rows on, two columns of one 32-weight format go
                             // together: measured on SmolLM2 (Q4_1) 12% faster at batch 8, but 20%
                             // slower at batch 1; on Qwen2.5-Coder-1.5B's k-quants 14% slower at 8.
@@ -130,6 +130,19 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
 /// register kernels decode at batch 1 in 11.5 tokens/s where the tiled ones manage 7.4, and the tiled
 /// ones prefill 512 tokens in 29.9 tokens/s where the register ones manage 25.6.
 const TILED_MIN_ROWS: usize = 16;
+
+/// The fewest activation rows that go through the tiled kernels for a column of `format`: k-quants on
+/// the AVX-512 path from 8 rows (measured on Qwen2.5-Coder-1.5B, Xeon, two rounds: batch 8 36.1 / 36.4
+/// → 37.5 / 37.5 tokens/s; batch 4 slower tiled, 31.6 → 29.1), the rest from [`TILED_MIN_ROWS`]
+/// (SmolLM2's Q4_1 at batch 8: 203 / 184 in registers against 176 / 180 tiled).
+#[cfg(target_arch = "x86_64")]
+fn tiled_from(path: Path, format: super::BlockFormat) -> usize {
+    if path == Path::Avx512 && format.is_k_quant() {
+        8
+    } else {
+        TILED_MIN_ROWS
+    }
+}
 
 /// Activation rows one kernel call multiplies with a decoded weight row.
 const ROWS: usize = 8;

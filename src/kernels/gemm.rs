@@ -303,6 +303,8 @@ pub(super) type Totals = [__m256; KR / 2];
 /// `r0 .. r0 + RR`, from the exact integer sums `isum[i]` (lanes `2w`, `2w + 1` of row `i` belong to
 /// weight row `w`): [`super::avx2::kquant_step`]'s operations, lane by lane. Shared by every kernel
 /// on interleaved rows, so their bits are the same.
+// `pair` picks two sums, two corrections, two scales and one total.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 pub(super) unsafe fn finish_block<const RR: usize>(
     p: &Interleaved,

@@ -175,8 +175,20 @@ impl Interleaved {
         self.dmin.resize(kb, [0.0; 8]);
         self.by_16 = F::BY_16;
         let q = self.q.as_mut_ptr();
+        // The rows' super-blocks `dist` bytes ahead, as the decoding kernels ask for them (Qwen2.5-1.5B
+        // on the Xeon, two rounds: batch 8 36.7 / 37.0 → 38.6 / 38.5 tokens/s, batch 32 66.1 / 64.6 →
+        // 68.3 / 66.5, prefill within noise).
+        let dist = super::dot::prefetch_distance();
         for b in 0..kb {
             let p: [*const u8; NW] = rows.map(|r| r.add(b * F::BYTES));
+            if dist > 0 {
+                for row in p {
+                    let ahead = row.wrapping_add(dist);
+                    for line in (0..F::BYTES).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                    }
+                }
+            }
             let hdr: [fused::Header; NW] = p.map(|p| F::header(p));
             for g in 0..8 {
                 let [a, bb, c, d] = p.map(|p| F::group(p, g));

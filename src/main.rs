@@ -7,6 +7,11 @@ mod cli;
 
 fn main() -> ExitCode {
     limit_malloc_arenas();
+    // Read deep inside the kernels, so checked here, before any command runs.
+    if let Err(e) = kvbench::kernels::dot::prefetch_from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     match cli::run() {
         Ok(code) => code,
         Err(err) => {

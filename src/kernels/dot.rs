@@ -89,20 +89,41 @@ pub fn has_avx512() -> bool {
 pub fn prefetch_distance() -> usize {
     static DIST: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *DIST.get_or_init(|| {
-        if let Ok(v) = std::env::var("KVBENCH_PREFETCH") {
-            match v.trim().parse() {
-                Ok(bytes) => return bytes,
-                Err(_) => eprintln!(
-                    "kvbench: KVBENCH_PREFETCH={v:?} is not a number of bytes; using the default"
-                ),
-            }
-        }
-        if is_intel() {
-            4608
-        } else {
-            0
-        }
+        // A malformed value is refused by the binary before any kernel runs (`prefetch_from_env`).
+        prefetch_from_env()
+            .ok()
+            .flatten()
+            .unwrap_or(if is_intel() { 4608 } else { 0 })
     })
+}
+
+/// `KVBENCH_PREFETCH` as a number of bytes: `None` when unset, an error naming the variable and its
+/// value when it is not a whole number.
+pub fn prefetch_from_env() -> Result<Option<usize>, String> {
+    match std::env::var("KVBENCH_PREFETCH") {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
+            "KVBENCH_PREFETCH={v:?} is not a number of bytes (0 turns the prefetch off)"
+        )),
+        Ok(v) => v.trim().parse().map(Some).map_err(|_| {
+            format!("KVBENCH_PREFETCH={v:?} is not a number of bytes (0 turns the prefetch off)")
+        }),
+    }
+}
+
+/// Asks for the `bytes` from `at` to be brought into L1, a cache line at a time (a hint: nothing is
+/// read, and an address past the weights is harmless, which is why it is computed with
+/// `wrapping_add`).
+///
+/// # Safety
+/// The CPU must support SSE (every x86-64 does).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn prefetch_lines(at: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for line in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line) as *const i8);
+    }
 }
 
 /// Whether the CPU's vendor string is Intel's.

@@ -3,8 +3,9 @@
 //! Output columns are split into tasks run in parallel. Within a task, activation rows go in tiles
 //! ([`tile_rows`]: as many as keep the tile's bytes in L2 while the task's weight rows stream past).
 //! On AVX2, calls of fewer than [`TILED_MIN_ROWS`] rows (decoding; 8 for k-quants on AVX-512, see
-//! [`tiled_from`]) use the kernels that decode blocks in registers; larger ones decode [`gemm::NW`] weight rows once per tile (into L1) and multiply them
-//! with two activation rows at a time, every load serving several products. Columns a block of `NW`
+//! [`tiled_from`]) use the kernels that decode blocks in registers; larger ones decode [`gemm::NW`]
+//! weight rows once per tile (into L1) and multiply them with several activation rows at a time, every
+//! load serving several products. Columns a block of `NW`
 //! cannot take (a task's last few, or stacked parts of different kinds) go one by one.
 
 use super::acts::Acts;
@@ -352,8 +353,7 @@ fn one_column(
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Path::Avx2` and `Avx512` are only taken on CPUs with AVX2, FMA and F16C (checked by
-        // `run`);
-        // the row holds whole blocks of `k` weights.
+        // `run`); the row holds whole blocks of `k` weights.
         Path::Avx2 | Path::Avx512 => unsafe {
             super::avx2::prepare(format, bytes, w.cols(), &mut scratch.prepared)
         },

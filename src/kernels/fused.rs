@@ -189,7 +189,7 @@ unsafe fn legacy<F: Legacy, const R: usize, const W: usize>(
         if dist > 0 {
             // The block `dist` bytes ahead (a hint; see the k-quant kernel).
             for row in w {
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(b * F::BYTES + dist) as *const i8);
+                super::dot::prefetch_lines(row.wrapping_add(b * F::BYTES + dist), 1);
             }
         }
         for c in 0..W {
@@ -460,10 +460,7 @@ unsafe fn kquant<F: KQuant, const R: usize, const W: usize>(
             // The super-block `dist` bytes ahead, a line at a time (a hint: nothing is read; past
             // this row it is the next row's, which this task or a neighbour reads next).
             for row in p {
-                let ahead = row.wrapping_add(dist);
-                for line in (0..F::BYTES).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-                }
+                super::dot::prefetch_lines(row.wrapping_add(dist), F::BYTES);
             }
         }
         let hdr: [Header; W] = std::array::from_fn(|c| F::header(p[c]));

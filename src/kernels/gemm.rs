@@ -183,10 +183,7 @@ impl Interleaved {
             let p: [*const u8; NW] = rows.map(|r| r.add(b * F::BYTES));
             if dist > 0 {
                 for row in p {
-                    let ahead = row.wrapping_add(dist);
-                    for line in (0..F::BYTES).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-                    }
+                    super::dot::prefetch_lines(row.wrapping_add(dist), F::BYTES);
                 }
             }
             let hdr: [fused::Header; NW] = p.map(|p| F::header(p));

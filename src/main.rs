@@ -8,7 +8,11 @@ mod cli;
 fn main() -> ExitCode {
     limit_malloc_arenas();
     // Read deep inside the kernels, so checked here, before any command runs.
-    if let Err(e) = kvbench::kernels::dot::prefetch_from_env() {
+    let env = [
+        kvbench::kernels::dot::prefetch_from_env().map(|_| ()),
+        kvbench::kernels::repack_from_env().map(|_| ()),
+    ];
+    if let Some(Err(e)) = env.into_iter().find(Result::is_err) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }

@@ -663,24 +663,28 @@ fn devices_and_directories_in_place_of_files_are_refused_by_name() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A malformed `KVBENCH_PREFETCH` (read inside the kernels) is refused before any command runs.
+/// A malformed kernel setting (`KVBENCH_PREFETCH`, `KVBENCH_REPACK`: read inside the kernels) is
+/// refused before any command runs, naming the variable and its value.
 #[test]
-fn a_bad_prefetch_distance_exits_with_code_2_and_names_the_variable() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .arg("policies")
-        .env("KVBENCH_PREFETCH", "4k")
-        .output()
-        .expect("run kvbench");
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("KVBENCH_PREFETCH") && err.contains("\"4k\""),
-        "{err}"
-    );
-    let fine = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .arg("policies")
-        .env("KVBENCH_PREFETCH", "0")
-        .output()
-        .expect("run kvbench");
-    assert_eq!(fine.status.code(), Some(0));
+fn a_bad_kernel_setting_exits_with_code_2_and_names_the_variable() {
+    let run = |var: &str, value: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .arg("policies")
+            .env(var, value)
+            .output()
+            .expect("run kvbench")
+    };
+    for (var, bad, good) in [
+        ("KVBENCH_PREFETCH", "4k", "0"),
+        ("KVBENCH_REPACK", "yes", "0"),
+    ] {
+        let out = run(var, bad);
+        assert_eq!(out.status.code(), Some(2), "{var}={bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(var) && err.contains(&format!("\"{bad}\"")),
+            "{err}"
+        );
+        assert_eq!(run(var, good).status.code(), Some(0), "{var}={good}");
+    }
 }

@@ -227,7 +227,7 @@ pub(super) struct Header {
     pub(super) dmin: f32,
     /// Q4_K/Q5_K: the eight sub-block scales as 16-bit lanes, in both halves; Q6_K: the sixteen
     /// per-16 scales.
-    scales: __m256i,
+    pub(super) scales: __m256i,
     /// Q4_K/Q5_K: the eight sub-block minima as 16-bit lanes (Q6_K: unused).
     mins: __m128i,
 }
@@ -237,16 +237,36 @@ pub(super) trait KQuant {
     const BYTES: usize;
     /// Whether scales change every 16 weights (Q6_K) rather than every 32.
     const BY_16: bool;
+    /// Where the super-block's header (scales, `d`, `dmin`) starts, and its length; the rest, from
+    /// `DATA`, is 32-byte segments of weights (the regions [`super::packed`] repacks by).
+    const HEADER: usize;
+    const HEADER_LEN: usize;
+    const DATA: usize;
     /// What multiplies each 16 activations' sum (`c_h`, 16 lanes), for the interleaved kernel.
     unsafe fn corr_lanes(h: &Header) -> __m256i;
-    /// The super-block's `d`, `dmin` and integer scales.
-    unsafe fn header(p: *const u8) -> Header;
+    /// The super-block's `d`, `dmin` and integer scales, from its header bytes at `h`.
+    unsafe fn header_at(h: *const u8) -> Header;
     /// Group `g`'s scales as the product's 16-bit lanes: 0–7 for its weights 0–15, 8–15 for 16–31.
     unsafe fn group_scales(h: &Header, g: usize) -> __m256i;
+    /// The lane of [`Header::scales`] that scales half `h` (0, or 1 when `BY_16`) of group `g`.
+    fn scale_lane(g: usize, h: usize) -> usize;
     /// `C = Σ_h c_h · Σ xq_h` over the sixteen activation sums `xs` (exact), what `dmin` multiplies.
     unsafe fn corr(h: &Header, xs: *const i16) -> i32;
-    /// Group `g`'s 32 weights, unsigned.
-    unsafe fn group(p: *const u8, g: usize) -> __m256i;
+    /// Group `g`'s 32 weights, unsigned, from the weight segments, segment `s` at `data + stride · s`:
+    /// byte by byte, so that on a repacked group (stride 128, [`super::packed`]) it gives a chunk of
+    /// 8 weights of each of the four rows.
+    unsafe fn group_in(data: *const u8, stride: usize, g: usize) -> __m256i;
+
+    /// The header of the file's super-block at `p`.
+    #[inline(always)]
+    unsafe fn header(p: *const u8) -> Header {
+        Self::header_at(p.add(Self::HEADER))
+    }
+    /// Group `g`'s 32 weights of the file's super-block at `p`.
+    #[inline(always)]
+    unsafe fn group(p: *const u8, g: usize) -> __m256i {
+        Self::group_in(p.add(Self::DATA), 32, g)
+    }
 }
 
 pub(super) struct Q4K;
@@ -300,10 +320,11 @@ unsafe fn k45_corr(h: &Header, xs: *const i16) -> i32 {
     _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, 0b10_11_00_01)))
 }
 
-/// Group `g` of Q4_K/Q5_K's nibbles at `qs`: chunk `g / 2`, low nibbles for even `g`, high for odd.
+/// Group `g` of Q4_K/Q5_K's nibbles at `qs` (segments `stride` apart): segment `g / 2`, low nibbles
+/// for even `g`, high for odd.
 #[inline(always)]
-unsafe fn k45_nibbles(qs: *const u8, g: usize) -> __m256i {
-    let raw = _mm256_loadu_si256(qs.add(32 * (g / 2)) as *const __m256i);
+unsafe fn k45_nibbles(qs: *const u8, stride: usize, g: usize) -> __m256i {
+    let raw = _mm256_loadu_si256(qs.add(stride * (g / 2)) as *const __m256i);
     let raw = if g.is_multiple_of(2) {
         raw
     } else {
@@ -316,6 +337,13 @@ unsafe fn k45_nibbles(qs: *const u8, g: usize) -> __m256i {
 macro_rules! k45_shared {
     () => {
         const BY_16: bool = false;
+        const HEADER: usize = 0;
+        const HEADER_LEN: usize = 16;
+        const DATA: usize = 16;
+        #[inline(always)]
+        fn scale_lane(g: usize, _: usize) -> usize {
+            g
+        }
         #[inline(always)]
         unsafe fn corr_lanes(h: &Header) -> __m256i {
             _mm256_set_m128i(
@@ -324,8 +352,8 @@ macro_rules! k45_shared {
             )
         }
         #[inline(always)]
-        unsafe fn header(p: *const u8) -> Header {
-            k45_header(p)
+        unsafe fn header_at(h: *const u8) -> Header {
+            k45_header(h)
         }
         #[inline(always)]
         unsafe fn group_scales(h: &Header, g: usize) -> __m256i {
@@ -342,8 +370,8 @@ impl KQuant for Q4K {
     const BYTES: usize = 144;
     k45_shared!();
     #[inline(always)]
-    unsafe fn group(p: *const u8, g: usize) -> __m256i {
-        k45_nibbles(p.add(16), g)
+    unsafe fn group_in(data: *const u8, stride: usize, g: usize) -> __m256i {
+        k45_nibbles(data, stride, g)
     }
 }
 
@@ -351,31 +379,43 @@ impl KQuant for Q5K {
     const BYTES: usize = 176;
     k45_shared!();
     #[inline(always)]
-    unsafe fn group(p: *const u8, g: usize) -> __m256i {
-        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+    unsafe fn group_in(data: *const u8, stride: usize, g: usize) -> __m256i {
+        // Segment 0 holds the fifth bits, the nibbles follow.
+        let qh = _mm256_loadu_si256(data as *const __m256i);
         let bit = _mm256_and_si256(
             _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g as i32)),
             _mm256_set1_epi8(1),
         );
-        _mm256_or_si256(k45_nibbles(p.add(48), g), _mm256_slli_epi16(bit, 4))
+        _mm256_or_si256(
+            k45_nibbles(data.add(stride), stride, g),
+            _mm256_slli_epi16(bit, 4),
+        )
     }
 }
 
 impl KQuant for Q6K {
     const BYTES: usize = 210;
     const BY_16: bool = true;
+    const HEADER: usize = 192;
+    const HEADER_LEN: usize = 18;
+    const DATA: usize = 0;
+    #[inline(always)]
+    fn scale_lane(g: usize, h: usize) -> usize {
+        2 * g + h
+    }
     #[inline(always)]
     unsafe fn corr_lanes(h: &Header) -> __m256i {
         // The weights are q − 32: c_h = 32 · scale_h (|c_h| ≤ 4,096).
         _mm256_slli_epi16(h.scales, 5)
     }
     #[inline(always)]
-    unsafe fn header(p: *const u8) -> Header {
-        let d = f16_at(std::slice::from_raw_parts(p, 210), 208);
+    unsafe fn header_at(h: *const u8) -> Header {
+        // Sixteen signed scales, then d.
+        let d = f16_at(std::slice::from_raw_parts(h, 18), 16);
         Header {
             d,
             dmin: d,
-            scales: _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i)),
+            scales: _mm256_cvtepi8_epi16(_mm_loadu_si128(h as *const __m128i)),
             mins: _mm_setzero_si128(),
         }
     }
@@ -401,10 +441,11 @@ impl KQuant for Q6K {
         32 * super::avx2::hsum_epi32(_mm256_madd_epi16(h.scales, sums))
     }
     #[inline(always)]
-    unsafe fn group(p: *const u8, g: usize) -> __m256i {
+    unsafe fn group_in(data: *const u8, stride: usize, g: usize) -> __m256i {
+        // Segments 0–3: low nibbles (two per 128 weights); 4–5: high bits (one per 128).
         let (half, t) = (g / 4, g % 4);
-        let ql = _mm256_loadu_si256(p.add(64 * half + 32 * (t % 2)) as *const __m256i);
-        let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
+        let ql = _mm256_loadu_si256(data.add(stride * (2 * half + t % 2)) as *const __m256i);
+        let qh = _mm256_loadu_si256(data.add(stride * (4 + half)) as *const __m256i);
         let low = _mm256_set1_epi8(0x0F);
         let lo = if t < 2 {
             _mm256_and_si256(ql, low)

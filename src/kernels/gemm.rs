@@ -64,10 +64,7 @@ pub unsafe fn dot_block(
     acc: &mut [[f32; KR]; NW],
 ) {
     match (kind, rows) {
-        (Kind::KQuant, 1) => kquant_by_16::<1>(inter, x, r0, acc),
-        (Kind::KQuant, 2) => kquant_by_16::<2>(inter, x, r0, acc),
-        (Kind::KQuant, 3) => kquant_by_16::<3>(inter, x, r0, acc),
-        (Kind::KQuant, _) => kquant_by_16::<4>(inter, x, r0, acc),
+        (Kind::KQuant, _) => dot_quad(&mut &*inter, x, r0, rows, acc),
         (Kind::Unsigned, 1) => legacy::<1, false>(p, x, r0, acc),
         (Kind::Unsigned, _) => legacy::<2, false>(p, x, r0, acc),
         (Kind::Signed, 1) => legacy::<1, true>(p, x, r0, acc),
@@ -168,12 +165,7 @@ impl Interleaved {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn build_from<F: fused::KQuant>(&mut self, rows: [*const u8; NW], k: usize) {
         let kb = k / 256;
-        self.q.resize(NW * k, 0);
-        self.sv.resize(kb * 8, [[0; 16]; 2]);
-        self.corr.resize(kb, [[0; 16]; NW]);
-        self.d.resize(kb, [0.0; 8]);
-        self.dmin.resize(kb, [0.0; 8]);
-        self.by_16 = F::BY_16;
+        self.resize(kb, F::BY_16);
         let q = self.q.as_mut_ptr();
         // The rows' super-blocks `dist` bytes ahead, as the decoding kernels ask for them (Qwen2.5-1.5B
         // on the Xeon, two rounds: batch 8 36.7 / 37.0 → 38.6 / 38.5 tokens/s, batch 32 66.1 / 64.6 →
@@ -190,32 +182,111 @@ impl Interleaved {
             for g in 0..8 {
                 let [a, bb, c, d] = p.map(|p| F::group(p, g));
                 store_transposed(q.add(4 * (256 * b + 32 * g)), a, bb, c, d);
-                // Row w's scales for the group's two halves, into lanes 4w … 4w + 3.
-                let s: [__m256i; NW] = std::array::from_fn(|w| F::group_scales(&hdr[w], g));
-                let sv = self.sv.get_unchecked_mut(8 * b + g);
-                for (h, out) in sv.iter_mut().enumerate().take(if F::BY_16 { 2 } else { 1 }) {
-                    // lane 0 (low half) or lane 8 (high half) of each row's scales, as 64 bits
-                    let pick = |v: __m256i| {
-                        if h == 0 {
-                            _mm256_extract_epi64(v, 0)
-                        } else {
-                            _mm256_extract_epi64(v, 2)
-                        }
-                    };
-                    let v = _mm256_setr_epi64x(pick(s[0]), pick(s[1]), pick(s[2]), pick(s[3]));
-                    _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v);
+            }
+            self.store_meta::<F>(b, &hdr);
+        }
+    }
+
+    /// Interleaves a group of four rows repacked at load ([`super::packed`]): its chunks are already
+    /// interleaved, only decoded here.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `group` holds four repacked rows of `k` weights of `format`, a k-quant.
+    pub unsafe fn build_packed(&mut self, format: BlockFormat, group: &[u8], k: usize) {
+        debug_assert_eq!(group.len(), NW * format.row_bytes(k).unwrap_or(0));
+        match format {
+            BlockFormat::Q4K => self.build_from_packed::<fused::Q4K>(group.as_ptr(), k),
+            BlockFormat::Q5K => self.build_from_packed::<fused::Q5K>(group.as_ptr(), k),
+            BlockFormat::Q6K => self.build_from_packed::<fused::Q6K>(group.as_ptr(), k),
+            _ => unreachable!("only k-quants are repacked"),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn build_from_packed<F: fused::KQuant>(&mut self, group: *const u8, k: usize) {
+        let kb = k / 256;
+        self.resize(kb, F::BY_16);
+        let q = self.q.as_mut_ptr() as *mut __m256i;
+        for b in 0..kb {
+            let src = Packed::<F>::at(group, b);
+            for g in 0..8 {
+                for c in 0..4 {
+                    let v = F::group_in(src.add(NW * F::HEADER_LEN + 32 * c), 128, g);
+                    _mm256_storeu_si256(q.add(4 * (8 * b + g) + c), v);
                 }
             }
-            let corr = self.corr.get_unchecked_mut(b);
-            for w in 0..NW {
-                _mm256_storeu_si256(corr[w].as_mut_ptr() as *mut __m256i, F::corr_lanes(&hdr[w]));
-            }
-            for lane in 0..8 {
-                let w = pair_lanes(lane).1;
-                self.d[b][lane] = hdr[w].d;
-                self.dmin[b][lane] = hdr[w].dmin;
-            }
+            self.store_meta::<F>(b, &Packed::<F>::headers(src));
         }
+    }
+
+    /// Sizes the buffers for `kb` super-blocks.
+    fn resize(&mut self, kb: usize, by_16: bool) {
+        self.q.resize(NW * 256 * kb, 0);
+        self.sv.resize(kb * 8, [[0; 16]; 2]);
+        self.corr.resize(kb, [[0; 16]; NW]);
+        self.d.resize(kb, [0.0; 8]);
+        self.dmin.resize(kb, [0.0; 8]);
+        self.by_16 = by_16;
+    }
+
+    /// Super-block `b`'s scales, corrections, `d` and `dmin` from the four rows' headers.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn store_meta<F: fused::KQuant>(&mut self, b: usize, hdr: &[fused::Header; NW]) {
+        let sv = &mut self.sv[8 * b..8 * b + 8];
+        let meta = Meta {
+            corr: self.corr.get_unchecked_mut(b),
+            d: self.d.get_unchecked_mut(b),
+            dmin: self.dmin.get_unchecked_mut(b),
+        };
+        fill_meta::<F>(hdr, sv, meta);
+    }
+}
+
+/// Where [`fill_meta`] writes a super-block's corrections, `d` and `dmin`.
+struct Meta<'a> {
+    corr: &'a mut [[i16; 16]; NW],
+    d: &'a mut [f32; 8],
+    dmin: &'a mut [f32; 8],
+}
+
+/// A super-block's scales per group (`sv`, eight entries: row `w`'s in lanes `4w … 4w + 3`), and its
+/// corrections, `d` and `dmin` (lanes in [`pair_lanes`]' order) from the four rows' headers.
+/// (A target-feature function, so that its closures are compiled with the features too.)
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_meta<F: fused::KQuant>(
+    hdr: &[fused::Header; NW],
+    sv: &mut [[[i16; 16]; 2]],
+    meta: Meta,
+) {
+    for (g, out) in sv.iter_mut().enumerate().take(8) {
+        // Row w's scales for the group's two halves, into lanes 4w … 4w + 3.
+        let s: [__m256i; NW] = std::array::from_fn(|w| F::group_scales(&hdr[w], g));
+        for (h, out) in out
+            .iter_mut()
+            .enumerate()
+            .take(if F::BY_16 { 2 } else { 1 })
+        {
+            // lane 0 (low half) or lane 8 (high half) of each row's scales, as 64 bits
+            let pick = |v: __m256i| {
+                if h == 0 {
+                    _mm256_extract_epi64(v, 0)
+                } else {
+                    _mm256_extract_epi64(v, 2)
+                }
+            };
+            let v = _mm256_setr_epi64x(pick(s[0]), pick(s[1]), pick(s[2]), pick(s[3]));
+            _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v);
+        }
+    }
+    for (out, h) in meta.corr.iter_mut().zip(hdr) {
+        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, F::corr_lanes(h));
+    }
+    for lane in 0..8 {
+        let w = pair_lanes(lane).1;
+        meta.d[lane] = hdr[w].d;
+        meta.dmin[lane] = hdr[w].dmin;
     }
 }
 
@@ -244,29 +315,229 @@ unsafe fn transpose_chunks(p: &[Prepared; NW], k: usize, out: *mut u8) {
     }
 }
 
-/// k-quants on interleaved rows: per group, the chunks' products summed in 16 bits, then one `madd`
-/// by the scales (two for Q6_K). Per super-block,
-/// the exact integer sums are reduced and put through [`super::avx2::kquant_step`]'s float
-/// operations lane by lane, so the results are the other kernels' bits.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kquant_by_16<const RR: usize>(
-    p: &Interleaved,
-    x: &Acts,
-    r0: usize,
-    acc: &mut [[f32; KR]; NW],
-) {
-    if p.by_16 {
-        kquant::<RR, true>(p, x, r0, acc)
-    } else {
-        kquant::<RR, false>(p, x, r0, acc)
+/// Four interleaved k-quant weight rows as the kernels read them, a super-block at a time: built per
+/// product from the file's rows ([`Interleaved`]) or repacked at load ([`Packed`]). The kernels are
+/// generic over it, so both feed the same instructions and the same float step.
+pub(super) trait Quad {
+    /// Whether any row scales per 16 weights (Q6_K): then the chunks are summed two by two.
+    fn by_16(&self) -> bool;
+    /// Readies super-block `b` (a repacked group decodes its four headers here).
+    unsafe fn begin(&mut self, b: usize);
+    /// Chunk `c` (weights `8c … 8c + 7`) of group `g` of super-block `b`, the four rows in turn.
+    unsafe fn chunk(&self, b: usize, g: usize, c: usize) -> __m256i;
+    /// Group `g`'s scales of half `h` (`h` = 1 only when [`by_16`](Self::by_16)).
+    unsafe fn scales(&self, b: usize, g: usize, h: usize) -> __m256i;
+    /// Super-block `b`'s `d` and `dmin`, in [`pair_lanes`]' order.
+    unsafe fn d(&self, b: usize) -> (__m256, __m256);
+    /// What multiplies each 16 activations' sum, per row.
+    unsafe fn corr(&self, b: usize) -> [__m256i; NW];
+}
+
+impl Quad for &Interleaved {
+    fn by_16(&self) -> bool {
+        self.by_16
+    }
+    #[inline(always)]
+    unsafe fn begin(&mut self, _: usize) {}
+    #[inline(always)]
+    unsafe fn chunk(&self, b: usize, g: usize, c: usize) -> __m256i {
+        _mm256_loadu_si256(self.q.as_ptr().add(4 * (256 * b + 32 * g + 8 * c)) as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize, g: usize, h: usize) -> __m256i {
+        _mm256_loadu_si256(self.sv.get_unchecked(8 * b + g)[h].as_ptr() as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn d(&self, b: usize) -> (__m256, __m256) {
+        (
+            _mm256_loadu_ps(self.d.get_unchecked(b).as_ptr()),
+            _mm256_loadu_ps(self.dmin.get_unchecked(b).as_ptr()),
+        )
+    }
+    #[inline(always)]
+    unsafe fn corr(&self, b: usize) -> [__m256i; NW] {
+        // No closures (they would not inherit the kernels' target features).
+        let c = self.corr.get_unchecked(b);
+        let at = |w: usize| c[w].as_ptr() as *const __m256i;
+        [
+            _mm256_loadu_si256(at(0)),
+            _mm256_loadu_si256(at(1)),
+            _mm256_loadu_si256(at(2)),
+            _mm256_loadu_si256(at(3)),
+        ]
     }
 }
 
+/// A group of four rows repacked at load ([`super::packed`]), read in place: the chunks decoded from
+/// their nibbles as they are multiplied; each super-block's headers decoded when it begins and kept in
+/// registers, a group's scales shuffled out of them when asked for (building them into memory as
+/// [`Interleaved`] does cost more than the products at batch 1).
+pub(super) struct Packed<F> {
+    group: *const u8,
+    /// Bytes ahead the next super-blocks are asked for (0: not).
+    ahead: usize,
+    /// The rows' scales (16-bit lanes of [`fused::Header::scales`]): `even[s]` holds rows 0 and 2's
+    /// lanes `8s … 8s + 7` in its two 128-bit halves, `odd[s]` rows 1 and 3's.
+    even: [__m256i; 2],
+    odd: [__m256i; 2],
+    corr: [__m256i; NW],
+    d: __m256,
+    dmin: __m256,
+    format: std::marker::PhantomData<F>,
+}
+
+impl<F: fused::KQuant> Packed<F> {
+    /// The repacked group at `group` (four rows of `x.k` weights of `F`).
+    pub(super) fn new(group: *const u8) -> Self {
+        Self {
+            group,
+            // The four rows' streams are one here: four times the bytes per step of a row's.
+            ahead: NW * super::dot::prefetch_distance(),
+            // SAFETY (all four): zero vectors, replaced by `begin` before they are read.
+            even: unsafe { [_mm256_setzero_si256(); 2] },
+            odd: unsafe { [_mm256_setzero_si256(); 2] },
+            corr: unsafe { [_mm256_setzero_si256(); NW] },
+            d: unsafe { _mm256_setzero_ps() },
+            dmin: unsafe { _mm256_setzero_ps() },
+            format: std::marker::PhantomData,
+        }
+    }
+
+    /// Super-block `b` of the group at `group`.
+    #[inline(always)]
+    unsafe fn at(group: *const u8, b: usize) -> *const u8 {
+        group.add(b * NW * F::BYTES)
+    }
+
+    /// The four rows' headers of the repacked super-block at `src`.
+    #[inline(always)]
+    unsafe fn headers(src: *const u8) -> [fused::Header; NW] {
+        [
+            F::header_at(src),
+            F::header_at(src.add(F::HEADER_LEN)),
+            F::header_at(src.add(2 * F::HEADER_LEN)),
+            F::header_at(src.add(3 * F::HEADER_LEN)),
+        ]
+    }
+}
+
+impl<F: fused::KQuant> Quad for Packed<F> {
+    fn by_16(&self) -> bool {
+        F::BY_16
+    }
+    #[inline(always)]
+    unsafe fn begin(&mut self, b: usize) {
+        let src = Self::at(self.group, b);
+        if self.ahead > 0 {
+            super::dot::prefetch_lines(src.wrapping_add(self.ahead), NW * F::BYTES);
+        }
+        let h = Self::headers(src);
+        for s in 0..2 {
+            // 0x20: both low halves; 0x31: both high halves.
+            let (e, o) = if s == 0 {
+                (
+                    _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x20),
+                    _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x20),
+                )
+            } else {
+                (
+                    _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x31),
+                    _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x31),
+                )
+            };
+            self.even[s] = e;
+            self.odd[s] = o;
+        }
+        for (c, h) in self.corr.iter_mut().zip(&h) {
+            *c = F::corr_lanes(h);
+        }
+        // Lanes in `pair_lanes`' order: rows 0 1 0 1 2 3 2 3.
+        self.d = _mm256_setr_ps(
+            h[0].d, h[1].d, h[0].d, h[1].d, h[2].d, h[3].d, h[2].d, h[3].d,
+        );
+        self.dmin = _mm256_setr_ps(
+            h[0].dmin, h[1].dmin, h[0].dmin, h[1].dmin, h[2].dmin, h[3].dmin, h[2].dmin, h[3].dmin,
+        );
+    }
+    #[inline(always)]
+    unsafe fn chunk(&self, b: usize, g: usize, c: usize) -> __m256i {
+        let data = Self::at(self.group, b).add(NW * F::HEADER_LEN + 32 * c);
+        F::group_in(data, 128, g)
+    }
+    #[inline(always)]
+    unsafe fn scales(&self, _: usize, g: usize, h: usize) -> __m256i {
+        // The lane everywhere in each half, then rows 0, 1 | 2, 3 four lanes each: the values
+        // `fill_meta` stores.
+        let lane = F::scale_lane(g, h);
+        let (s, l) = (lane / 8, lane % 8);
+        let pick = _mm256_set1_epi16((((2 * l + 1) << 8) | (2 * l)) as i16);
+        let e = _mm256_shuffle_epi8(self.even[s], pick);
+        let o = _mm256_shuffle_epi8(self.odd[s], pick);
+        _mm256_blend_epi32(e, o, 0b1100_1100)
+    }
+    #[inline(always)]
+    unsafe fn d(&self, _: usize) -> (__m256, __m256) {
+        (self.d, self.dmin)
+    }
+    #[inline(always)]
+    unsafe fn corr(&self, _: usize) -> [__m256i; NW] {
+        self.corr
+    }
+}
+
+/// Products of the four repacked rows `group` (k-quant `format`) with activation rows
+/// `r0 .. r0 + rows` (1 ≤ rows ≤ [`KR`]) into `acc[w][i]`, read in place.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `group` holds four repacked rows of `x.k` weights of `format` and `x` the rows
+/// asked for, in 256-wide activation blocks.
+pub unsafe fn dot_packed(
+    format: BlockFormat,
+    group: &[u8],
+    x: &Acts,
+    r0: usize,
+    rows: usize,
+    acc: &mut [[f32; KR]; NW],
+) {
+    let g = group.as_ptr();
+    match format {
+        BlockFormat::Q4K => dot_quad(&mut Packed::<fused::Q4K>::new(g), x, r0, rows, acc),
+        BlockFormat::Q5K => dot_quad(&mut Packed::<fused::Q5K>::new(g), x, r0, rows, acc),
+        BlockFormat::Q6K => dot_quad(&mut Packed::<fused::Q6K>::new(g), x, r0, rows, acc),
+        _ => unreachable!("only k-quants are repacked"),
+    }
+}
+
+/// [`kquant`] for 1 ≤ `rows` ≤ [`KR`] activation rows.
+#[inline(always)]
+unsafe fn dot_quad<S: Quad>(
+    p: &mut S,
+    x: &Acts,
+    r0: usize,
+    rows: usize,
+    acc: &mut [[f32; KR]; NW],
+) {
+    match (p.by_16(), rows) {
+        (false, 1) => kquant::<S, 1, false>(p, x, r0, acc),
+        (false, 2) => kquant::<S, 2, false>(p, x, r0, acc),
+        (false, 3) => kquant::<S, 3, false>(p, x, r0, acc),
+        (false, _) => kquant::<S, 4, false>(p, x, r0, acc),
+        (true, 1) => kquant::<S, 1, true>(p, x, r0, acc),
+        (true, 2) => kquant::<S, 2, true>(p, x, r0, acc),
+        (true, 3) => kquant::<S, 3, true>(p, x, r0, acc),
+        (true, _) => kquant::<S, 4, true>(p, x, r0, acc),
+    }
+}
+
+/// k-quants on interleaved rows: per group, the chunks' products summed in 16 bits, then one `madd`
+/// by the scales (two for Q6_K). Per super-block, the exact integer sums are reduced and put through
+/// [`super::avx2::kquant_step`]'s float operations lane by lane, so the results are the other
+/// kernels' bits.
 // Indexes are clearer than iterators here: `h` picks both chunks and scales, `pair` two rows.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kquant<const RR: usize, const BY_16: bool>(
-    p: &Interleaved,
+unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
+    p: &mut S,
     x: &Acts,
     r0: usize,
     acc: &mut [[f32; KR]; NW],
@@ -274,19 +545,18 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
     debug_assert_eq!(x.block, 256);
     let (k, kb) = (x.k, x.k / 256);
     let xq = x.row(r0).as_ptr();
-    let q = p.q.as_ptr();
     let mut total: Totals = [_mm256_setzero_ps(); KR / 2];
     for b in 0..kb {
+        p.begin(b);
         let mut isum = [_mm256_setzero_si256(); RR];
         for g in 0..8 {
             let at = 256 * b + 32 * g;
-            let sv = p.sv.get_unchecked(8 * b + g);
             let halves = if BY_16 { 2 } else { 1 };
             for h in 0..halves {
                 let chunks = if BY_16 { 2 * h..2 * h + 2 } else { 0..4 };
                 let mut part = [_mm256_setzero_si256(); RR];
                 for c in chunks {
-                    let wv = _mm256_loadu_si256(q.add(4 * (at + 8 * c)) as *const __m256i);
+                    let wv = p.chunk(b, g, c);
                     for (i, s) in part.iter_mut().enumerate() {
                         let xv = _mm256_set1_epi64x(std::ptr::read_unaligned(
                             xq.add(i * k + at + 8 * c) as *const i64,
@@ -294,13 +564,14 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
                         *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(wv, xv));
                     }
                 }
-                let scales = _mm256_loadu_si256(sv[h].as_ptr() as *const __m256i);
+                let scales = p.scales(b, g, h);
                 for i in 0..RR {
                     isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(part[i], scales));
                 }
             }
         }
-        finish_block(p, b, &isum, x, r0, &mut total);
+        let (dv, dminv) = p.d(b);
+        finish_block(dv, dminv, p.corr(b), b, &isum, x, r0, &mut total);
     }
     store_totals::<RR>(&total, acc);
 }
@@ -308,15 +579,17 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
 /// Per-pair float sums of [`kquant`]'s activation rows (lanes in [`pair_lanes`]' order).
 pub(super) type Totals = [__m256; KR / 2];
 
-/// The float step of super-block `b` for the four interleaved rows `p` and activation rows
-/// `r0 .. r0 + RR`, from the exact integer sums `isum[i]` (lanes `2w`, `2w + 1` of row `i` belong to
-/// weight row `w`): [`super::avx2::kquant_step`]'s operations, lane by lane. Shared by every kernel
-/// on interleaved rows, so their bits are the same.
+/// The float step of super-block `b` for four interleaved rows (`d`, `dmin` and corrections `corr`)
+/// and activation rows `r0 .. r0 + RR`, from the exact integer sums `isum[i]` (lanes `2w`, `2w + 1` of
+/// row `i` belong to weight row `w`): [`super::avx2::kquant_step`]'s operations, lane by lane. Shared
+/// by every kernel on interleaved rows, so their bits are the same.
 // `pair` picks two sums, two corrections, two scales and one total.
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 #[inline(always)]
-pub(super) unsafe fn finish_block<const RR: usize>(
-    p: &Interleaved,
+unsafe fn finish_block<const RR: usize>(
+    dv: __m256,
+    dminv: __m256,
+    corr: [__m256i; NW],
     b: usize,
     isum: &[__m256i; RR],
     x: &Acts,
@@ -326,9 +599,6 @@ pub(super) unsafe fn finish_block<const RR: usize>(
     let (k, kb) = (x.k, x.k / 256);
     let xd = x.scales(r0).as_ptr();
     let xs = x.row_sums(r0).as_ptr();
-    let dv = _mm256_loadu_ps(p.d.get_unchecked(b).as_ptr());
-    let dminv = _mm256_loadu_ps(p.dmin.get_unchecked(b).as_ptr());
-    let corr = p.corr.get_unchecked(b);
     for pair in 0..RR.div_ceil(2) {
         let (i0, i1) = (2 * pair, (2 * pair + 1).min(RR - 1));
         let s = _mm256_hadd_epi32(isum[i0], isum[i1]);
@@ -363,17 +633,14 @@ pub(super) unsafe fn store_totals<const RR: usize>(total: &Totals, acc: &mut [[f
 /// For activation row `i` and super-block `b`: `Σ_h corr[w][h] · Σ xq_h` for the four weight rows, in
 /// lanes 0–3 (exact integers).
 #[inline(always)]
-unsafe fn corr_sums(
-    xs: *const i16,
-    k: usize,
-    b: usize,
-    i: usize,
-    corr: &[[i16; 16]; NW],
-) -> __m128i {
+unsafe fn corr_sums(xs: *const i16, k: usize, b: usize, i: usize, corr: [__m256i; NW]) -> __m128i {
     let sums = _mm256_loadu_si256(xs.add(i * (k / 16) + 16 * b) as *const __m256i);
-    let m: [__m256i; NW] = std::array::from_fn(|w| {
-        _mm256_madd_epi16(sums, _mm256_loadu_si256(corr[w].as_ptr() as *const __m256i))
-    });
+    let m = [
+        _mm256_madd_epi16(sums, corr[0]),
+        _mm256_madd_epi16(sums, corr[1]),
+        _mm256_madd_epi16(sums, corr[2]),
+        _mm256_madd_epi16(sums, corr[3]),
+    ];
     let t = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
     _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1))
 }

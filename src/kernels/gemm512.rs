@@ -11,7 +11,8 @@
 //! kernel's bits.
 
 use super::acts::Acts;
-use super::gemm::{store_totals, Interleaved, Totals, KR, NW};
+use super::gemm::{store_totals, Interleaved, Packed, Quad, Totals, KR, NW};
+use super::{fused, BlockFormat};
 use std::arch::x86_64::*;
 
 /// Products of the eight weight rows interleaved in `p[0]` and `p[1]` (both of one chunk summing,
@@ -22,39 +23,68 @@ use std::arch::x86_64::*;
 /// The CPU must support AVX-512F and AVX-512BW as well as AVX2, FMA and F16C; both blocks must be
 /// built for `x.k` weights and `x` hold the rows asked for, in 256-wide activation blocks.
 pub unsafe fn dot_pair(
-    p: [&Interleaved; 2],
+    mut p: [&Interleaved; 2],
     x: &Acts,
     r0: usize,
     rows: usize,
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
     debug_assert_eq!(p[0].by_16, p[1].by_16);
-    match (p[0].by_16, rows) {
-        (false, 1) => kquant::<1, false>(p, x, r0, acc),
-        (false, 2) => kquant::<2, false>(p, x, r0, acc),
-        (false, 3) => kquant::<3, false>(p, x, r0, acc),
-        (false, _) => kquant::<4, false>(p, x, r0, acc),
-        (true, 1) => kquant::<1, true>(p, x, r0, acc),
-        (true, 2) => kquant::<2, true>(p, x, r0, acc),
-        (true, 3) => kquant::<3, true>(p, x, r0, acc),
-        (true, _) => kquant::<4, true>(p, x, r0, acc),
+    dot_quads(&mut p, x, r0, rows, acc)
+}
+
+/// [`dot_pair`] on two groups of four rows repacked at load ([`super::packed`]), both of `format`.
+///
+/// # Safety
+/// As [`dot_pair`]; both groups hold four repacked rows of `x.k` weights of `format`, a k-quant.
+pub unsafe fn dot_packed_pair(
+    format: BlockFormat,
+    groups: [&[u8]; 2],
+    x: &Acts,
+    r0: usize,
+    rows: usize,
+    acc: &mut [[[f32; KR]; NW]; 2],
+) {
+    let g = groups.map(|g| g.as_ptr());
+    match format {
+        BlockFormat::Q4K => dot_quads(&mut g.map(Packed::<fused::Q4K>::new), x, r0, rows, acc),
+        BlockFormat::Q5K => dot_quads(&mut g.map(Packed::<fused::Q5K>::new), x, r0, rows, acc),
+        BlockFormat::Q6K => dot_quads(&mut g.map(Packed::<fused::Q6K>::new), x, r0, rows, acc),
+        _ => unreachable!("only k-quants are repacked"),
     }
 }
 
-/// Two 32-byte vectors as one 512-bit vector, `lo` in the low half.
 #[inline(always)]
-unsafe fn join(lo: *const u8, hi: *const u8) -> __m512i {
-    _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_loadu_si256(lo as *const __m256i)),
-        _mm256_loadu_si256(hi as *const __m256i),
-    )
+unsafe fn dot_quads<S: Quad>(
+    p: &mut [S; 2],
+    x: &Acts,
+    r0: usize,
+    rows: usize,
+    acc: &mut [[[f32; KR]; NW]; 2],
+) {
+    match (p[0].by_16(), rows) {
+        (false, 1) => kquant::<S, 1, false>(p, x, r0, acc),
+        (false, 2) => kquant::<S, 2, false>(p, x, r0, acc),
+        (false, 3) => kquant::<S, 3, false>(p, x, r0, acc),
+        (false, _) => kquant::<S, 4, false>(p, x, r0, acc),
+        (true, 1) => kquant::<S, 1, true>(p, x, r0, acc),
+        (true, 2) => kquant::<S, 2, true>(p, x, r0, acc),
+        (true, 3) => kquant::<S, 3, true>(p, x, r0, acc),
+        (true, _) => kquant::<S, 4, true>(p, x, r0, acc),
+    }
+}
+
+/// Two 256-bit vectors as one 512-bit vector, `lo` in the low half.
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
 // Indexes are clearer than iterators here: `h` picks both chunks and scales.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn kquant<const RR: usize, const BY_16: bool>(
-    p: [&Interleaved; 2],
+unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
+    p: &mut [S; 2],
     x: &Acts,
     r0: usize,
     acc: &mut [[[f32; KR]; NW]; 2],
@@ -62,20 +92,19 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
     debug_assert_eq!(x.block, 256);
     let (k, kb) = (x.k, x.k / 256);
     let xq = x.row(r0).as_ptr();
-    let q = p.map(|p| p.q.as_ptr());
     let mut total = [_mm512_setzero_ps(); KR / 2];
     for b in 0..kb {
+        p[0].begin(b);
+        p[1].begin(b);
         let mut isum = [_mm512_setzero_si512(); RR];
         for g in 0..8 {
             let at = 256 * b + 32 * g;
-            let sv = p.map(|p| p.sv.get_unchecked(8 * b + g));
             let halves = if BY_16 { 2 } else { 1 };
             for h in 0..halves {
                 let chunks = if BY_16 { 2 * h..2 * h + 2 } else { 0..4 };
                 let mut part = [_mm512_setzero_si512(); RR];
                 for c in chunks {
-                    let off = 4 * (at + 8 * c);
-                    let wv = join(q[0].add(off), q[1].add(off));
+                    let wv = join(p[0].chunk(b, g, c), p[1].chunk(b, g, c));
                     for (i, s) in part.iter_mut().enumerate() {
                         let xv = _mm512_set1_epi64(std::ptr::read_unaligned(
                             xq.add(i * k + at + 8 * c) as *const i64,
@@ -84,10 +113,7 @@ unsafe fn kquant<const RR: usize, const BY_16: bool>(
                         *s = _mm512_add_epi16(*s, _mm512_maddubs_epi16(wv, xv));
                     }
                 }
-                let scales = join(
-                    sv[0][h].as_ptr() as *const u8,
-                    sv[1][h].as_ptr() as *const u8,
-                );
+                let scales = join(p[0].scales(b, g, h), p[1].scales(b, g, h));
                 for i in 0..RR {
                     isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales));
                 }
@@ -122,8 +148,8 @@ unsafe fn hadd(a: __m512i, b: __m512i) -> __m512i {
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn finish_pair<const RR: usize>(
-    p: [&Interleaved; 2],
+unsafe fn finish_pair<S: Quad, const RR: usize>(
+    p: &[S; 2],
     b: usize,
     isum: &[__m512i; RR],
     x: &Acts,
@@ -135,14 +161,13 @@ unsafe fn finish_pair<const RR: usize>(
     let xs = x.row_sums(r0).as_ptr();
     // No closures here: they would not inherit the caller's target features, and every intrinsic in
     // them would become a call.
-    let (d0, d1) = (p[0].d.get_unchecked(b), p[1].d.get_unchecked(b));
-    let dv = _mm512_castsi512_ps(join(d0.as_ptr() as *const u8, d1.as_ptr() as *const u8));
-    let (m0, m1) = (p[0].dmin.get_unchecked(b), p[1].dmin.get_unchecked(b));
-    let dminv = _mm512_castsi512_ps(join(m0.as_ptr() as *const u8, m1.as_ptr() as *const u8));
-    let (c0, c1) = (p[0].corr.get_unchecked(b), p[1].corr.get_unchecked(b));
+    let ((d0, m0), (d1, m1)) = (p[0].d(b), p[1].d(b));
+    let dv = _mm512_castsi512_ps(join(_mm256_castps_si256(d0), _mm256_castps_si256(d1)));
+    let dminv = _mm512_castsi512_ps(join(_mm256_castps_si256(m0), _mm256_castps_si256(m1)));
+    let (c0, c1) = (p[0].corr(b), p[1].corr(b));
     let mut cw = [_mm512_setzero_si512(); NW];
     for w in 0..NW {
-        cw[w] = join(c0[w].as_ptr() as *const u8, c1[w].as_ptr() as *const u8);
+        cw[w] = join(c0[w], c1[w]);
     }
     // Per activation row: `Σ_h corr[w][h] · Σ xq_h` for the four rows of each block, block s's in
     // 128-bit lane 2s (exact integers, as `gemm::corr_sums`).

@@ -17,7 +17,8 @@
 //!   512-bit vectors where the CPU has AVX-512 (the same integer sums and float step, so the same bits);
 //! - [`dot`]: the choice of path and the portable kernel they are tested against;
 //! - [`driver`]: the multi-row driver: output columns split across threads, activation rows in tiles
-//!   that stay in cache.
+//!   that stay in cache;
+//! - [`packed`]: k-quant rows repacked at load four at a time, the layout the multi-row kernels read.
 
 pub mod acts;
 #[cfg(target_arch = "x86_64")]
@@ -33,6 +34,7 @@ pub mod gemm;
 pub mod gemm512;
 pub mod kquants;
 pub mod legacy;
+pub mod packed;
 
 pub use format::BlockFormat;
 
@@ -92,9 +94,30 @@ struct Part {
     /// First output row of this part.
     start: usize,
     rows: usize,
-    /// The file's blocks, row-major: `rows × row_bytes`.
+    /// The file's blocks, row-major: `rows × row_bytes`; when `packed`, every whole group of
+    /// [`packed::GROUP_ROWS`] rows repacked ([`packed`]), a last smaller group as in the file.
     bytes: Vec<u8>,
     row_bytes: usize,
+    packed: bool,
+}
+
+impl Part {
+    /// Rows held repacked: the whole groups of four when `packed`.
+    fn packed_rows(&self) -> usize {
+        if self.packed {
+            self.rows / packed::GROUP_ROWS * packed::GROUP_ROWS
+        } else {
+            0
+        }
+    }
+
+    /// Puts the rows back as the file stored them.
+    fn unpack(&mut self) {
+        if self.packed {
+            packed::unpack(self.format, &mut self.bytes, self.rows, self.row_bytes);
+            self.packed = false;
+        }
+    }
 }
 
 /// A `[n, k]` weight matrix (`n` outputs, `k` inputs) held in the file's quantized blocks, possibly
@@ -134,12 +157,24 @@ pub enum KernelError {
 }
 
 impl QMatrix {
-    /// A matrix from the file's blocks (`n` rows of `k` weights).
+    /// A matrix from the file's blocks (`n` rows of `k` weights), k-quants repacked unless
+    /// `KVBENCH_REPACK=0` ([`repack_enabled`]).
     pub fn new(
         format: BlockFormat,
         bytes: Vec<u8>,
         n: usize,
         k: usize,
+    ) -> Result<Self, KernelError> {
+        Self::with_layout(format, bytes, n, k, repack_enabled())
+    }
+
+    /// [`new`](Self::new), k-quants repacked ([`packed`]) or not as `repack` says.
+    pub fn with_layout(
+        format: BlockFormat,
+        bytes: Vec<u8>,
+        n: usize,
+        k: usize,
+        repack: bool,
     ) -> Result<Self, KernelError> {
         let row_bytes = format.row_bytes(k)?;
         let expected = row_bytes.saturating_mul(n);
@@ -152,6 +187,11 @@ impl QMatrix {
                 format,
             });
         }
+        let mut bytes = bytes;
+        let packed = packed::repacks(format) && repack;
+        if packed {
+            packed::pack(format, &mut bytes, n, row_bytes);
+        }
         Ok(Self {
             parts: vec![Part {
                 format,
@@ -159,6 +199,7 @@ impl QMatrix {
                 rows: n,
                 bytes,
                 row_bytes,
+                packed,
             }],
             n,
             k,
@@ -176,7 +217,7 @@ impl QMatrix {
             return Err(KernelError::Families);
         }
         let mut parts = Vec::new();
-        let mut n = 0;
+        let mut n: usize = 0;
         for m in mats {
             if m.k != k {
                 return Err(KernelError::Inputs {
@@ -185,6 +226,10 @@ impl QMatrix {
                 });
             }
             for mut p in m.parts {
+                if !n.is_multiple_of(packed::GROUP_ROWS) {
+                    // The kernels take a repacked group as four aligned output columns.
+                    p.unpack();
+                }
                 p.start = n;
                 n += p.rows;
                 parts.push(p);
@@ -232,21 +277,67 @@ impl QMatrix {
         self.parts.iter().any(|p| p.format.has_min())
     }
 
-    /// Row `j`'s blocks and format.
     #[inline]
-    pub fn row(&self, j: usize) -> (BlockFormat, &[u8]) {
-        let p = self
-            .parts
+    fn part(&self, j: usize) -> &Part {
+        self.parts
             .iter()
             .find(|p| j < p.start + p.rows)
-            .expect("row index inside the matrix");
+            .expect("row index inside the matrix")
+    }
+
+    /// Row `j`'s blocks and format, for a row held as in the file (see [`is_packed`](Self::is_packed)).
+    #[inline]
+    pub fn row(&self, j: usize) -> (BlockFormat, &[u8]) {
+        let p = self.part(j);
         let r = j - p.start;
+        debug_assert!(r >= p.packed_rows(), "row {j} is repacked");
         (p.format, &p.bytes[r * p.row_bytes..(r + 1) * p.row_bytes])
+    }
+
+    /// Row `j`'s format.
+    #[inline]
+    pub fn format(&self, j: usize) -> BlockFormat {
+        self.part(j).format
+    }
+
+    /// Whether row `j` is held repacked ([`packed`]).
+    #[inline]
+    pub fn is_packed(&self, j: usize) -> bool {
+        let p = self.part(j);
+        j - p.start < p.packed_rows()
+    }
+
+    /// The repacked group of four rows that starts at row `j`, with its format; `None` when rows
+    /// `j .. j + 4` are not one such group.
+    #[inline]
+    pub fn packed_group(&self, j: usize) -> Option<(BlockFormat, &[u8])> {
+        let p = self.part(j);
+        let r = j - p.start;
+        (r.is_multiple_of(packed::GROUP_ROWS) && r < p.packed_rows()).then(|| {
+            let group = packed::GROUP_ROWS * p.row_bytes;
+            (p.format, &p.bytes[r * p.row_bytes..][..group])
+        })
+    }
+
+    /// Row `j` as the file stored it: its own bytes, or put back together into `buf` when it is
+    /// repacked.
+    pub fn raw_row<'a>(&'a self, j: usize, buf: &'a mut Vec<u8>) -> (BlockFormat, &'a [u8]) {
+        let p = self.part(j);
+        let r = j - p.start;
+        if r >= p.packed_rows() {
+            return (p.format, &p.bytes[r * p.row_bytes..(r + 1) * p.row_bytes]);
+        }
+        let first = r / packed::GROUP_ROWS * packed::GROUP_ROWS;
+        buf.resize(p.row_bytes, 0);
+        let group = &p.bytes[first * p.row_bytes..][..packed::GROUP_ROWS * p.row_bytes];
+        packed::unpack_row(p.format, group, r - first, buf);
+        (p.format, buf)
     }
 
     /// Unpacks row `j` into `out` (sized by [`Unpacked::with_len`] for this matrix).
     pub fn unpack_row(&self, j: usize, out: &mut Unpacked) {
-        let (format, bytes) = self.row(j);
+        let mut buf = Vec::new();
+        let (format, bytes) = self.raw_row(j, &mut buf);
         format.unpack_row(bytes, out);
     }
 
@@ -277,6 +368,28 @@ impl QMatrix {
         assert_eq!(x.len(), m * self.k, "QMatrix::matmul: bad input length");
         let acts = acts::Acts::quantize(x, m, self.k, self.act_block());
         driver::run(self, &acts, path)
+    }
+}
+
+/// Whether k-quant matrices are repacked at load ([`packed`]): yes unless `KVBENCH_REPACK=0` (kept
+/// to measure the two layouts against each other; a malformed value is refused by the binary at
+/// start, see [`repack_from_env`]).
+pub fn repack_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| repack_from_env().ok().flatten().unwrap_or(true))
+}
+
+/// `KVBENCH_REPACK` as a yes or no: `None` when unset, an error naming the variable and its value when
+/// it is neither 0 nor 1.
+pub fn repack_from_env() -> Result<Option<bool>, String> {
+    match std::env::var("KVBENCH_REPACK").as_deref().map(str::trim) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok("1") => Ok(Some(true)),
+        Ok("0") => Ok(Some(false)),
+        _ => Err(format!(
+            "KVBENCH_REPACK={:?} must be 0 (rows as in the file) or 1 (repacked, the default)",
+            std::env::var_os("KVBENCH_REPACK").unwrap_or_default()
+        )),
     }
 }
 

@@ -177,6 +177,34 @@ fn avx512_and_avx2_paths_give_the_same_bits() {
     }
 }
 
+/// k-quant rows repacked at load give the bits of the file's layout, on every path, for a batch of one
+/// (read in place, AVX-512 in pairs of groups), of a few rows, past one call of rows, and of two tiles
+/// (interleaved once per tile), with a last group of fewer than four rows left as in the file.
+#[test]
+fn repacked_rows_give_the_bits_of_the_files_layout() {
+    let (n, k) = (42, 768);
+    for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K] {
+        let bytes = quantized(format, n, k, 40);
+        let file = QMatrix::with_layout(format, bytes.clone(), n, k, false).unwrap();
+        let packed = QMatrix::with_layout(format, bytes, n, k, true).unwrap();
+        assert!(packed.is_packed(0) && !packed.is_packed(41) && !file.is_packed(0));
+        assert_eq!(
+            packed.bytes(),
+            file.bytes(),
+            "{format:?}: repacking adds nothing"
+        );
+        assert_eq!(packed.dequantize(), file.dequantize(), "{format:?}");
+        for path in [Path::Portable, Path::Avx2, Path::Avx512] {
+            for m in [1, 2, 5, 8, 33, 70] {
+                let x = random(m * k, 41 + m as u64);
+                let a = file.matmul_with(&x, m, path);
+                let b = packed.matmul_with(&x, m, path);
+                assert_eq!(a, b, "{format:?}, {path:?}, {m} rows");
+            }
+        }
+    }
+}
+
 /// Random matrices of `parts` (format, rows) with `k` columns, seeded from `seed`, and their stack.
 fn stacked_parts(parts: &[(BlockFormat, usize)], k: usize, seed: u64) -> (Vec<QMatrix>, QMatrix) {
     let mats: Vec<QMatrix> = parts

@@ -22,9 +22,6 @@ use super::BlockFormat;
 /// Rows repacked together.
 pub const GROUP_ROWS: usize = 4;
 
-/// Bytes of a segment, the unit the decoding reads.
-const SEGMENT: usize = 32;
-
 /// Where a k-quant super-block keeps its header and its weights: `(header, data)` as byte ranges of the
 /// file's block (`None` for formats that are not repacked).
 pub fn regions(format: BlockFormat) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
@@ -45,59 +42,49 @@ pub fn repacks(format: BlockFormat) -> bool {
 }
 
 /// Repacks every whole group of four rows of `bytes` (`rows` rows of `row_bytes`, k-quant `format`) in
-/// place, through one group's worth of scratch.
+/// place, groups in parallel, each through one group's worth of scratch.
 pub fn pack(format: BlockFormat, bytes: &mut [u8], rows: usize, row_bytes: usize) {
+    use rayon::prelude::*;
     let Some((header, data)) = regions(format) else {
         return;
     };
     let group_bytes = GROUP_ROWS * row_bytes;
-    let mut src = vec![0u8; group_bytes];
-    for group in bytes[..rows / GROUP_ROWS * group_bytes].chunks_exact_mut(group_bytes) {
-        src.copy_from_slice(group);
-        let block = format.block_bytes();
-        for (b, out) in group.chunks_exact_mut(GROUP_ROWS * block).enumerate() {
-            let rows: [&[u8]; GROUP_ROWS] =
-                std::array::from_fn(|w| &src[w * row_bytes + b * block..][..block]);
-            pack_block(rows, header.clone(), data.clone(), out);
-        }
-    }
-}
-
-/// The four rows' super-blocks `rows` as one repacked super-block into `out`.
-fn pack_block(
-    rows: [&[u8]; GROUP_ROWS],
-    header: std::ops::Range<usize>,
-    data: std::ops::Range<usize>,
-    out: &mut [u8],
-) {
-    let (hl, dl) = (header.len(), data.len());
-    for (w, row) in rows.iter().enumerate() {
-        out[w * hl..(w + 1) * hl].copy_from_slice(&row[header.clone()]);
-        let seg_data = &row[data.clone()];
-        for s in 0..dl / SEGMENT {
-            for c in 0..SEGMENT / 8 {
-                let at = GROUP_ROWS * hl + GROUP_ROWS * SEGMENT * s + 32 * c + 8 * w;
-                out[at..at + 8].copy_from_slice(&seg_data[SEGMENT * s + 8 * c..][..8]);
-            }
-        }
-    }
+    let block = format.block_bytes();
+    bytes[..rows / GROUP_ROWS * group_bytes]
+        .par_chunks_exact_mut(group_bytes)
+        .for_each_init(
+            || vec![0u8; group_bytes],
+            |src, group| {
+                src.copy_from_slice(group);
+                for (b, out) in group.chunks_exact_mut(GROUP_ROWS * block).enumerate() {
+                    let (hl, at) = (header.len(), b * block);
+                    let (heads, chunks) = out.split_at_mut(GROUP_ROWS * hl);
+                    for w in 0..GROUP_ROWS {
+                        let row = &src[w * row_bytes + at..][..block];
+                        heads[w * hl..(w + 1) * hl].copy_from_slice(&row[header.clone()]);
+                        // Chunk t of the row's weights (8 bytes) becomes chunk 4t + w: segment
+                        // s = t / 4, chunk c = t % 4 at 128 s + 32 c + 8 w.
+                        for (t, chunk) in row[data.clone()].chunks_exact(8).enumerate() {
+                            chunks[8 * (GROUP_ROWS * t + w)..][..8].copy_from_slice(chunk);
+                        }
+                    }
+                }
+            },
+        );
 }
 
 /// Row `w` (0–3) of a repacked `group` (`GROUP_ROWS · row_bytes` bytes) as the file stored it, into
 /// `out` (`row_bytes`).
 pub fn unpack_row(format: BlockFormat, group: &[u8], w: usize, out: &mut [u8]) {
     let (header, data) = regions(format).expect("only k-quants are repacked");
-    let (hl, dl) = (header.len(), data.len());
+    let hl = header.len();
     let block = format.block_bytes();
     for (b, row_block) in out.chunks_exact_mut(block).enumerate() {
         let packed = &group[b * GROUP_ROWS * block..][..GROUP_ROWS * block];
         row_block[header.clone()].copy_from_slice(&packed[w * hl..(w + 1) * hl]);
-        let seg_data = &mut row_block[data.clone()];
-        for s in 0..dl / SEGMENT {
-            for c in 0..SEGMENT / 8 {
-                let at = GROUP_ROWS * hl + GROUP_ROWS * SEGMENT * s + 32 * c + 8 * w;
-                seg_data[SEGMENT * s + 8 * c..][..8].copy_from_slice(&packed[at..at + 8]);
-            }
+        let chunks = &packed[GROUP_ROWS * hl..];
+        for (t, chunk) in row_block[data.clone()].chunks_exact_mut(8).enumerate() {
+            chunk.copy_from_slice(&chunks[8 * (GROUP_ROWS * t + w)..][..8]);
         }
     }
 }

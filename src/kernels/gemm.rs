@@ -573,7 +573,7 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
         let (dv, dminv) = p.d(b);
         finish_block(dv, dminv, p.corr(b), b, &isum, x, r0, &mut total);
     }
-    store_totals::<RR>(&total, acc);
+    store_totals::<RR, KR>(&total, acc);
 }
 
 /// Per-pair float sums of [`kquant`]'s activation rows (lanes in [`pair_lanes`]' order).
@@ -617,7 +617,10 @@ unsafe fn finish_block<const RR: usize>(
 
 /// Writes the first `RR` activation rows' sums of `total` into `acc[w][i]`.
 #[inline(always)]
-pub(super) unsafe fn store_totals<const RR: usize>(total: &Totals, acc: &mut [[f32; KR]; NW]) {
+pub(super) unsafe fn store_totals<const RR: usize, const N: usize>(
+    total: &[__m256],
+    acc: &mut [[f32; N]; NW],
+) {
     for (pair, t) in total.iter().take(RR.div_ceil(2)).enumerate() {
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), *t);

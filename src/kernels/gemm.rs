@@ -9,7 +9,9 @@
 //! k-quants go further, as llama.cpp's repacked Q4_K does: the four weight rows are interleaved per
 //! tile ([`Interleaved`]) so that one `maddubs` multiplies 8 weights of each row with 8 activation
 //! bytes broadcast, and a group's four such products are summed in 16 bits before a single `madd` by
-//! the sub-block scales: 1.25 multiply instructions per 32 products instead of 2.
+//! the sub-block scales: 1.25 multiply instructions per 32 products instead of 2. Rows repacked at
+//! load ([`super::packed`]) are already interleaved and are read in place ([`Packed`]) or decoded into
+//! an [`Interleaved`] tile; the kernels take either through [`Quad`].
 //!
 //! Per (weight row, activation row) the float operations and their order are those of the other
 //! kernels (k-quants: the exact integer sums of a super-block through

@@ -235,60 +235,77 @@ impl Interleaved {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn store_meta<F: fused::KQuant>(&mut self, b: usize, hdr: &[fused::Header; NW]) {
-        let sv = &mut self.sv[8 * b..8 * b + 8];
-        let meta = Meta {
-            corr: self.corr.get_unchecked_mut(b),
-            d: self.d.get_unchecked_mut(b),
-            dmin: self.dmin.get_unchecked_mut(b),
-        };
-        fill_meta::<F>(hdr, sv, meta);
+        let meta = QuadMeta::of::<F>(hdr);
+        for g in 0..8 {
+            let sv = self.sv.get_unchecked_mut(8 * b + g);
+            for h in 0..if F::BY_16 { 2 } else { 1 } {
+                let v = meta.scales::<F>(g, h);
+                _mm256_storeu_si256(sv[h].as_mut_ptr() as *mut __m256i, v);
+            }
+        }
+        let corr = self.corr.get_unchecked_mut(b);
+        for (out, c) in corr.iter_mut().zip(meta.corr) {
+            _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, c);
+        }
+        _mm256_storeu_ps(self.d.get_unchecked_mut(b).as_mut_ptr(), meta.d);
+        _mm256_storeu_ps(self.dmin.get_unchecked_mut(b).as_mut_ptr(), meta.dmin);
     }
 }
 
-/// Where [`fill_meta`] writes a super-block's corrections, `d` and `dmin`.
-struct Meta<'a> {
-    corr: &'a mut [[i16; 16]; NW],
-    d: &'a mut [f32; 8],
-    dmin: &'a mut [f32; 8],
+/// A super-block's headers of four rows, as the interleaved kernels use them, in registers.
+#[derive(Clone, Copy)]
+pub(super) struct QuadMeta {
+    /// The rows' scales (16-bit lanes of [`fused::Header::scales`]): `even[s]` holds rows 0 and 2's
+    /// lanes `8s … 8s + 7` in its two 128-bit halves, `odd[s]` rows 1 and 3's.
+    even: [__m256i; 2],
+    odd: [__m256i; 2],
+    /// What multiplies each 16 activations' sum, per row.
+    corr: [__m256i; NW],
+    /// `d` and `dmin` in [`pair_lanes`]' order (rows 0 1 0 1 2 3 2 3).
+    d: __m256,
+    dmin: __m256,
 }
 
-/// A super-block's scales per group (`sv`, eight entries: row `w`'s in lanes `4w … 4w + 3`), and its
-/// corrections, `d` and `dmin` (lanes in [`pair_lanes`]' order) from the four rows' headers.
-/// (A target-feature function, so that its closures are compiled with the features too.)
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fill_meta<F: fused::KQuant>(
-    hdr: &[fused::Header; NW],
-    sv: &mut [[[i16; 16]; 2]],
-    meta: Meta,
-) {
-    for (g, out) in sv.iter_mut().enumerate().take(8) {
-        // Row w's scales for the group's two halves, into lanes 4w … 4w + 3.
-        let s: [__m256i; NW] = std::array::from_fn(|w| F::group_scales(&hdr[w], g));
-        for (h, out) in out
-            .iter_mut()
-            .enumerate()
-            .take(if F::BY_16 { 2 } else { 1 })
-        {
-            // lane 0 (low half) or lane 8 (high half) of each row's scales, as 64 bits
-            let pick = |v: __m256i| {
-                if h == 0 {
-                    _mm256_extract_epi64(v, 0)
-                } else {
-                    _mm256_extract_epi64(v, 2)
-                }
-            };
-            let v = _mm256_setr_epi64x(pick(s[0]), pick(s[1]), pick(s[2]), pick(s[3]));
-            _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v);
+impl QuadMeta {
+    /// From the four rows' decoded headers.
+    #[inline(always)]
+    unsafe fn of<F: fused::KQuant>(h: &[fused::Header; NW]) -> Self {
+        // 0x20: both low halves; 0x31: both high halves.
+        Self {
+            even: [
+                _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x20),
+                _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x31),
+            ],
+            odd: [
+                _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x20),
+                _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x31),
+            ],
+            corr: [
+                F::corr_lanes(&h[0]),
+                F::corr_lanes(&h[1]),
+                F::corr_lanes(&h[2]),
+                F::corr_lanes(&h[3]),
+            ],
+            d: _mm256_setr_ps(
+                h[0].d, h[1].d, h[0].d, h[1].d, h[2].d, h[3].d, h[2].d, h[3].d,
+            ),
+            dmin: _mm256_setr_ps(
+                h[0].dmin, h[1].dmin, h[0].dmin, h[1].dmin, h[2].dmin, h[3].dmin, h[2].dmin,
+                h[3].dmin,
+            ),
         }
     }
-    for (out, h) in meta.corr.iter_mut().zip(hdr) {
-        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, F::corr_lanes(h));
-    }
-    for lane in 0..8 {
-        let w = pair_lanes(lane).1;
-        meta.d[lane] = hdr[w].d;
-        meta.dmin[lane] = hdr[w].dmin;
+
+    /// Group `g`'s scales of half `h`, row `w`'s in lanes `4w … 4w + 3`: the lane everywhere in each
+    /// half, then rows 0, 1 | 2, 3 four lanes each (three instructions, no pass through memory).
+    #[inline(always)]
+    unsafe fn scales<F: fused::KQuant>(&self, g: usize, h: usize) -> __m256i {
+        let lane = F::scale_lane(g, h);
+        let (s, l) = (lane / 8, lane % 8);
+        let pick = _mm256_set1_epi16((((2 * l + 1) << 8) | (2 * l)) as i16);
+        let e = _mm256_shuffle_epi8(self.even[s], pick);
+        let o = _mm256_shuffle_epi8(self.odd[s], pick);
+        _mm256_blend_epi32(e, o, 0b1100_1100)
     }
 }
 
@@ -372,19 +389,13 @@ impl Quad for &Interleaved {
 
 /// A group of four rows repacked at load ([`super::packed`]), read in place: the chunks decoded from
 /// their nibbles as they are multiplied; each super-block's headers decoded when it begins and kept in
-/// registers, a group's scales shuffled out of them when asked for (building them into memory as
-/// [`Interleaved`] does cost more than the products at batch 1).
+/// registers ([`QuadMeta`]), a group's scales shuffled out of them when asked for.
 pub(super) struct Packed<F> {
     group: *const u8,
     /// Bytes ahead the next super-blocks are asked for (0: not).
     ahead: usize,
-    /// The rows' scales (16-bit lanes of [`fused::Header::scales`]): `even[s]` holds rows 0 and 2's
-    /// lanes `8s … 8s + 7` in its two 128-bit halves, `odd[s]` rows 1 and 3's.
-    even: [__m256i; 2],
-    odd: [__m256i; 2],
-    corr: [__m256i; NW],
-    d: __m256,
-    dmin: __m256,
+    /// The current super-block's headers.
+    meta: QuadMeta,
     format: std::marker::PhantomData<F>,
 }
 
@@ -395,12 +406,16 @@ impl<F: fused::KQuant> Packed<F> {
             group,
             // The four rows' streams are one here: four times the bytes per step of a row's.
             ahead: NW * super::dot::prefetch_distance(),
-            // SAFETY (all four): zero vectors, replaced by `begin` before they are read.
-            even: unsafe { [_mm256_setzero_si256(); 2] },
-            odd: unsafe { [_mm256_setzero_si256(); 2] },
-            corr: unsafe { [_mm256_setzero_si256(); NW] },
-            d: unsafe { _mm256_setzero_ps() },
-            dmin: unsafe { _mm256_setzero_ps() },
+            // SAFETY: zero vectors, replaced by `begin` before they are read.
+            meta: unsafe {
+                QuadMeta {
+                    even: [_mm256_setzero_si256(); 2],
+                    odd: [_mm256_setzero_si256(); 2],
+                    corr: [_mm256_setzero_si256(); NW],
+                    d: _mm256_setzero_ps(),
+                    dmin: _mm256_setzero_ps(),
+                }
+            },
             format: std::marker::PhantomData,
         }
     }
@@ -433,33 +448,7 @@ impl<F: fused::KQuant> Quad for Packed<F> {
         if self.ahead > 0 {
             super::dot::prefetch_lines(src.wrapping_add(self.ahead), NW * F::BYTES);
         }
-        let h = Self::headers(src);
-        for s in 0..2 {
-            // 0x20: both low halves; 0x31: both high halves.
-            let (e, o) = if s == 0 {
-                (
-                    _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x20),
-                    _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x20),
-                )
-            } else {
-                (
-                    _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x31),
-                    _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x31),
-                )
-            };
-            self.even[s] = e;
-            self.odd[s] = o;
-        }
-        for (c, h) in self.corr.iter_mut().zip(&h) {
-            *c = F::corr_lanes(h);
-        }
-        // Lanes in `pair_lanes`' order: rows 0 1 0 1 2 3 2 3.
-        self.d = _mm256_setr_ps(
-            h[0].d, h[1].d, h[0].d, h[1].d, h[2].d, h[3].d, h[2].d, h[3].d,
-        );
-        self.dmin = _mm256_setr_ps(
-            h[0].dmin, h[1].dmin, h[0].dmin, h[1].dmin, h[2].dmin, h[3].dmin, h[2].dmin, h[3].dmin,
-        );
+        self.meta = QuadMeta::of::<F>(&Self::headers(src));
     }
     #[inline(always)]
     unsafe fn chunk(&self, b: usize, g: usize, c: usize) -> __m256i {
@@ -468,22 +457,15 @@ impl<F: fused::KQuant> Quad for Packed<F> {
     }
     #[inline(always)]
     unsafe fn scales(&self, _: usize, g: usize, h: usize) -> __m256i {
-        // The lane everywhere in each half, then rows 0, 1 | 2, 3 four lanes each: the values
-        // `fill_meta` stores.
-        let lane = F::scale_lane(g, h);
-        let (s, l) = (lane / 8, lane % 8);
-        let pick = _mm256_set1_epi16((((2 * l + 1) << 8) | (2 * l)) as i16);
-        let e = _mm256_shuffle_epi8(self.even[s], pick);
-        let o = _mm256_shuffle_epi8(self.odd[s], pick);
-        _mm256_blend_epi32(e, o, 0b1100_1100)
+        self.meta.scales::<F>(g, h)
     }
     #[inline(always)]
     unsafe fn d(&self, _: usize) -> (__m256, __m256) {
-        (self.d, self.dmin)
+        (self.meta.d, self.meta.dmin)
     }
     #[inline(always)]
     unsafe fn corr(&self, _: usize) -> [__m256i; NW] {
-        self.corr
+        self.meta.corr
     }
 }
 

@@ -238,9 +238,9 @@ impl Interleaved {
         let meta = QuadMeta::of::<F>(hdr);
         for g in 0..8 {
             let sv = self.sv.get_unchecked_mut(8 * b + g);
-            for h in 0..if F::BY_16 { 2 } else { 1 } {
+            for (h, out) in sv.iter_mut().enumerate().take(if F::BY_16 { 2 } else { 1 }) {
                 let v = meta.scales::<F>(g, h);
-                _mm256_storeu_si256(sv[h].as_mut_ptr() as *mut __m256i, v);
+                _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v);
             }
         }
         let corr = self.corr.get_unchecked_mut(b);

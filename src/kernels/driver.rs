@@ -212,9 +212,9 @@ fn block_kind(w: &QMatrix, j: usize) -> Option<gemm::Kind> {
 }
 
 /// Activation rows from which repacked groups are interleaved once per tile (into bytes, as the file's
-/// rows are) rather than read in place by every call of [`gemm::KR`] rows. Measured on
-/// Qwen2.5-Coder-1.5B (Xeon, tokens/s): batch 16 58.8 in place against 55.2 interleaved, batch 32 56.6
-/// against 69.4.
+/// rows are) rather than read in place by every call. Measured on Qwen2.5-Coder-1.5B (Xeon, tokens/s,
+/// AVX-512 reading eight rows a call in place): batch 16 65.8 in place against 55.2 interleaved, batch
+/// 32 65.5 against 70.4.
 const PACKED_TILED_FROM: usize = 32;
 
 /// Columns `j .. j + NW` of a repacked group, or `j .. j + 2·NW` on AVX-512 when the next group is one
@@ -387,7 +387,7 @@ unsafe fn pair_columns(
     }
     let mut r = rows.start;
     while r < rows.end {
-        // Four rows a call: eight measured slower here (prefill 97.1 → 85.2 tokens/s).
+        // Four rows a call: with eight, prefill measured 85.2 tokens/s against 93.2 with four (Qwen).
         let take = (rows.end - r).min(gemm::KR);
         let mut acc = [[[0f32; super::gemm512::KR]; gemm::NW]; 2];
         super::gemm512::dot_pair(p, x, r, take, &mut acc);

@@ -86,14 +86,14 @@ pub const KR: usize = 4;
 #[derive(Debug, Default)]
 pub struct Interleaved {
     /// Weight bytes: chunk `t` (weights `8t … 8t + 7`) of row `w` at `32t + 8w`.
-    pub(super) q: Vec<u8>,
+    q: Vec<u8>,
     /// Per group of 32 and half (16 weights): the rows' integer scales, row `w` in lanes `4w … 4w + 3`.
-    pub(super) sv: Vec<[[i16; 16]; 2]>,
+    sv: Vec<[[i16; 16]; 2]>,
     /// Per super-block and row: what multiplies each 16 activations' sum.
-    pub(super) corr: Vec<[[i16; 16]; NW]>,
+    corr: Vec<[[i16; 16]; NW]>,
     /// Per super-block: `d` and `dmin` in the lanes of [`pair_lanes`]' order.
-    pub(super) d: Vec<[f32; 8]>,
-    pub(super) dmin: Vec<[f32; 8]>,
+    d: Vec<[f32; 8]>,
+    dmin: Vec<[f32; 8]>,
     /// Whether any row scales per 16 weights (Q6_K): then the chunks are summed two by two.
     pub(super) by_16: bool,
 }
@@ -375,14 +375,12 @@ impl Quad for &Interleaved {
     }
     #[inline(always)]
     unsafe fn corr(&self, b: usize) -> [__m256i; NW] {
-        // No closures (they would not inherit the kernels' target features).
-        let c = self.corr.get_unchecked(b);
-        let at = |w: usize| c[w].as_ptr() as *const __m256i;
+        let c = self.corr.get_unchecked(b).as_ptr() as *const __m256i;
         [
-            _mm256_loadu_si256(at(0)),
-            _mm256_loadu_si256(at(1)),
-            _mm256_loadu_si256(at(2)),
-            _mm256_loadu_si256(at(3)),
+            _mm256_loadu_si256(c),
+            _mm256_loadu_si256(c.add(1)),
+            _mm256_loadu_si256(c.add(2)),
+            _mm256_loadu_si256(c.add(3)),
         ]
     }
 }

@@ -1,7 +1,7 @@
 //! Kernel speed: `y = x Wᵀ` on a 1536 × 8960 matrix (Qwen2.5-1.5B's MLP shape) in every block format,
 //! at 1, 8, 32 and 256 activation rows, after a warm-up, as the median of repeats, with the weight bytes
 //! read per second and the multiply-adds per second. A benchmark, not a test: `cargo bench --bench kernels`
-//! (`-- --threads N`, default 2; `-- --formats Q4K,Q6K` for some formats only, `-- --rows 1,8` for some
+//! (`-- --threads N`, default 2; `-- --shape NxK` for another shape; `-- --formats Q4K,Q6K` for some formats only, `-- --rows 1,8` for some
 //! counts of rows only, `-- --repeats N` for more or fewer than 7, `-- --paths avx2,avx512` to time
 //! code paths in turn in one process, an A/B; default: the best this CPU runs).
 
@@ -58,7 +58,16 @@ fn main() {
         .num_threads(threads)
         .build_global()
         .ok();
-    let (n, k) = (1536, 8960);
+    // `--shape 576x1536` sets the weights' outputs × inputs (default Qwen2.5-1.5B's MLP, 1536 × 8960);
+    // a small shape stays in cache between repeats and times the arithmetic alone.
+    let (n, k) = args
+        .iter()
+        .position(|a| a == "--shape")
+        .and_then(|i| {
+            let (n, k) = args.get(i + 1)?.split_once('x')?;
+            Some((n.parse().ok()?, k.parse().ok()?))
+        })
+        .unwrap_or((1536, 8960));
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
         .collect();

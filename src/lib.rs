@@ -4,7 +4,8 @@
 //! [`kernels`] (matrix products from quantized blocks), [`model`] (weights, tokenizer, the forward pass
 //! over a cache kvbench owns), [`cache`] (the per-layer, per-KV-head cache), [`policy`] (the compression contract),
 //! [`generate`] (prefill, batched decoding, sampling), [`eval`] (problem sets and grading),
-//! [`metrics`] (memory and time measurements), and the command line in `cli`.
+//! [`metrics`] (memory and time measurements), [`parallel`] (a spinning team for decoding's short
+//! parallel steps), and the command line in `cli`.
 
 pub mod cache;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod kernels;
 pub mod loading;
 pub mod metrics;
 pub mod model;
+pub mod parallel;
 pub mod policy;
 pub mod report;
 pub mod results;

@@ -12,8 +12,7 @@
 //! decodes to the same bits alone or in any batch.
 
 use super::acts::Acts;
-use super::avx2::{fifth_bits, hsum, hsum_epi32, kquant_step, nibbles};
-use super::format::f16_at;
+use super::avx2::{f16_last, f16_one, f16_two, fifth_bits, hsum, hsum_epi32, kquant_step, nibbles};
 use super::BlockFormat;
 use std::arch::x86_64::*;
 
@@ -101,7 +100,7 @@ impl Legacy for Q4_0 {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
-        let d = f16_at(std::slice::from_raw_parts(p, 2), 0);
+        let d = f16_one(p);
         (nibbles(p.add(2)), d, -8.0 * d)
     }
 }
@@ -111,8 +110,8 @@ impl Legacy for Q4_1 {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
-        let h = std::slice::from_raw_parts(p, 4);
-        (nibbles(p.add(4)), f16_at(h, 0), f16_at(h, 2))
+        let (d, m) = f16_two(p);
+        (nibbles(p.add(4)), d, m)
     }
 }
 
@@ -121,7 +120,7 @@ impl Legacy for Q5_0 {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
-        let d = f16_at(std::slice::from_raw_parts(p, 2), 0);
+        let d = f16_one(p);
         let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2)));
         (q, d, -16.0 * d)
     }
@@ -132,9 +131,9 @@ impl Legacy for Q5_1 {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
-        let h = std::slice::from_raw_parts(p, 4);
+        let (d, m) = f16_two(p);
         let q = _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4)));
-        (q, f16_at(h, 0), f16_at(h, 2))
+        (q, d, m)
     }
 }
 
@@ -143,7 +142,7 @@ impl Legacy for Q8_0 {
     const SIGNED: bool = true;
     #[inline(always)]
     unsafe fn load(p: *const u8) -> (__m256i, f32, f32) {
-        let d = f16_at(std::slice::from_raw_parts(p, 2), 0);
+        let d = f16_one(p);
         (_mm256_loadu_si256(p.add(2) as *const __m256i), d, 0.0)
     }
 }
@@ -292,8 +291,8 @@ unsafe fn k45_header(p: *const u8) -> Header {
     let mn_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
     let sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
     Header {
-        d: f16_at(h, 0),
-        dmin: f16_at(h, 2),
+        d: f16_one(p),
+        dmin: f16_one(p.add(2)),
         scales: _mm256_set_m128i(sc, sc),
         mins: _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32)),
     }
@@ -411,7 +410,7 @@ impl KQuant for Q6K {
     #[inline(always)]
     unsafe fn header_at(h: *const u8) -> Header {
         // Sixteen signed scales, then d.
-        let d = f16_at(std::slice::from_raw_parts(h, 18), 16);
+        let d = f16_last(h.add(16));
         Header {
             d,
             dmin: d,

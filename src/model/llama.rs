@@ -218,7 +218,14 @@ impl Transformer {
     /// in each product and the pool's other threads are still looking for work between them.
     fn forward_inner(&self, batch: &mut [SeqInput<'_>], all_logits: bool) -> Result<Tensor> {
         if rayon::current_thread_index().is_none() && self.device.is_cpu() {
-            return rayon::scope(|_| self.forward_on_pool(batch, all_logits));
+            // A decoding step (one new token per sequence) is many short products: the pool's
+            // threads spin between them instead of sleeping (see `crate::parallel`).
+            let decoding = batch
+                .iter()
+                .all(|s| s.tokens.len() == 1 && s.state.seen > 0);
+            return rayon::scope(|_| {
+                crate::parallel::with_team(decoding, || self.forward_on_pool(batch, all_logits))
+            });
         }
         self.forward_on_pool(batch, all_logits)
     }

@@ -98,12 +98,13 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                                 continue;
                             }
                         } else if m < tiled_from(path, w.format(j)) {
-                            // From two activation rows on, two columns of one 32-weight format go
-                            // together: measured on SmolLM2 (Q4_1) 12% faster at batch 8, but 20%
-                            // slower at batch 1; on Qwen2.5-Coder-1.5B's k-quants 14% slower at 8.
+                            // Two columns of one 32-weight format go together: measured on SmolLM2
+                            // (Q4_1) 12% faster at batch 8, and at batch 1 120.1 → 134.1 tokens/s
+                            // (two rounds; it had been 20% slower there while each block's scale
+                            // conversion waited on the running sum, see `avx2::f16_lanes`); on
+                            // Qwen2.5-Coder-1.5B's k-quants 14% slower at 8.
                             let format = w.format(j);
-                            let pair = m > 1
-                                && !format.is_k_quant()
+                            let pair = !format.is_k_quant()
                                 && j + 1 < cols.end
                                 && w.format(j + 1) == format;
                             // SAFETY: AVX2, FMA and F16C were checked above; the columns are this

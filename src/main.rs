@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let env = [
         kvbench::kernels::dot::prefetch_from_env().map(|_| ()),
         kvbench::kernels::repack_from_env().map(|_| ()),
+        kvbench::kernels::vnni_from_env().map(|_| ()),
     ];
     if let Some(Err(e)) = env.into_iter().find(Result::is_err) {
         eprintln!("error: {e}");

@@ -677,6 +677,7 @@ fn a_bad_kernel_setting_exits_with_code_2_and_names_the_variable() {
     for (var, bad, good) in [
         ("KVBENCH_PREFETCH", "4k", "0"),
         ("KVBENCH_REPACK", "yes", "0"),
+        ("KVBENCH_VNNI", "on", "1"),
     ] {
         let out = run(var, bad);
         assert_eq!(out.status.code(), Some(2), "{var}={bad}");

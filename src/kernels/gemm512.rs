@@ -34,7 +34,7 @@ pub unsafe fn dot_pair(
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
     debug_assert_eq!(p[0].by_16, p[1].by_16);
-    dot_quads(&mut p, x, r0, rows, acc)
+    dot_quads(&mut p, x, r0, rows, acc, false)
 }
 
 /// [`dot_pair`] on two groups of four rows repacked at load ([`super::packed`]), both of `format`.
@@ -50,10 +50,33 @@ pub unsafe fn dot_packed_pair(
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
     let g = groups.map(|g| g.as_ptr());
+    let vnni = has_vnni();
     match format {
-        BlockFormat::Q4K => dot_quads(&mut g.map(Packed::<fused::Q4K>::new), x, r0, rows, acc),
-        BlockFormat::Q5K => dot_quads(&mut g.map(Packed::<fused::Q5K>::new), x, r0, rows, acc),
-        BlockFormat::Q6K => dot_quads(&mut g.map(Packed::<fused::Q6K>::new), x, r0, rows, acc),
+        BlockFormat::Q4K => dot_quads(
+            &mut g.map(Packed::<fused::Q4K>::new),
+            x,
+            r0,
+            rows,
+            acc,
+            vnni,
+        ),
+        BlockFormat::Q5K => dot_quads(
+            &mut g.map(Packed::<fused::Q5K>::new),
+            x,
+            r0,
+            rows,
+            acc,
+            vnni,
+        ),
+        // Q6_K's two scales a group make the VNNI form slower (`kquant_vnni`).
+        BlockFormat::Q6K => dot_quads(
+            &mut g.map(Packed::<fused::Q6K>::new),
+            x,
+            r0,
+            rows,
+            acc,
+            false,
+        ),
         _ => unreachable!("only k-quants are repacked"),
     }
 }
@@ -65,7 +88,29 @@ unsafe fn dot_quads<S: Quad>(
     r0: usize,
     rows: usize,
     acc: &mut [[[f32; KR]; NW]; 2],
+    vnni: bool,
 ) {
+    if vnni {
+        match (p[0].by_16(), rows) {
+            (false, 1) => kquant_vnni::<S, 1, false>(p, x, r0, acc),
+            (false, 2) => kquant_vnni::<S, 2, false>(p, x, r0, acc),
+            (false, 3) => kquant_vnni::<S, 3, false>(p, x, r0, acc),
+            (false, 4) => kquant_vnni::<S, 4, false>(p, x, r0, acc),
+            (false, 5) => kquant_vnni::<S, 5, false>(p, x, r0, acc),
+            (false, 6) => kquant_vnni::<S, 6, false>(p, x, r0, acc),
+            (false, 7) => kquant_vnni::<S, 7, false>(p, x, r0, acc),
+            (false, _) => kquant_vnni::<S, 8, false>(p, x, r0, acc),
+            (true, 1) => kquant_vnni::<S, 1, true>(p, x, r0, acc),
+            (true, 2) => kquant_vnni::<S, 2, true>(p, x, r0, acc),
+            (true, 3) => kquant_vnni::<S, 3, true>(p, x, r0, acc),
+            (true, 4) => kquant_vnni::<S, 4, true>(p, x, r0, acc),
+            (true, 5) => kquant_vnni::<S, 5, true>(p, x, r0, acc),
+            (true, 6) => kquant_vnni::<S, 6, true>(p, x, r0, acc),
+            (true, 7) => kquant_vnni::<S, 7, true>(p, x, r0, acc),
+            (true, _) => kquant_vnni::<S, 8, true>(p, x, r0, acc),
+        }
+        return;
+    }
     match (p[0].by_16(), rows) {
         (false, 1) => kquant::<S, 1, false>(p, x, r0, acc),
         (false, 2) => kquant::<S, 2, false>(p, x, r0, acc),
@@ -86,16 +131,56 @@ unsafe fn dot_quads<S: Quad>(
     }
 }
 
+/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`: bytes multiplied and summed four by four into 32-bit
+/// lanes in one instruction), which [`kquant_vnni`] uses. `KVBENCH_VNNI=0` turns it off for an A/B (a
+/// malformed value is refused by the binary at start, [`super::vnni_from_env`]).
+pub fn has_vnni() -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| {
+        is_x86_feature_detected!("avx512vnni")
+            && super::vnni_from_env().ok().flatten().unwrap_or(true)
+    })
+}
+
 /// Two 256-bit vectors as one 512-bit vector, `lo` in the low half.
 #[inline(always)]
 unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
-// Indexes are clearer than iterators here: `h` picks both chunks and scales.
-#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
+    p: &mut [S; 2],
+    x: &Acts,
+    r0: usize,
+    acc: &mut [[[f32; KR]; NW]; 2],
+) {
+    kquant_body::<S, RR, BY_16, false>(p, x, r0, acc)
+}
+
+/// [`kquant`] with each chunk's products summed by `vpdpbusd` straight into 32-bit lanes, then
+/// multiplied by the group's scales: 7 instructions a group and row where `maddubs`, 16-bit adds and
+/// `madd` take 10. The integer sums are the same (no sum of the other kernel saturates), so are the bits.
+///
+/// Used on repacked Q4_K and Q5_K groups read in place (below `driver::PACKED_TILED_FROM` rows) only:
+/// `cargo bench --bench kernels -- --threads 1 --formats Q4K,Q6K --rows 8,32`, two rounds, Xeon:
+/// Q4_K at 8 rows 1.61 → 1.48 ms; at 32 rows (tiles) 5.91 → 6.02; Q6_K at 8 rows 2.01 → 2.03, at 32
+/// 6.27 → 6.9. On this CPU the 512-bit multiplies all run on one port, and `vpmulld` takes two of its
+/// cycles: where the multiplies bound the kernel (many rows, or Q6_K's two scales a group), it loses.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn kquant_vnni<S: Quad, const RR: usize, const BY_16: bool>(
+    p: &mut [S; 2],
+    x: &Acts,
+    r0: usize,
+    acc: &mut [[[f32; KR]; NW]; 2],
+) {
+    kquant_body::<S, RR, BY_16, true>(p, x, r0, acc)
+}
+
+// Indexes are clearer than iterators here: `h` picks both chunks and scales.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn kquant_body<S: Quad, const RR: usize, const BY_16: bool, const VNNI: bool>(
     p: &mut [S; 2],
     x: &Acts,
     r0: usize,
@@ -121,13 +206,26 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
                         let xv = _mm512_set1_epi64(std::ptr::read_unaligned(
                             xq.add(i * k + at + 8 * c) as *const i64,
                         ));
-                        // Per 16-bit lane, the same sums as the AVX2 kernel's (bounds there).
-                        *s = _mm512_add_epi16(*s, _mm512_maddubs_epi16(wv, xv));
+                        *s = if VNNI {
+                            // Per 32-bit lane: weights 4t … 4t + 3 of a row, exact.
+                            _mm512_dpbusd_epi32(*s, wv, xv)
+                        } else {
+                            // Per 16-bit lane, the same sums as the AVX2 kernel's (bounds there).
+                            _mm512_add_epi16(*s, _mm512_maddubs_epi16(wv, xv))
+                        };
                     }
                 }
                 let scales = join(p[0].scales(b, g, h), p[1].scales(b, g, h));
-                for i in 0..RR {
-                    isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales));
+                if VNNI {
+                    // Each row's scale fills its four 16-bit lanes: one per 32-bit lane.
+                    let s32 = _mm512_srai_epi32::<16>(scales);
+                    for i in 0..RR {
+                        isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(part[i], s32));
+                    }
+                } else {
+                    for i in 0..RR {
+                        isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales));
+                    }
                 }
             }
         }

@@ -382,13 +382,32 @@ pub fn repack_enabled() -> bool {
 /// `KVBENCH_REPACK` as a yes or no: `None` when unset, an error naming the variable and its value when
 /// it is neither 0 nor 1.
 pub fn repack_from_env() -> Result<Option<bool>, String> {
-    match std::env::var("KVBENCH_REPACK").as_deref().map(str::trim) {
+    switch_from_env(
+        "KVBENCH_REPACK",
+        "rows as in the file",
+        "repacked, the default",
+    )
+}
+
+/// `KVBENCH_VNNI` as a yes or no (see `gemm512::has_vnni`): `None` when unset.
+pub fn vnni_from_env() -> Result<Option<bool>, String> {
+    switch_from_env(
+        "KVBENCH_VNNI",
+        "never vpdpbusd",
+        "vpdpbusd where the CPU has it, the default",
+    )
+}
+
+/// An on/off setting `var`: `None` when unset, `Some` for 0 or 1, else an error naming the variable,
+/// its value and what each setting means.
+fn switch_from_env(var: &str, off: &str, on: &str) -> Result<Option<bool>, String> {
+    match std::env::var(var).as_deref().map(str::trim) {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Ok("1") => Ok(Some(true)),
         Ok("0") => Ok(Some(false)),
         _ => Err(format!(
-            "KVBENCH_REPACK={:?} must be 0 (rows as in the file) or 1 (repacked, the default)",
-            std::env::var_os("KVBENCH_REPACK").unwrap_or_default()
+            "{var}={:?} must be 0 ({off}) or 1 ({on})",
+            std::env::var_os(var).unwrap_or_default()
         )),
     }
 }

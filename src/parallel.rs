@@ -52,7 +52,7 @@ pub fn with_team<R: Send>(wanted: bool, body: impl FnOnce() -> R + Send) -> R {
     let threads = rayon::current_num_threads();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let owner = rayon::current_thread_index();
-    if !wanted || threads < 2 || threads > cores || owner.is_none() || owns_team() {
+    if !wanted || threads < 2 || threads > cores || owner.is_none() || owned_team().is_some() {
         return body();
     }
     let team = Team {
@@ -80,10 +80,6 @@ pub fn with_team<R: Send>(wanted: bool, body: impl FnOnce() -> R + Send) -> R {
     })
 }
 
-fn owns_team() -> bool {
-    OWNED.with(|o| !o.get().is_null())
-}
-
 /// Runs `f(state, task)` for every task in `0..n`, each participating thread with a `state` of its
 /// own made by `init` (made once per thread and call, as rayon's `for_each_init` does). On a team's
 /// owner the team's helpers take part; anywhere else rayon does the work.
@@ -92,14 +88,45 @@ where
     I: Fn() -> S + Sync + Send,
     F: Fn(&mut S, usize) + Sync + Send,
 {
-    let team = OWNED.with(|o| o.get());
-    if team.is_null() || n < 2 {
-        use rayon::prelude::*;
-        (0..n).into_par_iter().for_each_init(init, f);
-        return;
+    match owned_team() {
+        Some(team) if n >= 2 => run_on_team(team, n, &init, &f),
+        _ => {
+            use rayon::prelude::*;
+            (0..n).into_par_iter().for_each_init(init, f);
+        }
     }
-    // SAFETY: `OWNED` is set only while the team lives (`with_team`'s scope, on its stack).
-    let team = unsafe { &*team };
+}
+
+/// [`for_each_init`] for work too small to be worth rayon's hand-off: on a team's owner the helpers
+/// take part (they are spinning anyway); anywhere else the calling thread does every task in order.
+pub fn for_each_init_on_team<S, I, F>(n: usize, init: I, f: F)
+where
+    I: Fn() -> S + Sync + Send,
+    F: Fn(&mut S, usize) + Sync + Send,
+{
+    match owned_team() {
+        Some(team) if n >= 2 => run_on_team(team, n, &init, &f),
+        _ => {
+            let mut state = init();
+            (0..n).for_each(|t| f(&mut state, t));
+        }
+    }
+}
+
+/// The team this thread owns, if any.
+fn owned_team() -> Option<&'static Team> {
+    let team = OWNED.with(|o| o.get());
+    // SAFETY: `OWNED` is set only while the team lives (`with_team`'s scope, on its stack), and the
+    // reference does not leave the call that reads it.
+    (!team.is_null()).then(|| unsafe { &*team })
+}
+
+/// Publishes `0..n` to `team`'s helpers, takes part, and returns when every task is done.
+fn run_on_team<S, I, F>(team: &Team, n: usize, init: &I, f: &F)
+where
+    I: Fn() -> S + Sync + Send,
+    F: Fn(&mut S, usize) + Sync + Send,
+{
     let next = AtomicUsize::new(0);
     let participate = || {
         let mut state = None;
@@ -108,26 +135,26 @@ where
             if task >= n {
                 break;
             }
-            f(state.get_or_insert_with(&init), task);
+            f(state.get_or_insert_with(init), task);
         }
     };
     let job = Job {
         participate: &participate,
     };
     // Withdraws the job and waits until no helper can still be reading it, even when a task panics.
-    struct Withdraw<'t>(&'t Team, *const Team);
+    struct Withdraw<'t>(&'t Team);
     impl Drop for Withdraw<'_> {
         fn drop(&mut self) {
             self.0.current.store(std::ptr::null_mut(), Ordering::SeqCst);
             while self.0.inside.load(Ordering::SeqCst) != 0 {
                 spin_loop();
             }
-            OWNED.with(|o| o.set(self.1));
+            OWNED.with(|o| o.set(self.0));
         }
     }
     // A task that itself asks for parallel work gets rayon's, not this team's.
     OWNED.with(|o| o.set(std::ptr::null()));
-    let _withdraw = Withdraw(team, team);
+    let _withdraw = Withdraw(team);
     team.epoch.fetch_add(1, Ordering::SeqCst);
     // The job outlives every use of the pointer: `Withdraw` clears it and waits for the helpers.
     let ptr = &job as *const Job<'_> as *mut Job<'static>;
@@ -200,18 +227,32 @@ mod tests {
                 with_team(wanted, || {
                     for n in [0, 1, 2, 7, 64, 1000] {
                         let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-                        for_each_init(
-                            n,
-                            || (),
-                            |_, t| {
-                                hits[t].fetch_add(1, Ordering::Relaxed);
-                            },
-                        );
-                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{n}");
+                        let hit = |_: &mut (), t: usize| {
+                            hits[t].fetch_add(1, Ordering::Relaxed);
+                        };
+                        for_each_init(n, || (), hit);
+                        for_each_init_on_team(n, || (), hit);
+                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2), "{n}");
                     }
                 })
             }
         });
+    }
+
+    /// Outside a team, `for_each_init_on_team` runs every task on the calling thread, in order.
+    #[test]
+    fn outside_a_team_small_work_stays_on_the_caller() {
+        let caller = std::thread::current().id();
+        let order = std::sync::Mutex::new(Vec::new());
+        for_each_init_on_team(
+            5,
+            || (),
+            |_, t| {
+                assert_eq!(std::thread::current().id(), caller);
+                order.lock().unwrap().push(t);
+            },
+        );
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
     }
 
     /// Rayon's parallel iterators inside a team, and a team's tasks that use them, still finish.

@@ -45,15 +45,21 @@ pub fn attend_one(
     let n = layer.len();
     let mut out = vec![0f32; hkv * group * d];
     let mut probs = vec![0f32; hkv * group * n];
-    let mut acc: Vec<f64> = Vec::with_capacity(group * d);
-    for h in 0..hkv {
+    // Each cache head writes its own slices; on a decoding team's owner the heads run in parallel (the
+    // team's threads spin between products anyway), elsewhere one after the other.
+    let slices: Vec<std::sync::Mutex<(&mut [f32], &mut [f32])>> = out
+        .chunks_mut(group * d)
+        .zip(probs.chunks_mut(group * n))
+        .map(std::sync::Mutex::new)
+        .collect();
+    crate::parallel::for_each_init_on_team(hkv, Vec::new, |acc: &mut Vec<f64>, h| {
+        let mut slot = slices[h].lock().unwrap_or_else(|e| e.into_inner());
+        let (o_h, p_h) = &mut *slot;
         let keys = &k_all[h * cap * d..(h * cap + n) * d];
         let values = &v_all[h * cap * d..(h * cap + n) * d];
-        let p_h = &mut probs[h * group * n..(h + 1) * group * n];
         if let Some(sub) = subset {
-            let o_h = &mut out[h * group * d..(h + 1) * group * d];
             attend_subset(q, h, group, d, scale, keys, values, &sub[h], p_h, o_h);
-            continue;
+            return;
         }
         // 1. Scores of every query head of the group, reading each key once.
         for (j, key) in keys.chunks_exact(d).enumerate() {
@@ -85,9 +91,11 @@ pub fn attend_one(
                 }
             }
         }
-        let o_h = &mut out[h * group * d..(h + 1) * group * d];
-        o_h.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a as f32);
-    }
+        o_h.iter_mut()
+            .zip(acc.iter())
+            .for_each(|(o, &a)| *o = a as f32);
+    });
+    drop(slices);
     Some(OneTokenAttention {
         out,
         probs: want_probs.then_some(probs),

@@ -6,7 +6,7 @@
 //! [`tiled_from`]) use the kernels that decode blocks in registers; larger ones decode [`gemm::NW`]
 //! weight rows once per tile (into L1) and multiply them with several activation rows at a time, every
 //! load serving several products. k-quant rows repacked at load ([`super::packed`]) are read in place,
-//! four or eight columns a call, below [`PACKED_TILED_FROM`] rows, and interleaved per tile from
+//! four or eight columns a call, below [`packed_tiled_from`] rows, and interleaved per tile from
 //! there. Columns a block of `NW` cannot take (a task's last few, or stacked parts of different kinds)
 //! go one by one.
 
@@ -14,6 +14,8 @@ use super::acts::Acts;
 use super::dot::{portable, Path};
 #[cfg(target_arch = "x86_64")]
 use super::gemm;
+#[cfg(target_arch = "x86_64")]
+use super::gemm512;
 use super::{QMatrix, Unpacked};
 use std::ops::Range;
 
@@ -89,7 +91,7 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                     #[cfg(target_arch = "x86_64")]
                     if path.simd() {
                         if w.packed_group(j).is_some() {
-                            if m < PACKED_TILED_FROM {
+                            if m < packed_tiled_from(path) {
                                 // SAFETY: AVX2, FMA and F16C were checked above; the columns are
                                 // this task's only.
                                 j += unsafe {
@@ -230,8 +232,17 @@ fn block_kind(w: &QMatrix, j: usize) -> Option<gemm::Kind> {
 /// Activation rows from which repacked groups are interleaved once per tile (into bytes, as the file's
 /// rows are) rather than read in place by every call. Measured on Qwen2.5-Coder-1.5B (Xeon, tokens/s,
 /// AVX-512 reading eight rows a call in place): batch 16 65.8 in place against 55.2 interleaved, batch
-/// 32 65.5 against 70.4.
-const PACKED_TILED_FROM: usize = 32;
+/// 32 65.5 against 70.4. With VNNI (`gemm512::kquant_vnni`, Q4_K and Q5_K in place) batch 32 goes in
+/// place too: 74.4 / 74.1 against 70.5 / 70.2 through tiles (two rounds, `kvbench perf --batch 8,32
+/// --decode-tokens 32`).
+#[cfg(target_arch = "x86_64")]
+fn packed_tiled_from(path: Path) -> usize {
+    if path == Path::Avx512 && gemm512::has_vnni() {
+        64
+    } else {
+        32
+    }
+}
 
 /// Columns `j .. j + NW` of a repacked group, or `j .. j + 2·NW` on AVX-512 when the next group is one
 /// of the same format, read in place for activation `rows`, [`gemm::KR`] rows a call; returns the

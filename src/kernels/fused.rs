@@ -234,6 +234,8 @@ pub(super) struct Header {
 /// How a 256-weight k-quant super-block is decoded.
 pub(super) trait KQuant {
     const BYTES: usize;
+    /// The largest weight value as stored (unsigned): what bounds the kernels' integer sums.
+    const TOP: u8;
     /// Whether scales change every 16 weights (Q6_K) rather than every 32.
     const BY_16: bool;
     /// Where the super-block's header (scales, `d`, `dmin`) starts, and its length; the rest, from
@@ -367,6 +369,7 @@ macro_rules! k45_shared {
 
 impl KQuant for Q4K {
     const BYTES: usize = 144;
+    const TOP: u8 = 15;
     k45_shared!();
     #[inline(always)]
     unsafe fn group_in(data: *const u8, stride: usize, g: usize) -> __m256i {
@@ -376,6 +379,7 @@ impl KQuant for Q4K {
 
 impl KQuant for Q5K {
     const BYTES: usize = 176;
+    const TOP: u8 = 31;
     k45_shared!();
     #[inline(always)]
     unsafe fn group_in(data: *const u8, stride: usize, g: usize) -> __m256i {
@@ -394,6 +398,7 @@ impl KQuant for Q5K {
 
 impl KQuant for Q6K {
     const BYTES: usize = 210;
+    const TOP: u8 = 63;
     const BY_16: bool = true;
     const HEADER: usize = 192;
     const HEADER_LEN: usize = 18;

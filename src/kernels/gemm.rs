@@ -338,6 +338,8 @@ unsafe fn transpose_chunks(p: &[Prepared; NW], k: usize, out: *mut u8) {
 /// product from the file's rows ([`Interleaved`]) or repacked at load ([`Packed`]). The kernels are
 /// generic over it, so both feed the same instructions and the same float step.
 pub(super) trait Quad {
+    /// The largest weight value any row may hold (unsigned), which bounds the integer sums.
+    const TOP: u8;
     /// Whether any row scales per 16 weights (Q6_K): then the chunks are summed two by two.
     fn by_16(&self) -> bool;
     /// Readies super-block `b` (a repacked group decodes its four headers here).
@@ -353,6 +355,8 @@ pub(super) trait Quad {
 }
 
 impl Quad for &Interleaved {
+    // Rows of any k-quant: Q6_K's bound.
+    const TOP: u8 = 63;
     fn by_16(&self) -> bool {
         self.by_16
     }
@@ -437,6 +441,7 @@ impl<F: fused::KQuant> Packed<F> {
 }
 
 impl<F: fused::KQuant> Quad for Packed<F> {
+    const TOP: u8 = F::TOP;
     fn by_16(&self) -> bool {
         F::BY_16
     }

@@ -158,15 +158,18 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
     kquant_body::<S, RR, BY_16, false>(p, x, r0, acc)
 }
 
-/// [`kquant`] with each chunk's products summed by `vpdpbusd` straight into 32-bit lanes, then
-/// multiplied by the group's scales: 7 instructions a group and row where `maddubs`, 16-bit adds and
-/// `madd` take 10. The integer sums are the same (no sum of the other kernel saturates), so are the bits.
+/// [`kquant`] with AVX-512 VNNI: each chunk's products summed by `vpdpbusd` straight into 32-bit lanes
+/// (four weights a lane), as many chunks as keep the sums within 16 bits, then multiplied by the
+/// group's scales and added by one `vpdpwssd`: for Q4_K 5 instructions a group and row, all on the
+/// multiply port, where `maddubs`, 16-bit adds, `madd` and a 32-bit add take 10. The integer sums are
+/// the same (no sum of the other kernel saturates), so are the bits.
 ///
-/// Used on repacked Q4_K and Q5_K groups read in place (below `driver::PACKED_TILED_FROM` rows) only:
-/// `cargo bench --bench kernels -- --threads 1 --formats Q4K,Q6K --rows 8,32`, two rounds, Xeon:
-/// Q4_K at 8 rows 1.61 → 1.48 ms; at 32 rows (tiles) 5.91 → 6.02; Q6_K at 8 rows 2.01 → 2.03, at 32
-/// 6.27 → 6.9. On this CPU the 512-bit multiplies all run on one port, and `vpmulld` takes two of its
-/// cycles: where the multiplies bound the kernel (many rows, or Q6_K's two scales a group), it loses.
+/// Used on repacked Q4_K and Q5_K groups read in place (below `driver::packed_tiled_from` rows); Q6_K
+/// (two scales a group, one chunk a sum) would take 8 instructions where the other kernel takes 6.
+/// A first form multiplied by the scales with `vpmulld` (two cycles of the one port that runs 512-bit
+/// multiplies on this CPU): `cargo bench --bench kernels -- --threads 1 --formats Q4K,Q6K --rows 8,32`,
+/// two rounds, Xeon: Q4_K at 8 rows 1.61 → 1.48 ms; at 32 rows (tiles) 5.91 → 6.02; Q6_K at 8 rows
+/// 2.01 → 2.03, at 32 6.27 → 6.9.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn kquant_vnni<S: Quad, const RR: usize, const BY_16: bool>(
     p: &mut [S; 2],
@@ -199,6 +202,34 @@ unsafe fn kquant_body<S: Quad, const RR: usize, const BY_16: bool, const VNNI: b
             let halves = if BY_16 { 2 } else { 1 };
             for h in 0..halves {
                 let chunks = if BY_16 { 2 * h..2 * h + 2 } else { 0..4 };
+                let scales = join(p[0].scales(b, g, h), p[1].scales(b, g, h));
+                if VNNI {
+                    // Each row's scale fills its four 16-bit lanes; kept once per 32-bit lane, in its low
+                    // half, `vpdpwssd` multiplies a 32-bit sum below 2^15 by it exactly.
+                    let s16 = _mm512_and_si512(scales, _mm512_set1_epi32(0xFFFF));
+                    // Chunks summed per lane before the scale: as many as keep |sum| ≤ 4 · per · TOP ·
+                    // 127 below 2^15 (four for Q4_K, two for Q5_K).
+                    let per = (32767 / (4 * 127 * S::TOP as usize)).clamp(1, 4);
+                    let mut c0 = chunks.start;
+                    while c0 < chunks.end {
+                        let mut part = [_mm512_setzero_si512(); RR];
+                        for c in c0..(c0 + per).min(chunks.end) {
+                            let wv = join(p[0].chunk(b, g, c), p[1].chunk(b, g, c));
+                            for (i, s) in part.iter_mut().enumerate() {
+                                let xv = _mm512_set1_epi64(std::ptr::read_unaligned(
+                                    xq.add(i * k + at + 8 * c) as *const i64,
+                                ));
+                                // Per 32-bit lane: weights 4t … 4t + 3 of a row, exact.
+                                *s = _mm512_dpbusd_epi32(*s, wv, xv);
+                            }
+                        }
+                        for i in 0..RR {
+                            isum[i] = _mm512_dpwssd_epi32(isum[i], part[i], s16);
+                        }
+                        c0 += per;
+                    }
+                    continue;
+                }
                 let mut part = [_mm512_setzero_si512(); RR];
                 for c in chunks {
                     let wv = join(p[0].chunk(b, g, c), p[1].chunk(b, g, c));
@@ -206,26 +237,12 @@ unsafe fn kquant_body<S: Quad, const RR: usize, const BY_16: bool, const VNNI: b
                         let xv = _mm512_set1_epi64(std::ptr::read_unaligned(
                             xq.add(i * k + at + 8 * c) as *const i64,
                         ));
-                        *s = if VNNI {
-                            // Per 32-bit lane: weights 4t … 4t + 3 of a row, exact.
-                            _mm512_dpbusd_epi32(*s, wv, xv)
-                        } else {
-                            // Per 16-bit lane, the same sums as the AVX2 kernel's (bounds there).
-                            _mm512_add_epi16(*s, _mm512_maddubs_epi16(wv, xv))
-                        };
+                        // Per 16-bit lane, the same sums as the AVX2 kernel's (bounds there).
+                        *s = _mm512_add_epi16(*s, _mm512_maddubs_epi16(wv, xv));
                     }
                 }
-                let scales = join(p[0].scales(b, g, h), p[1].scales(b, g, h));
-                if VNNI {
-                    // Each row's scale fills its four 16-bit lanes: one per 32-bit lane.
-                    let s32 = _mm512_srai_epi32::<16>(scales);
-                    for i in 0..RR {
-                        isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(part[i], s32));
-                    }
-                } else {
-                    for i in 0..RR {
-                        isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales));
-                    }
+                for i in 0..RR {
+                    isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales));
                 }
             }
         }

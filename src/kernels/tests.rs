@@ -144,8 +144,9 @@ fn a_row_is_independent_of_its_batch() {
 /// The AVX-512 k-quant kernel gives the AVX2 kernels' bits: on whole matrices of each k-quant format
 /// (70 columns: tasks of 32 in pairs of blocks, and a rest that goes block by block and one by one),
 /// on stacked parts where a Q6_K block meets a Q4_K or Q5_K one (chunks summed differently: the pair
-/// goes block by block), and for every number of rows in a call (16 to 19, and 40 in two tiles), and from
-/// 8 rows, where the AVX-512 path goes tiled and the AVX2 path decodes in registers.
+/// goes block by block), and for every number of rows in a call (16 to 19; 40, read in place on CPUs
+/// with VNNI; 70, in two tiles), and from 8 rows, where the AVX-512 path goes tiled and the AVX2 path
+/// decodes in registers.
 #[test]
 fn avx512_and_avx2_paths_give_the_same_bits() {
     if !has_avx512() {
@@ -168,7 +169,7 @@ fn avx512_and_avx2_paths_give_the_same_bits() {
     ];
     mats.push((format!("{parts:?}"), stacked_parts(&parts, k, 31).1));
     for (name, q) in &mats {
-        for m in [8, 11, 16, 17, 18, 19, 40] {
+        for m in [8, 11, 16, 17, 18, 19, 40, 70] {
             let x = random(m * k, 32 + m as u64);
             let wide = q.matmul_with(&x, m, Path::Avx512);
             let narrow = q.matmul_with(&x, m, Path::Avx2);

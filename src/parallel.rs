@@ -88,13 +88,7 @@ where
     I: Fn() -> S + Sync + Send,
     F: Fn(&mut S, usize) + Sync + Send,
 {
-    match owned_team() {
-        Some(team) if n >= 2 => run_on_team(team, n, &init, &f),
-        _ => {
-            use rayon::prelude::*;
-            (0..n).into_par_iter().for_each_init(init, f);
-        }
-    }
+    for_each(n, init, f, false)
 }
 
 /// [`for_each_init`] for work too small to be worth rayon's hand-off: on a team's owner the helpers
@@ -104,11 +98,24 @@ where
     I: Fn() -> S + Sync + Send,
     F: Fn(&mut S, usize) + Sync + Send,
 {
+    for_each(n, init, f, true)
+}
+
+/// The team's way when this thread owns one; otherwise the calling thread alone (`serial`) or rayon.
+fn for_each<S, I, F>(n: usize, init: I, f: F, serial: bool)
+where
+    I: Fn() -> S + Sync + Send,
+    F: Fn(&mut S, usize) + Sync + Send,
+{
     match owned_team() {
         Some(team) if n >= 2 => run_on_team(team, n, &init, &f),
-        _ => {
+        _ if serial => {
             let mut state = init();
             (0..n).for_each(|t| f(&mut state, t));
+        }
+        _ => {
+            use rayon::prelude::*;
+            (0..n).into_par_iter().for_each_init(init, f);
         }
     }
 }

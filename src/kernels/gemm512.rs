@@ -50,35 +50,26 @@ pub unsafe fn dot_packed_pair(
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
     let g = groups.map(|g| g.as_ptr());
-    let vnni = has_vnni();
+    // Q6_K's two scales a group make the VNNI form slower (`kquant_vnni`).
+    let vnni = has_vnni() && format != BlockFormat::Q6K;
     match format {
-        BlockFormat::Q4K => dot_quads(
-            &mut g.map(Packed::<fused::Q4K>::new),
-            x,
-            r0,
-            rows,
-            acc,
-            vnni,
-        ),
-        BlockFormat::Q5K => dot_quads(
-            &mut g.map(Packed::<fused::Q5K>::new),
-            x,
-            r0,
-            rows,
-            acc,
-            vnni,
-        ),
-        // Q6_K's two scales a group make the VNNI form slower (`kquant_vnni`).
-        BlockFormat::Q6K => dot_quads(
-            &mut g.map(Packed::<fused::Q6K>::new),
-            x,
-            r0,
-            rows,
-            acc,
-            false,
-        ),
+        BlockFormat::Q4K => packed_quads::<fused::Q4K>(g, x, r0, rows, acc, vnni),
+        BlockFormat::Q5K => packed_quads::<fused::Q5K>(g, x, r0, rows, acc, vnni),
+        BlockFormat::Q6K => packed_quads::<fused::Q6K>(g, x, r0, rows, acc, vnni),
         _ => unreachable!("only k-quants are repacked"),
     }
+}
+
+#[inline(always)]
+unsafe fn packed_quads<F: fused::KQuant>(
+    groups: [*const u8; 2],
+    x: &Acts,
+    r0: usize,
+    rows: usize,
+    acc: &mut [[[f32; KR]; NW]; 2],
+    vnni: bool,
+) {
+    dot_quads(&mut groups.map(Packed::<F>::new), x, r0, rows, acc, vnni)
 }
 
 #[inline(always)]

@@ -1,9 +1,10 @@
 //! Kernel speed: `y = x Wᵀ` on a 1536 × 8960 matrix (Qwen2.5-1.5B's MLP shape) in every block format,
 //! at 1, 8, 32 and 256 activation rows, after a warm-up, as the median of repeats, with the weight bytes
 //! read per second and the multiply-adds per second. A benchmark, not a test: `cargo bench --bench kernels`
-//! (`-- --threads N`, default 2; `-- --shape NxK` for another shape; `-- --formats Q4K,Q6K` for some formats only, `-- --rows 1,8` for some
-//! counts of rows only, `-- --repeats N` for more or fewer than 7, `-- --paths avx2,avx512` to time
-//! code paths in turn in one process, an A/B; default: the best this CPU runs).
+//! (`-- --threads N`, default 2; `-- --shape NxK` for another shape; `-- --formats Q4K,Q6K` for some
+//! formats only, `-- --rows 1,8` for some counts of rows only, `-- --repeats N` for more or fewer than
+//! 7, `-- --paths avx2,avx512` to time code paths in turn in one process, an A/B; default: the best this
+//! CPU runs).
 
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};

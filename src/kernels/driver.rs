@@ -68,6 +68,8 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
     let path = path.supported();
     let tile = tile_rows(m, k);
     let per_task = cols_per_task(m);
+    #[cfg(target_arch = "x86_64")]
+    let in_place_below = packed_tiled_from(path);
     crate::parallel::for_each_init(
         n.div_ceil(per_task),
         || Scratch {
@@ -91,7 +93,7 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                     #[cfg(target_arch = "x86_64")]
                     if path.simd() {
                         if w.packed_group(j).is_some() {
-                            if m < packed_tiled_from(path) {
+                            if m < in_place_below {
                                 // SAFETY: AVX2, FMA and F16C were checked above; the columns are
                                 // this task's only.
                                 j += unsafe {
@@ -101,8 +103,8 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                             }
                         } else if m < tiled_from(path, w.format(j)) {
                             // Two columns of one 32-weight format go together: measured on SmolLM2
-                            // (Q4_1) 12% faster at batch 8, and at batch 1 120.1 → 134.1 tokens/s
-                            // (two rounds; it had been 20% slower there while each block's scale
+                            // (Q4_1) 12% faster at batch 8, and at batch 1 121.1 / 120.0 → 130.6 /
+                            // 137.6 tokens/s (two rounds; it had been 20% slower there while each block's scale
                             // conversion waited on the running sum, see `avx2::f16_lanes`); on
                             // Qwen2.5-Coder-1.5B's k-quants 14% slower at 8.
                             let format = w.format(j);

@@ -292,9 +292,10 @@ unsafe fn k45_header(p: *const u8) -> Header {
     let mn_lo = u1 & LOW6;
     let mn_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
     let sc = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
+    let (d, dmin) = f16_two(p);
     Header {
-        d: f16_one(p),
-        dmin: f16_one(p.add(2)),
+        d,
+        dmin,
         scales: _mm256_set_m128i(sc, sc),
         mins: _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32)),
     }

@@ -81,24 +81,17 @@ unsafe fn dot_quads<S: Quad>(
     acc: &mut [[[f32; KR]; NW]; 2],
     vnni: bool,
 ) {
-    if vnni {
-        match (p[0].by_16(), rows) {
-            (false, 1) => kquant_vnni::<S, 1, false>(p, x, r0, acc),
-            (false, 2) => kquant_vnni::<S, 2, false>(p, x, r0, acc),
-            (false, 3) => kquant_vnni::<S, 3, false>(p, x, r0, acc),
-            (false, 4) => kquant_vnni::<S, 4, false>(p, x, r0, acc),
-            (false, 5) => kquant_vnni::<S, 5, false>(p, x, r0, acc),
-            (false, 6) => kquant_vnni::<S, 6, false>(p, x, r0, acc),
-            (false, 7) => kquant_vnni::<S, 7, false>(p, x, r0, acc),
-            (false, _) => kquant_vnni::<S, 8, false>(p, x, r0, acc),
-            (true, 1) => kquant_vnni::<S, 1, true>(p, x, r0, acc),
-            (true, 2) => kquant_vnni::<S, 2, true>(p, x, r0, acc),
-            (true, 3) => kquant_vnni::<S, 3, true>(p, x, r0, acc),
-            (true, 4) => kquant_vnni::<S, 4, true>(p, x, r0, acc),
-            (true, 5) => kquant_vnni::<S, 5, true>(p, x, r0, acc),
-            (true, 6) => kquant_vnni::<S, 6, true>(p, x, r0, acc),
-            (true, 7) => kquant_vnni::<S, 7, true>(p, x, r0, acc),
-            (true, _) => kquant_vnni::<S, 8, true>(p, x, r0, acc),
+    // Only Q4_K and Q5_K take the VNNI form (see `kquant_vnni`): never a source that scales per 16.
+    if vnni && !p[0].by_16() {
+        match rows {
+            1 => kquant_vnni::<S, 1>(p, x, r0, acc),
+            2 => kquant_vnni::<S, 2>(p, x, r0, acc),
+            3 => kquant_vnni::<S, 3>(p, x, r0, acc),
+            4 => kquant_vnni::<S, 4>(p, x, r0, acc),
+            5 => kquant_vnni::<S, 5>(p, x, r0, acc),
+            6 => kquant_vnni::<S, 6>(p, x, r0, acc),
+            7 => kquant_vnni::<S, 7>(p, x, r0, acc),
+            _ => kquant_vnni::<S, 8>(p, x, r0, acc),
         }
         return;
     }
@@ -162,13 +155,13 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
 /// two rounds, Xeon: Q4_K at 8 rows 1.61 → 1.48 ms; at 32 rows (tiles) 5.91 → 6.02; Q6_K at 8 rows
 /// 2.01 → 2.03, at 32 6.27 → 6.9.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn kquant_vnni<S: Quad, const RR: usize, const BY_16: bool>(
+unsafe fn kquant_vnni<S: Quad, const RR: usize>(
     p: &mut [S; 2],
     x: &Acts,
     r0: usize,
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
-    kquant_body::<S, RR, BY_16, true>(p, x, r0, acc)
+    kquant_body::<S, RR, false, true>(p, x, r0, acc)
 }
 
 // Indexes are clearer than iterators here: `h` picks both chunks and scales.

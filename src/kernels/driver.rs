@@ -264,9 +264,10 @@ unsafe fn packed_columns(
     out: &Out,
 ) -> usize {
     let (format, group) = w.packed_group(j).expect("a repacked group starts at j");
-    let next = w
-        .packed_group(j + gemm::NW)
-        .filter(|_| j + 2 * gemm::NW <= end);
+    // The next group only when it is this task's: past the matrix's last row there is none to ask for.
+    let next = (j + 2 * gemm::NW <= end)
+        .then(|| w.packed_group(j + gemm::NW))
+        .flatten();
     if let Some((_, second)) = next.filter(|n| path == Path::Avx512 && n.0 == format) {
         let mut r = rows.start;
         while r < rows.end {

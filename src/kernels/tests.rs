@@ -180,15 +180,20 @@ fn avx512_and_avx2_paths_give_the_same_bits() {
 
 /// k-quant rows repacked at load give the bits of the file's layout, on every path, for a batch of one
 /// (read in place, AVX-512 in pairs of groups), of a few rows, past one call of rows, and of two tiles
-/// (interleaved once per tile), with a last group of fewer than four rows left as in the file.
+/// (interleaved once per tile), with a last group of fewer than four rows left as in the file, and
+/// with none (36 rows: the last group ends the matrix and is not followed by a pair on AVX-512).
 #[test]
 fn repacked_rows_give_the_bits_of_the_files_layout() {
-    let (n, k) = (42, 768);
-    for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K] {
+    let k = 768;
+    for (format, n) in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K]
+        .into_iter()
+        .flat_map(|f| [(f, 42), (f, 36)])
+    {
         let bytes = quantized(format, n, k, 40);
         let file = QMatrix::with_layout(format, bytes.clone(), n, k, false).unwrap();
         let packed = QMatrix::with_layout(format, bytes, n, k, true).unwrap();
-        assert!(packed.is_packed(0) && !packed.is_packed(41) && !file.is_packed(0));
+        assert!(packed.is_packed(0) && packed.is_packed(35) && !file.is_packed(0));
+        assert_eq!(packed.is_packed(n - 1), n % 4 == 0, "{format:?}, {n} rows");
         assert_eq!(
             packed.bytes(),
             file.bytes(),
@@ -200,7 +205,7 @@ fn repacked_rows_give_the_bits_of_the_files_layout() {
                 let x = random(m * k, 41 + m as u64);
                 let a = file.matmul_with(&x, m, path);
                 let b = packed.matmul_with(&x, m, path);
-                assert_eq!(a, b, "{format:?}, {path:?}, {m} rows");
+                assert_eq!(a, b, "{format:?}, {n} × {k}, {path:?}, {m} rows");
             }
         }
     }

@@ -185,7 +185,7 @@ impl Interleaved {
                 let [a, bb, c, d] = p.map(|p| F::group(p, g));
                 store_transposed(q.add(4 * (256 * b + 32 * g)), a, bb, c, d);
             }
-            self.store_meta::<F>(b, &hdr);
+            self.store_meta::<F>(b, QuadMeta::of::<F>(&hdr));
         }
     }
 
@@ -217,7 +217,7 @@ impl Interleaved {
                     _mm256_storeu_si256(q.add(4 * (8 * b + g) + c), v);
                 }
             }
-            self.store_meta::<F>(b, &Packed::<F>::headers(src));
+            self.store_meta::<F>(b, QuadMeta::packed::<F>(src));
         }
     }
 
@@ -234,8 +234,7 @@ impl Interleaved {
     /// Super-block `b`'s scales, corrections, `d` and `dmin` from the four rows' headers.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn store_meta<F: fused::KQuant>(&mut self, b: usize, hdr: &[fused::Header; NW]) {
-        let meta = QuadMeta::of::<F>(hdr);
+    unsafe fn store_meta<F: fused::KQuant>(&mut self, b: usize, meta: QuadMeta) {
         for g in 0..8 {
             let sv = self.sv.get_unchecked_mut(8 * b + g);
             for (h, out) in sv.iter_mut().enumerate().take(if F::BY_16 { 2 } else { 1 }) {
@@ -296,6 +295,19 @@ impl QuadMeta {
         }
     }
 
+    /// The four rows' headers of a repacked super-block at `src` (their header bytes one after
+    /// another, [`super::packed`]), decoded together: Q4_K and Q5_K's 16-byte headers one to a
+    /// 128-bit lane ([`k45_quad_meta`]), Q6_K's through [`fused::Header`]s. The same values as
+    /// [`of`](Self::of) on the rows' headers.
+    #[inline(always)]
+    unsafe fn packed<F: fused::KQuant>(src: *const u8) -> Self {
+        if F::BY_16 {
+            Self::of::<F>(&Packed::<F>::headers(src))
+        } else {
+            k45_quad_meta(src)
+        }
+    }
+
     /// Group `g`'s scales of half `h`, row `w`'s in lanes `4w … 4w + 3`: the lane everywhere in each
     /// half, then rows 0, 1 | 2, 3 four lanes each (three instructions, no pass through memory).
     #[inline(always)]
@@ -307,6 +319,66 @@ impl QuadMeta {
         let o = _mm256_shuffle_epi8(self.odd[s], pick);
         _mm256_blend_epi32(e, o, 0b1100_1100)
     }
+}
+
+/// [`QuadMeta`] of four Q4_K/Q5_K headers stored one after another at `src` (64 bytes), with vector
+/// instructions throughout: each 16-byte header (`d`, `dmin`, then the 12 bytes of 6-bit scales and
+/// minima, as `fused::k45_header` reads them word by word) fills one 128-bit lane, so the whole-word
+/// masks of that function work on two rows at a time, and `d`, `dmin` are converted four rows at once.
+/// Replaces four scalar decodes and the assembly of their results lane by lane (about 140
+/// instructions a super-block, most of a one-row product's work besides the multiplies).
+#[inline(always)]
+unsafe fn k45_quad_meta(src: *const u8) -> QuadMeta {
+    // Rows 0, 1 and rows 2, 3, one header per 128-bit lane: dwords [d·dmin, u0, u1, u2].
+    let a = _mm256_loadu_si256(src as *const __m256i);
+    let b = _mm256_loadu_si256(src.add(32) as *const __m256i);
+    // Per lane: bytes 0–7 the eight 6-bit scales, 8–15 the eight minima.
+    let (sa, sb) = (k45_scale_bytes(a), k45_scale_bytes(b));
+    // Lane 0 rows 0 and 2, lane 1 rows 1 and 3.
+    let sc = _mm256_unpacklo_epi64(sa, sb);
+    let mn = _mm256_unpackhi_epi64(sa, sb);
+    let even = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(sc));
+    let odd = _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(sc));
+    // Every minimum twice (it multiplies the sums of both halves of its 32 weights).
+    let (m02, m13) = (_mm256_unpacklo_epi8(mn, mn), _mm256_unpackhi_epi8(mn, mn));
+    let corr = [
+        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(m02)),
+        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(m02)),
+        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(m13)),
+        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(m13)),
+    ];
+    // The four (d, dmin) dwords in row order, then the f16 words in `pair_lanes`' order.
+    let t = _mm256_unpacklo_epi32(a, b);
+    let dd = _mm_unpacklo_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+    let d_words = _mm_setr_epi8(0, 1, 4, 5, 0, 1, 4, 5, 8, 9, 12, 13, 8, 9, 12, 13);
+    let m_words = _mm_setr_epi8(2, 3, 6, 7, 2, 3, 6, 7, 10, 11, 14, 15, 10, 11, 14, 15);
+    QuadMeta {
+        even: [even, even],
+        odd: [odd, odd],
+        corr,
+        d: _mm256_cvtph_ps(_mm_shuffle_epi8(dd, d_words)),
+        dmin: _mm256_cvtph_ps(_mm_shuffle_epi8(dd, m_words)),
+    }
+}
+
+/// Two Q4_K/Q5_K headers, one per 128-bit lane (dwords `[d·dmin, u0, u1, u2]`), to their scales'
+/// bytes (0–7) and minima's (8–15), per lane: `fused::k45_header`'s masks on whole vectors.
+#[inline(always)]
+unsafe fn k45_scale_bytes(v: __m256i) -> __m256i {
+    // [u0, u1, u0, u1] and [u2, u2 >> 4, u2, u2 >> 4].
+    let a = _mm256_shuffle_epi32::<0b10_01_10_01>(v);
+    let c = _mm256_srlv_epi32(
+        _mm256_shuffle_epi32::<0b11_11_11_11>(v),
+        _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4),
+    );
+    let lo = _mm256_and_si256(a, _mm256_set1_epi32(0x3f3f_3f3f));
+    let top = _mm256_and_si256(_mm256_srli_epi32::<6>(a), _mm256_set1_epi32(0x0303_0303));
+    let hi = _mm256_or_si256(
+        _mm256_and_si256(c, _mm256_set1_epi32(0x0f0f_0f0f)),
+        _mm256_slli_epi32::<4>(top),
+    );
+    // [scales 0–3, scales 4–7, minima 0–3, minima 4–7].
+    _mm256_unpacklo_epi32(lo, hi)
 }
 
 /// Stores four rows' 32 bytes as four 32-byte chunks, chunk `c` holding bytes `8c … 8c + 7` of each
@@ -451,7 +523,7 @@ impl<F: fused::KQuant> Quad for Packed<F> {
         if self.ahead > 0 {
             super::dot::prefetch_lines(src.wrapping_add(self.ahead), NW * F::BYTES);
         }
-        self.meta = QuadMeta::of::<F>(&Self::headers(src));
+        self.meta = QuadMeta::packed::<F>(src);
     }
     #[inline(always)]
     unsafe fn chunk(&self, b: usize, g: usize, c: usize) -> __m256i {

@@ -246,6 +246,14 @@ fn packed_tiled_from(path: Path) -> usize {
     }
 }
 
+/// Activation rows from which two repacked groups go through the AVX-512 kernel together
+/// ([`gemm512::dot_packed_pair`]); below, one group at a time through the 256-bit kernels
+/// ([`gemm::dot_packed`], with VNNI where the CPU has it). Measured on Qwen2.5-Coder-1.5B (AMD Zen 4,
+/// `kvbench perf --batch 1,4,8`, three rounds, tokens/s): batch 1 15.4 / 15.9 / 17.3 in pairs against
+/// 20.0 / 22.4 / 19.9 one group at a time, batch 4 45.0 / 46.8 / 49.2 against 48.2 / 50.8 / 45.0;
+/// the kernel bench put the two even from 5 to 7 rows and the pairs ahead from 8.
+const PAIR_FROM: usize = 6;
+
 /// Columns `j .. j + NW` of a repacked group, or `j .. j + 2·NW` on AVX-512 when the next group is one
 /// of the same format, read in place for activation `rows`, [`gemm::KR`] rows a call; returns the
 /// columns done.
@@ -268,7 +276,9 @@ unsafe fn packed_columns(
     let next = (j + 2 * gemm::NW <= end)
         .then(|| w.packed_group(j + gemm::NW))
         .flatten();
-    if let Some((_, second)) = next.filter(|n| path == Path::Avx512 && n.0 == format) {
+    if let Some((_, second)) =
+        next.filter(|n| path == Path::Avx512 && n.0 == format && rows.len() >= PAIR_FROM)
+    {
         let mut r = rows.start;
         while r < rows.end {
             let take = (rows.end - r).min(super::gemm512::KR);
@@ -285,7 +295,15 @@ unsafe fn packed_columns(
     while r < rows.end {
         let take = (rows.end - r).min(gemm::KR);
         let mut acc = [[0f32; gemm::KR]; gemm::NW];
-        gemm::dot_packed(format, group, x, r, take, &mut acc);
+        gemm::dot_packed(
+            format,
+            group,
+            x,
+            r,
+            take,
+            &mut acc,
+            path == Path::Avx512 && gemm512::has_vnni(),
+        );
         write_block(out, &acc, r, take, j);
         r += take;
     }

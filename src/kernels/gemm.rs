@@ -254,15 +254,27 @@ impl Interleaved {
 /// A super-block's headers of four rows, as the interleaved kernels use them, in registers.
 #[derive(Clone, Copy)]
 pub(super) struct QuadMeta {
-    /// The rows' scales (16-bit lanes of [`fused::Header::scales`]): `even[s]` holds rows 0 and 2's
-    /// lanes `8s … 8s + 7` in its two 128-bit halves, `odd[s]` rows 1 and 3's.
-    even: [__m256i; 2],
-    odd: [__m256i; 2],
+    /// The rows' scales (16-bit lanes `j` of [`fused::Header::scales`]), paired: per 128-bit half,
+    /// dword `q` of `pairs[j / 4]` holds lane `j` of rows 0 and 1 (low half) or of rows 2 and 3 (high
+    /// half), so one byte shuffle gives a group's scales in any lane layout ([`scales`](Self::scales)).
+    pairs: [__m256i; 4],
     /// What multiplies each 16 activations' sum, per row.
     corr: [__m256i; NW],
     /// `d` and `dmin` in [`pair_lanes`]' order (rows 0 1 0 1 2 3 2 3).
     d: __m256,
     dmin: __m256,
+}
+
+/// [`QuadMeta::pairs`] from the rows' scale lanes: `even[s]` holding rows 0 and 2's lanes `8s … 8s +
+/// 7` in its two 128-bit halves, `odd[s]` rows 1 and 3's.
+#[inline(always)]
+unsafe fn scale_pairs(even: [__m256i; 2], odd: [__m256i; 2]) -> [__m256i; 4] {
+    [
+        _mm256_unpacklo_epi16(even[0], odd[0]),
+        _mm256_unpackhi_epi16(even[0], odd[0]),
+        _mm256_unpacklo_epi16(even[1], odd[1]),
+        _mm256_unpackhi_epi16(even[1], odd[1]),
+    ]
 }
 
 impl QuadMeta {
@@ -271,14 +283,16 @@ impl QuadMeta {
     unsafe fn of<F: fused::KQuant>(h: &[fused::Header; NW]) -> Self {
         // 0x20: both low halves; 0x31: both high halves.
         Self {
-            even: [
-                _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x20),
-                _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x31),
-            ],
-            odd: [
-                _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x20),
-                _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x31),
-            ],
+            pairs: scale_pairs(
+                [
+                    _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x20),
+                    _mm256_permute2x128_si256(h[0].scales, h[2].scales, 0x31),
+                ],
+                [
+                    _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x20),
+                    _mm256_permute2x128_si256(h[1].scales, h[3].scales, 0x31),
+                ],
+            ),
             corr: [
                 F::corr_lanes(&h[0]),
                 F::corr_lanes(&h[1]),
@@ -308,17 +322,54 @@ impl QuadMeta {
         }
     }
 
-    /// Group `g`'s scales of half `h`, row `w`'s in lanes `4w … 4w + 3`: the lane everywhere in each
-    /// half, then rows 0, 1 | 2, 3 four lanes each (three instructions, no pass through memory).
+    /// Group `g`'s scales of half `h`, row `w`'s in 16-bit lanes `4w … 4w + 3` (what `madd` of the
+    /// 16-bit sums takes): one byte shuffle.
     #[inline(always)]
     unsafe fn scales<F: fused::KQuant>(&self, g: usize, h: usize) -> __m256i {
-        let lane = F::scale_lane(g, h);
-        let (s, l) = (lane / 8, lane % 8);
-        let pick = _mm256_set1_epi16((((2 * l + 1) << 8) | (2 * l)) as i16);
-        let e = _mm256_shuffle_epi8(self.even[s], pick);
-        let o = _mm256_shuffle_epi8(self.odd[s], pick);
-        _mm256_blend_epi32(e, o, 0b1100_1100)
+        self.pick::<F, false>(g, h)
     }
+
+    /// Group `g`'s scales of half `h`, row `w`'s in the low 16 bits of 32-bit lanes `2w`, `2w + 1`,
+    /// the high 16 bits zero (what `vpdpwssd` of 32-bit sums below 2^15 takes): one byte shuffle.
+    #[inline(always)]
+    unsafe fn scales32<F: fused::KQuant>(&self, g: usize, h: usize) -> __m256i {
+        self.pick::<F, true>(g, h)
+    }
+
+    #[inline(always)]
+    unsafe fn pick<F: fused::KQuant, const WIDE: bool>(&self, g: usize, h: usize) -> __m256i {
+        let lane = F::scale_lane(g, h);
+        let table = if WIDE { &PICK_WIDE } else { &PICK };
+        let pick = _mm256_loadu_si256(table.get_unchecked(lane % 4).as_ptr() as *const __m256i);
+        _mm256_shuffle_epi8(*self.pairs.get_unchecked(lane / 4), pick)
+    }
+}
+
+/// The byte shuffles of [`QuadMeta::scales`]: for dword `q` of each 128-bit half, the first row's
+/// 16-bit scale four times, then the second's.
+static PICK: [[i8; 32]; 4] = pick_table(false);
+/// [`QuadMeta::scales32`]'s: each row's scale twice, in the low half of a 32-bit lane (-1: a zero).
+static PICK_WIDE: [[i8; 32]; 4] = pick_table(true);
+
+/// The tables of [`PICK`] and [`PICK_WIDE`] (a table, not built per call: inside a loop the compiler
+/// did not unroll, the masks were assembled byte by byte every time).
+const fn pick_table(wide: bool) -> [[i8; 32]; 4] {
+    let mut t = [[0i8; 32]; 4];
+    let mut q = 0;
+    while q < 4 {
+        let mut i = 0;
+        while i < 32 {
+            // Byte `i`: 16-bit lane (i % 16) / 2 of its half; lanes 0–3 the first row's, 4–7 the
+            // second's; the low or high byte of the scale by i's parity.
+            let lane = (i % 16) / 2;
+            let second = lane / 4;
+            let byte = (4 * q + 2 * second + i % 2) as i8;
+            t[q][i] = if wide && lane % 2 == 1 { -1 } else { byte };
+            i += 1;
+        }
+        q += 1;
+    }
+    t
 }
 
 /// [`QuadMeta`] of four Q4_K/Q5_K headers stored one after another at `src` (64 bytes), with vector
@@ -352,9 +403,9 @@ unsafe fn k45_quad_meta(src: *const u8) -> QuadMeta {
     let dd = _mm_unpacklo_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
     let d_words = _mm_setr_epi8(0, 1, 4, 5, 0, 1, 4, 5, 8, 9, 12, 13, 8, 9, 12, 13);
     let m_words = _mm_setr_epi8(2, 3, 6, 7, 2, 3, 6, 7, 10, 11, 14, 15, 10, 11, 14, 15);
+    let pairs = scale_pairs([even, even], [odd, odd]);
     QuadMeta {
-        even: [even, even],
-        odd: [odd, odd],
+        pairs,
         corr,
         d: _mm256_cvtph_ps(_mm_shuffle_epi8(dd, d_words)),
         dmin: _mm256_cvtph_ps(_mm_shuffle_epi8(dd, m_words)),
@@ -418,8 +469,15 @@ pub(super) trait Quad {
     unsafe fn begin(&mut self, b: usize);
     /// Chunk `c` (weights `8c … 8c + 7`) of group `g` of super-block `b`, the four rows in turn.
     unsafe fn chunk(&self, b: usize, g: usize, c: usize) -> __m256i;
-    /// Group `g`'s scales of half `h` (`h` = 1 only when [`by_16`](Self::by_16)).
+    /// Group `g`'s scales of half `h` (`h` = 1 only when [`by_16`](Self::by_16)), row `w`'s in 16-bit
+    /// lanes `4w … 4w + 3`.
     unsafe fn scales(&self, b: usize, g: usize, h: usize) -> __m256i;
+    /// The same scales in the low 16 bits of 32-bit lanes `2w`, `2w + 1`, the high bits zero (for
+    /// `vpdpwssd`).
+    #[inline(always)]
+    unsafe fn scales32(&self, b: usize, g: usize, h: usize) -> __m256i {
+        _mm256_and_si256(self.scales(b, g, h), _mm256_set1_epi32(0xFFFF))
+    }
     /// Super-block `b`'s `d` and `dmin`, in [`pair_lanes`]' order.
     unsafe fn d(&self, b: usize) -> (__m256, __m256);
     /// What multiplies each 16 activations' sum, per row.
@@ -483,8 +541,7 @@ impl<F: fused::KQuant> Packed<F> {
             // SAFETY: zero vectors, replaced by `begin` before they are read.
             meta: unsafe {
                 QuadMeta {
-                    even: [_mm256_setzero_si256(); 2],
-                    odd: [_mm256_setzero_si256(); 2],
+                    pairs: [_mm256_setzero_si256(); 4],
                     corr: [_mm256_setzero_si256(); NW],
                     d: _mm256_setzero_ps(),
                     dmin: _mm256_setzero_ps(),
@@ -535,6 +592,10 @@ impl<F: fused::KQuant> Quad for Packed<F> {
         self.meta.scales::<F>(g, h)
     }
     #[inline(always)]
+    unsafe fn scales32(&self, _: usize, g: usize, h: usize) -> __m256i {
+        self.meta.scales32::<F>(g, h)
+    }
+    #[inline(always)]
     unsafe fn d(&self, _: usize) -> (__m256, __m256) {
         (self.meta.d, self.meta.dmin)
     }
@@ -550,6 +611,7 @@ impl<F: fused::KQuant> Quad for Packed<F> {
 /// # Safety
 /// AVX2, FMA and F16C; `group` holds four repacked rows of `x.k` weights of `format` and `x` the rows
 /// asked for, in 256-wide activation blocks.
+/// With `vnni` (the CPU must have AVX-512 VNNI and VL) through [`kquant_vnni`].
 pub unsafe fn dot_packed(
     format: BlockFormat,
     group: &[u8],
@@ -557,14 +619,75 @@ pub unsafe fn dot_packed(
     r0: usize,
     rows: usize,
     acc: &mut [[f32; KR]; NW],
+    vnni: bool,
 ) {
     let g = group.as_ptr();
     match format {
-        BlockFormat::Q4K => dot_quad(&mut Packed::<fused::Q4K>::new(g), x, r0, rows, acc),
-        BlockFormat::Q5K => dot_quad(&mut Packed::<fused::Q5K>::new(g), x, r0, rows, acc),
-        BlockFormat::Q6K => dot_quad(&mut Packed::<fused::Q6K>::new(g), x, r0, rows, acc),
+        BlockFormat::Q4K => packed_quad::<fused::Q4K>(g, x, r0, rows, acc, vnni),
+        BlockFormat::Q5K => packed_quad::<fused::Q5K>(g, x, r0, rows, acc, vnni),
+        BlockFormat::Q6K => packed_quad::<fused::Q6K>(g, x, r0, rows, acc, vnni),
         _ => unreachable!("only k-quants are repacked"),
     }
+}
+
+#[inline(always)]
+unsafe fn packed_quad<F: fused::KQuant>(
+    group: *const u8,
+    x: &Acts,
+    r0: usize,
+    rows: usize,
+    acc: &mut [[f32; KR]; NW],
+    vnni: bool,
+) {
+    let p = &mut Packed::<F>::new(group);
+    if !vnni {
+        return dot_quad(p, x, r0, rows, acc);
+    }
+    match rows {
+        1 => kquant_vnni::<_, 1>(p, x, r0, acc),
+        2 => kquant_vnni::<_, 2>(p, x, r0, acc),
+        3 => kquant_vnni::<_, 3>(p, x, r0, acc),
+        _ => kquant_vnni::<_, 4>(p, x, r0, acc),
+    }
+}
+
+/// [`kquant`] with AVX-512 VNNI on 256-bit vectors: each chunk's products summed by `vpdpbusd` into
+/// 32-bit lanes (four weights a lane), as many chunks as keep a lane within 16 bits (four for Q4_K,
+/// two for Q5_K, one for Q6_K), then scaled and added by one `vpdpwssd`; even and odd groups in two
+/// chains of sums, so that one group's scaling need not wait for the last. The same exact integer
+/// sums as the other kernels (none of theirs saturates), the same float step, so the same bits.
+///
+/// Why 256 bits and not [`super::gemm512`]'s pairs of groups for a few rows: a 512-bit vector of
+/// two groups' chunks costs an insert per chunk, and on CPUs that split 512-bit instructions in two
+/// (AMD Zen 4) nothing is gained by the width (README, speed).
+// Indexes are clearer than iterators here: `i` picks sums and activation rows.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn kquant_vnni<S: Quad, const RR: usize>(
+    p: &mut S,
+    x: &Acts,
+    r0: usize,
+    acc: &mut [[f32; KR]; NW],
+) {
+    debug_assert_eq!(x.block, 256);
+    let at = RowsAt::new(x, r0);
+    let RowsAt { xq, k, kb, .. } = at;
+    let mut total: Totals = [_mm256_setzero_ps(); KR / 2];
+    for b in 0..kb {
+        p.begin(b);
+        // Even groups into one chain of sums, odd into the other.
+        let mut isum = [[_mm256_setzero_si256(); RR]; 2];
+        let [even, odd] = &mut isum;
+        let xb = xq.add(256 * b);
+        for t in 0..4 {
+            vnni_group::<S, RR>(p, b, 2 * t, xb, k, even);
+            vnni_group::<S, RR>(p, b, 2 * t + 1, xb, k, odd);
+        }
+        let sums: [__m256i; RR] = std::array::from_fn(|i| _mm256_add_epi32(isum[0][i], isum[1][i]));
+        let (dv, dminv) = p.d(b);
+        finish_block(dv, dminv, p.corr(b), b, &sums, &at, &mut total);
+    }
+    store_totals::<RR, KR>(&total, acc);
 }
 
 /// [`kquant`] for 1 ≤ `rows` ≤ [`KR`] activation rows.
@@ -602,8 +725,8 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
     acc: &mut [[f32; KR]; NW],
 ) {
     debug_assert_eq!(x.block, 256);
-    let (k, kb) = (x.k, x.k / 256);
-    let xq = x.row(r0).as_ptr();
+    let at = RowsAt::new(x, r0);
+    let RowsAt { xq, k, kb, .. } = at;
     let mut total: Totals = [_mm256_setzero_ps(); KR / 2];
     for b in 0..kb {
         p.begin(b);
@@ -630,9 +753,75 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
             }
         }
         let (dv, dminv) = p.d(b);
-        finish_block(dv, dminv, p.corr(b), b, &isum, x, r0, &mut total);
+        finish_block(dv, dminv, p.corr(b), b, &isum, &at, &mut total);
     }
     store_totals::<RR, KR>(&total, acc);
+}
+
+/// Group `g` of super-block `b` into `isum` (activation rows at `xb`, `k` apart): [`kquant_vnni`]'s
+/// integer part.
+#[inline(always)]
+unsafe fn vnni_group<S: Quad, const RR: usize>(
+    p: &S,
+    b: usize,
+    g: usize,
+    xb: *const i8,
+    k: usize,
+    isum: &mut [__m256i; RR],
+) {
+    // Chunks summed before the scale: |sum| ≤ 4 · per · TOP · 127 < 2^15 (four for Q4_K, two for
+    // Q5_K, one for Q6_K).
+    let per = (32767 / (4 * 127 * S::TOP as usize)).clamp(1, 4);
+    let mut c0 = 0;
+    while c0 < 4 {
+        let mut part = [_mm256_setzero_si256(); RR];
+        for c in c0..c0 + per {
+            let wv = p.chunk(b, g, c);
+            for (i, s) in part.iter_mut().enumerate() {
+                let xv = _mm256_set1_epi64x(std::ptr::read_unaligned(
+                    xb.add(i * k + 32 * g + 8 * c) as *const i64,
+                ));
+                // Per 32-bit lane: weights 4t … 4t + 3 of a row, exact.
+                *s = _mm256_dpbusd_epi32(*s, wv, xv);
+            }
+        }
+        // Q6_K scales every 16 weights: chunks 0–1, then 2–3 (one at a time there, per = 1).
+        let sc = p.scales32(b, g, if p.by_16() { c0 / 2 } else { 0 });
+        for (sum, part) in isum.iter_mut().zip(part) {
+            *sum = _mm256_dpwssd_epi32(*sum, part, sc);
+        }
+        c0 += per;
+    }
+}
+
+/// Where a kernel call's activation rows are, found once per call: a slice's bounds checked (and the
+/// division that finds them) inside the loop over super-blocks split it in pieces that LLVM then
+/// scheduled badly (every activation load of a super-block hoisted above the checks, and spilled).
+#[derive(Clone, Copy)]
+pub(super) struct RowsAt {
+    /// The first row's quantized values (`k` apart from row to row).
+    pub(super) xq: *const i8,
+    /// Its scales, one per 256 values (`kb` apart).
+    pub(super) xd: *const f32,
+    /// Its sums per 16 values (`k / 16` apart).
+    pub(super) xs: *const i16,
+    pub(super) k: usize,
+    pub(super) kb: usize,
+}
+
+impl RowsAt {
+    /// Row `r0` of `x` (256-wide activation blocks) and the rows after it.
+    #[inline(always)]
+    pub(super) fn new(x: &Acts, r0: usize) -> Self {
+        debug_assert_eq!(x.block, 256);
+        Self {
+            xq: x.row(r0).as_ptr(),
+            xd: x.scales(r0).as_ptr(),
+            xs: x.row_sums(r0).as_ptr(),
+            k: x.k,
+            kb: x.k / 256,
+        }
+    }
 }
 
 /// Per-pair float sums of [`kquant`]'s activation rows (lanes in [`pair_lanes`]' order).
@@ -651,13 +840,10 @@ unsafe fn finish_block<const RR: usize>(
     corr: [__m256i; NW],
     b: usize,
     isum: &[__m256i; RR],
-    x: &Acts,
-    r0: usize,
+    x: &RowsAt,
     total: &mut Totals,
 ) {
-    let (k, kb) = (x.k, x.k / 256);
-    let xd = x.scales(r0).as_ptr();
-    let xs = x.row_sums(r0).as_ptr();
+    let RowsAt { xd, xs, k, kb, .. } = *x;
     for pair in 0..RR.div_ceil(2) {
         let (i0, i1) = (2 * pair, (2 * pair + 1).min(RR - 1));
         let s = _mm256_hadd_epi32(isum[i0], isum[i1]);

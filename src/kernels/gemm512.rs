@@ -11,7 +11,7 @@
 //! kernel's bits.
 
 use super::acts::Acts;
-use super::gemm::{store_totals, Interleaved, Packed, Quad, NW};
+use super::gemm::{store_totals, Interleaved, Packed, Quad, RowsAt, NW};
 
 /// Most activation rows per call: twice the AVX2 kernel's, as the 32 vector registers allow; each
 /// call decodes its weights once (measured on Qwen2.5-Coder-1.5B, see the README's speed section).
@@ -122,6 +122,7 @@ pub fn has_vnni() -> bool {
     static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *VNNI.get_or_init(|| {
         is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vl")
             && super::vnni_from_env().ok().flatten().unwrap_or(true)
     })
 }
@@ -174,63 +175,20 @@ unsafe fn kquant_body<S: Quad, const RR: usize, const BY_16: bool, const VNNI: b
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
     debug_assert_eq!(x.block, 256);
-    let (k, kb) = (x.k, x.k / 256);
-    let xq = x.row(r0).as_ptr();
+    let at = RowsAt::new(x, r0);
+    let RowsAt { xq, k, kb, .. } = at;
     let mut total = [_mm512_setzero_ps(); KR / 2];
     for b in 0..kb {
         p[0].begin(b);
         p[1].begin(b);
         let mut isum = [_mm512_setzero_si512(); RR];
+        let xb = xq.add(256 * b);
+        // A loop the compiler keeps: unrolled over the eight groups, every activation load of the
+        // super-block was hoisted to its start and spilled.
         for g in 0..8 {
-            let at = 256 * b + 32 * g;
-            let halves = if BY_16 { 2 } else { 1 };
-            for h in 0..halves {
-                let chunks = if BY_16 { 2 * h..2 * h + 2 } else { 0..4 };
-                let scales = join(p[0].scales(b, g, h), p[1].scales(b, g, h));
-                if VNNI {
-                    // Each row's scale fills its four 16-bit lanes; kept once per 32-bit lane, in its low
-                    // half, `vpdpwssd` multiplies a 32-bit sum below 2^15 by it exactly.
-                    let s16 = _mm512_and_si512(scales, _mm512_set1_epi32(0xFFFF));
-                    // Chunks summed per lane before the scale: as many as keep |sum| ≤ 4 · per · TOP ·
-                    // 127 below 2^15 (four for Q4_K, two for Q5_K).
-                    let per = (32767 / (4 * 127 * S::TOP as usize)).clamp(1, 4);
-                    let mut c0 = chunks.start;
-                    while c0 < chunks.end {
-                        let mut part = [_mm512_setzero_si512(); RR];
-                        for c in c0..(c0 + per).min(chunks.end) {
-                            let wv = join(p[0].chunk(b, g, c), p[1].chunk(b, g, c));
-                            for (i, s) in part.iter_mut().enumerate() {
-                                let xv = _mm512_set1_epi64(std::ptr::read_unaligned(
-                                    xq.add(i * k + at + 8 * c) as *const i64,
-                                ));
-                                // Per 32-bit lane: weights 4t … 4t + 3 of a row, exact.
-                                *s = _mm512_dpbusd_epi32(*s, wv, xv);
-                            }
-                        }
-                        for i in 0..RR {
-                            isum[i] = _mm512_dpwssd_epi32(isum[i], part[i], s16);
-                        }
-                        c0 += per;
-                    }
-                    continue;
-                }
-                let mut part = [_mm512_setzero_si512(); RR];
-                for c in chunks {
-                    let wv = join(p[0].chunk(b, g, c), p[1].chunk(b, g, c));
-                    for (i, s) in part.iter_mut().enumerate() {
-                        let xv = _mm512_set1_epi64(std::ptr::read_unaligned(
-                            xq.add(i * k + at + 8 * c) as *const i64,
-                        ));
-                        // Per 16-bit lane, the same sums as the AVX2 kernel's (bounds there).
-                        *s = _mm512_add_epi16(*s, _mm512_maddubs_epi16(wv, xv));
-                    }
-                }
-                for i in 0..RR {
-                    isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales));
-                }
-            }
+            group::<S, RR, BY_16, VNNI>(p, b, g, xb, k, &mut isum);
         }
-        finish_pair(p, b, &isum, x, r0, &mut total);
+        finish_pair(p, b, &isum, &at, &mut total);
     }
     // Each half holds exactly what the AVX2 kernel's sums hold for that block.
     let mut lo = [_mm256_setzero_ps(); KR / 2];
@@ -241,6 +199,67 @@ unsafe fn kquant_body<S: Quad, const RR: usize, const BY_16: bool, const VNNI: b
     }
     store_totals::<RR, KR>(&lo, &mut acc[0]);
     store_totals::<RR, KR>(&hi, &mut acc[1]);
+}
+
+/// Group `g` of super-block `b` of both blocks into `isum` (activation rows at `xb`, `k` apart):
+/// [`kquant_body`]'s integer part.
+// Indexes are clearer than iterators here: `h` picks both chunks and scales.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn group<S: Quad, const RR: usize, const BY_16: bool, const VNNI: bool>(
+    p: &[S; 2],
+    b: usize,
+    g: usize,
+    xb: *const i8,
+    k: usize,
+    isum: &mut [__m512i; RR],
+) {
+    let halves = if BY_16 { 2 } else { 1 };
+    for h in 0..halves {
+        let chunks = if BY_16 { 2 * h..2 * h + 2 } else { 0..4 };
+        if VNNI {
+            // Each row's scale in the low half of its 32-bit lanes: `vpdpwssd` multiplies a 32-bit
+            // sum below 2^15 by it exactly.
+            let s16 = join(p[0].scales32(b, g, h), p[1].scales32(b, g, h));
+            // Chunks summed per lane before the scale: as many as keep |sum| ≤ 4 · per · TOP · 127
+            // below 2^15 (four for Q4_K, two for Q5_K).
+            let per = (32767 / (4 * 127 * S::TOP as usize)).clamp(1, 4);
+            let mut c0 = chunks.start;
+            while c0 < chunks.end {
+                let mut part = [_mm512_setzero_si512(); RR];
+                for c in c0..(c0 + per).min(chunks.end) {
+                    let wv = join(p[0].chunk(b, g, c), p[1].chunk(b, g, c));
+                    for (i, s) in part.iter_mut().enumerate() {
+                        let xv = _mm512_set1_epi64(std::ptr::read_unaligned(
+                            xb.add(i * k + 32 * g + 8 * c) as *const i64,
+                        ));
+                        // Per 32-bit lane: weights 4t … 4t + 3 of a row, exact.
+                        *s = _mm512_dpbusd_epi32(*s, wv, xv);
+                    }
+                }
+                for i in 0..RR {
+                    isum[i] = _mm512_dpwssd_epi32(isum[i], part[i], s16);
+                }
+                c0 += per;
+            }
+            continue;
+        }
+        let scales = join(p[0].scales(b, g, h), p[1].scales(b, g, h));
+        let mut part = [_mm512_setzero_si512(); RR];
+        for c in chunks {
+            let wv = join(p[0].chunk(b, g, c), p[1].chunk(b, g, c));
+            for (i, s) in part.iter_mut().enumerate() {
+                let xv = _mm512_set1_epi64(std::ptr::read_unaligned(
+                    xb.add(i * k + 32 * g + 8 * c) as *const i64,
+                ));
+                // Per 16-bit lane, the same sums as the AVX2 kernel's (bounds there).
+                *s = _mm512_add_epi16(*s, _mm512_maddubs_epi16(wv, xv));
+            }
+        }
+        for i in 0..RR {
+            isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales));
+        }
+    }
 }
 
 /// `_mm256_hadd_epi32` on each 256-bit half: per 128-bit lane `a0 + a1, a2 + a3, b0 + b1, b2 + b3`.
@@ -263,13 +282,10 @@ unsafe fn finish_pair<S: Quad, const RR: usize>(
     p: &[S; 2],
     b: usize,
     isum: &[__m512i; RR],
-    x: &Acts,
-    r0: usize,
+    x: &RowsAt,
     total: &mut [__m512; KR / 2],
 ) {
-    let (k, kb) = (x.k, x.k / 256);
-    let xd = x.scales(r0).as_ptr();
-    let xs = x.row_sums(r0).as_ptr();
+    let RowsAt { xd, xs, k, kb, .. } = *x;
     // No closures here: they would not inherit the caller's target features, and every intrinsic in
     // them would become a call.
     let ((d0, m0), (d1, m1)) = (p[0].d(b), p[1].d(b));

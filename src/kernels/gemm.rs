@@ -522,6 +522,7 @@ impl Quad for &Interleaved {
 /// A group of four rows repacked at load ([`super::packed`]), read in place: the chunks decoded from
 /// their nibbles as they are multiplied; each super-block's headers decoded when it begins and kept in
 /// registers ([`QuadMeta`]), a group's scales shuffled out of them when asked for.
+#[derive(Clone, Copy)]
 pub(super) struct Packed<F> {
     group: *const u8,
     /// Bytes ahead the next super-blocks are asked for (0: not).
@@ -639,9 +640,9 @@ unsafe fn packed_quad<F: fused::KQuant>(
     acc: &mut [[f32; KR]; NW],
     vnni: bool,
 ) {
-    let p = &mut Packed::<F>::new(group);
+    let p = Packed::<F>::new(group);
     if !vnni {
-        return dot_quad(p, x, r0, rows, acc);
+        return dot_quad(&mut { p }, x, r0, rows, acc);
     }
     match rows {
         1 => kquant_vnni::<_, 1>(p, x, r0, acc),
@@ -664,7 +665,9 @@ unsafe fn packed_quad<F: fused::KQuant>(
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 unsafe fn kquant_vnni<S: Quad, const RR: usize>(
-    p: &mut S,
+    // By value: a local the compiler can keep in registers (through a reference, each super-block's
+    // decoded headers went to memory and back).
+    mut p: S,
     x: &Acts,
     r0: usize,
     acc: &mut [[f32; KR]; NW],
@@ -679,10 +682,15 @@ unsafe fn kquant_vnni<S: Quad, const RR: usize>(
         let mut isum = [[_mm256_setzero_si256(); RR]; 2];
         let [even, odd] = &mut isum;
         let xb = xq.add(256 * b);
-        for t in 0..4 {
-            vnni_group::<S, RR>(p, b, 2 * t, xb, k, even);
-            vnni_group::<S, RR>(p, b, 2 * t + 1, xb, k, odd);
-        }
+        // Each group's index a constant, so that its loads, shifts and shuffles are fixed.
+        vnni_group::<S, RR, 0>(&p, b, xb, k, even);
+        vnni_group::<S, RR, 1>(&p, b, xb, k, odd);
+        vnni_group::<S, RR, 2>(&p, b, xb, k, even);
+        vnni_group::<S, RR, 3>(&p, b, xb, k, odd);
+        vnni_group::<S, RR, 4>(&p, b, xb, k, even);
+        vnni_group::<S, RR, 5>(&p, b, xb, k, odd);
+        vnni_group::<S, RR, 6>(&p, b, xb, k, even);
+        vnni_group::<S, RR, 7>(&p, b, xb, k, odd);
         let sums: [__m256i; RR] = std::array::from_fn(|i| _mm256_add_epi32(isum[0][i], isum[1][i]));
         let (dv, dminv) = p.d(b);
         finish_block(dv, dminv, p.corr(b), b, &sums, &at, &mut total);
@@ -758,35 +766,54 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
     store_totals::<RR, KR>(&total, acc);
 }
 
-/// Group `g` of super-block `b` into `isum` (activation rows at `xb`, `k` apart): [`kquant_vnni`]'s
+/// Group `G` of super-block `b` into `isum` (activation rows at `xb`, `k` apart): [`kquant_vnni`]'s
 /// integer part.
 #[inline(always)]
-unsafe fn vnni_group<S: Quad, const RR: usize>(
+unsafe fn vnni_group<S: Quad, const RR: usize, const G: usize>(
     p: &S,
     b: usize,
-    g: usize,
     xb: *const i8,
     k: usize,
     isum: &mut [__m256i; RR],
 ) {
+    let xv = |i: usize, c: usize| {
+        _mm256_set1_epi64x(std::ptr::read_unaligned(
+            xb.add(i * k + 32 * G + 8 * c) as *const i64
+        ))
+    };
     // Chunks summed before the scale: |sum| ≤ 4 · per · TOP · 127 < 2^15 (four for Q4_K, two for
-    // Q5_K, one for Q6_K).
-    let per = (32767 / (4 * 127 * S::TOP as usize)).clamp(1, 4);
+    // Q5_K, one for Q6_K, whose values reach 63).
+    let per = 32767 / (4 * 127 * S::TOP as usize);
+    if per < 2 {
+        // Two chunks' `maddubs` pairs summed in 16 bits (|lane| ≤ 2 · 2 · 63 · 127 < 2^15), then
+        // scaled and added by one `vpdpwssd`: 4 instructions per two chunks, where `vpdpbusd` into a
+        // zeroed sum and `vpdpwssd` for each chunk take 6. Q6_K's scales change every two chunks.
+        for c in [0, 2] {
+            let (w0, w1) = (p.chunk(b, G, c), p.chunk(b, G, c + 1));
+            let sc = p.scales(b, G, if p.by_16() { c / 2 } else { 0 });
+            for (i, sum) in isum.iter_mut().enumerate() {
+                let pairs = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(w0, xv(i, c)),
+                    _mm256_maddubs_epi16(w1, xv(i, c + 1)),
+                );
+                *sum = _mm256_dpwssd_epi32(*sum, pairs, sc);
+            }
+        }
+        return;
+    }
+    let per = per.min(4);
     let mut c0 = 0;
     while c0 < 4 {
         let mut part = [_mm256_setzero_si256(); RR];
         for c in c0..c0 + per {
-            let wv = p.chunk(b, g, c);
+            let wv = p.chunk(b, G, c);
             for (i, s) in part.iter_mut().enumerate() {
-                let xv = _mm256_set1_epi64x(std::ptr::read_unaligned(
-                    xb.add(i * k + 32 * g + 8 * c) as *const i64,
-                ));
                 // Per 32-bit lane: weights 4t … 4t + 3 of a row, exact.
-                *s = _mm256_dpbusd_epi32(*s, wv, xv);
+                *s = _mm256_dpbusd_epi32(*s, wv, xv(i, c));
             }
         }
-        // Q6_K scales every 16 weights: chunks 0–1, then 2–3 (one at a time there, per = 1).
-        let sc = p.scales32(b, g, if p.by_16() { c0 / 2 } else { 0 });
+        // Q4_K and Q5_K scale every 32 weights: one scale for the group.
+        let sc = p.scales32(b, G, 0);
         for (sum, part) in isum.iter_mut().zip(part) {
             *sum = _mm256_dpwssd_epi32(*sum, part, sc);
         }

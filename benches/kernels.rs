@@ -105,7 +105,7 @@ fn main() {
                 times.sort_by(f64::total_cmp);
                 let t = times[repeats / 2];
                 println!(
-                    "| {format:?} | {rows} | {:?} | {:.2} | {:.1} | {:.1} |",
+                    "| {format:?} | {rows} | {:?} | {:.3} | {:.1} | {:.1} |",
                     path.supported(),
                     t * 1e3,
                     m.bytes() as f64 / t / 1e9,

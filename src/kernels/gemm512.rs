@@ -34,7 +34,7 @@ pub unsafe fn dot_pair(
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
     debug_assert_eq!(p[0].by_16, p[1].by_16);
-    dot_quads(&mut p, x, r0, rows, acc, false)
+    dot_quads(&mut p, x, r0, rows, acc, has_vnni())
 }
 
 /// [`dot_pair`] on two groups of four rows repacked at load ([`super::packed`]), both of `format`.
@@ -50,8 +50,7 @@ pub unsafe fn dot_packed_pair(
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
     let g = groups.map(|g| g.as_ptr());
-    // Q6_K's two scales a group make the VNNI form slower (`kquant_vnni`).
-    let vnni = has_vnni() && format != BlockFormat::Q6K;
+    let vnni = has_vnni();
     match format {
         BlockFormat::Q4K => packed_quads::<fused::Q4K>(g, x, r0, rows, acc, vnni),
         BlockFormat::Q5K => packed_quads::<fused::Q5K>(g, x, r0, rows, acc, vnni),
@@ -81,37 +80,39 @@ unsafe fn dot_quads<S: Quad>(
     acc: &mut [[[f32; KR]; NW]; 2],
     vnni: bool,
 ) {
-    // Only Q4_K and Q5_K take the VNNI form (see `kquant_vnni`): never a source that scales per 16.
-    if vnni && !p[0].by_16() {
-        match rows {
-            1 => kquant_vnni::<S, 1>(p, x, r0, acc),
-            2 => kquant_vnni::<S, 2>(p, x, r0, acc),
-            3 => kquant_vnni::<S, 3>(p, x, r0, acc),
-            4 => kquant_vnni::<S, 4>(p, x, r0, acc),
-            5 => kquant_vnni::<S, 5>(p, x, r0, acc),
-            6 => kquant_vnni::<S, 6>(p, x, r0, acc),
-            7 => kquant_vnni::<S, 7>(p, x, r0, acc),
-            _ => kquant_vnni::<S, 8>(p, x, r0, acc),
-        }
-        return;
-    }
-    match (p[0].by_16(), rows) {
-        (false, 1) => kquant::<S, 1, false>(p, x, r0, acc),
-        (false, 2) => kquant::<S, 2, false>(p, x, r0, acc),
-        (false, 3) => kquant::<S, 3, false>(p, x, r0, acc),
-        (false, 4) => kquant::<S, 4, false>(p, x, r0, acc),
-        (false, 5) => kquant::<S, 5, false>(p, x, r0, acc),
-        (false, 6) => kquant::<S, 6, false>(p, x, r0, acc),
-        (false, 7) => kquant::<S, 7, false>(p, x, r0, acc),
-        (false, _) => kquant::<S, 8, false>(p, x, r0, acc),
-        (true, 1) => kquant::<S, 1, true>(p, x, r0, acc),
-        (true, 2) => kquant::<S, 2, true>(p, x, r0, acc),
-        (true, 3) => kquant::<S, 3, true>(p, x, r0, acc),
-        (true, 4) => kquant::<S, 4, true>(p, x, r0, acc),
-        (true, 5) => kquant::<S, 5, true>(p, x, r0, acc),
-        (true, 6) => kquant::<S, 6, true>(p, x, r0, acc),
-        (true, 7) => kquant::<S, 7, true>(p, x, r0, acc),
-        (true, _) => kquant::<S, 8, true>(p, x, r0, acc),
+    match (vnni, p[0].by_16(), rows) {
+        (false, false, 1) => kquant::<S, 1, false>(p, x, r0, acc),
+        (false, false, 2) => kquant::<S, 2, false>(p, x, r0, acc),
+        (false, false, 3) => kquant::<S, 3, false>(p, x, r0, acc),
+        (false, false, 4) => kquant::<S, 4, false>(p, x, r0, acc),
+        (false, false, 5) => kquant::<S, 5, false>(p, x, r0, acc),
+        (false, false, 6) => kquant::<S, 6, false>(p, x, r0, acc),
+        (false, false, 7) => kquant::<S, 7, false>(p, x, r0, acc),
+        (false, false, _) => kquant::<S, 8, false>(p, x, r0, acc),
+        (false, true, 1) => kquant::<S, 1, true>(p, x, r0, acc),
+        (false, true, 2) => kquant::<S, 2, true>(p, x, r0, acc),
+        (false, true, 3) => kquant::<S, 3, true>(p, x, r0, acc),
+        (false, true, 4) => kquant::<S, 4, true>(p, x, r0, acc),
+        (false, true, 5) => kquant::<S, 5, true>(p, x, r0, acc),
+        (false, true, 6) => kquant::<S, 6, true>(p, x, r0, acc),
+        (false, true, 7) => kquant::<S, 7, true>(p, x, r0, acc),
+        (false, true, _) => kquant::<S, 8, true>(p, x, r0, acc),
+        (true, false, 1) => kquant_vnni::<S, 1, false>(p, x, r0, acc),
+        (true, false, 2) => kquant_vnni::<S, 2, false>(p, x, r0, acc),
+        (true, false, 3) => kquant_vnni::<S, 3, false>(p, x, r0, acc),
+        (true, false, 4) => kquant_vnni::<S, 4, false>(p, x, r0, acc),
+        (true, false, 5) => kquant_vnni::<S, 5, false>(p, x, r0, acc),
+        (true, false, 6) => kquant_vnni::<S, 6, false>(p, x, r0, acc),
+        (true, false, 7) => kquant_vnni::<S, 7, false>(p, x, r0, acc),
+        (true, false, _) => kquant_vnni::<S, 8, false>(p, x, r0, acc),
+        (true, true, 1) => kquant_vnni::<S, 1, true>(p, x, r0, acc),
+        (true, true, 2) => kquant_vnni::<S, 2, true>(p, x, r0, acc),
+        (true, true, 3) => kquant_vnni::<S, 3, true>(p, x, r0, acc),
+        (true, true, 4) => kquant_vnni::<S, 4, true>(p, x, r0, acc),
+        (true, true, 5) => kquant_vnni::<S, 5, true>(p, x, r0, acc),
+        (true, true, 6) => kquant_vnni::<S, 6, true>(p, x, r0, acc),
+        (true, true, 7) => kquant_vnni::<S, 7, true>(p, x, r0, acc),
+        (true, true, _) => kquant_vnni::<S, 8, true>(p, x, r0, acc),
     }
 }
 
@@ -143,26 +144,26 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
     kquant_body::<S, RR, BY_16, false>(p, x, r0, acc)
 }
 
-/// [`kquant`] with AVX-512 VNNI: each chunk's products summed by `vpdpbusd` straight into 32-bit lanes
-/// (four weights a lane), as many chunks as keep the sums within 16 bits, then multiplied by the
-/// group's scales and added by one `vpdpwssd`: for Q4_K 5 instructions a group and row, all on the
-/// multiply port, where `maddubs`, 16-bit adds, `madd` and a 32-bit add take 10. The integer sums are
-/// the same (no sum of the other kernel saturates), so are the bits.
+/// [`kquant`] with AVX-512 VNNI. Sources whose values stay below 32 (Q4_K and Q5_K repacked, read in
+/// place): each chunk's products summed by `vpdpbusd` straight into 32-bit lanes (four weights a lane),
+/// as many chunks as keep the sums within 16 bits, then multiplied by the group's scales and added by
+/// one `vpdpwssd`: for Q4_K 5 instructions a group and row, where `maddubs`, 16-bit adds, `madd` and a
+/// 32-bit add take 10. The others (Q6_K, and the interleaved tiles, bounded by Q6_K's 63): the
+/// `maddubs` sums as in [`kquant`], scaled and added by one `vpdpwssd` instead of `madd` and an add.
+/// The integer sums are the same (no sum of the other kernel saturates), so are the bits.
 ///
-/// Used on repacked Q4_K and Q5_K groups read in place (below `driver::packed_tiled_from` rows); Q6_K
-/// (two scales a group, one chunk a sum) would take 8 instructions where the other kernel takes 6.
 /// A first form multiplied by the scales with `vpmulld` (two cycles of the one port that runs 512-bit
-/// multiplies on this CPU): `cargo bench --bench kernels -- --threads 1 --formats Q4K,Q6K --rows 8,32`,
+/// multiplies on the Xeon): `cargo bench --bench kernels -- --threads 1 --formats Q4K,Q6K --rows 8,32`,
 /// two rounds, Xeon: Q4_K at 8 rows 1.61 → 1.48 ms; at 32 rows (tiles) 5.91 → 6.02; Q6_K at 8 rows
 /// 2.01 → 2.03, at 32 6.27 → 6.9.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn kquant_vnni<S: Quad, const RR: usize>(
+unsafe fn kquant_vnni<S: Quad, const RR: usize, const BY_16: bool>(
     p: &mut [S; 2],
     x: &Acts,
     r0: usize,
     acc: &mut [[[f32; KR]; NW]; 2],
 ) {
-    kquant_body::<S, RR, false, true>(p, x, r0, acc)
+    kquant_body::<S, RR, BY_16, true>(p, x, r0, acc)
 }
 
 // Indexes are clearer than iterators here: `h` picks both chunks and scales.
@@ -215,15 +216,17 @@ unsafe fn group<S: Quad, const RR: usize, const BY_16: bool, const VNNI: bool>(
     isum: &mut [__m512i; RR],
 ) {
     let halves = if BY_16 { 2 } else { 1 };
+    // Chunks `vpdpbusd` may sum in 32-bit lanes that `vpdpwssd` then scales as 16-bit values.
+    let per = 32767 / (4 * 127 * S::TOP as usize);
     for h in 0..halves {
         let chunks = if BY_16 { 2 * h..2 * h + 2 } else { 0..4 };
-        if VNNI {
+        if VNNI && !BY_16 && per >= 2 {
             // Each row's scale in the low half of its 32-bit lanes: `vpdpwssd` multiplies a 32-bit
             // sum below 2^15 by it exactly.
             let s16 = join(p[0].scales32(b, g, h), p[1].scales32(b, g, h));
             // Chunks summed per lane before the scale: as many as keep |sum| ≤ 4 · per · TOP · 127
             // below 2^15 (four for Q4_K, two for Q5_K).
-            let per = (32767 / (4 * 127 * S::TOP as usize)).clamp(1, 4);
+            let per = per.min(4);
             let mut c0 = chunks.start;
             while c0 < chunks.end {
                 let mut part = [_mm512_setzero_si512(); RR];
@@ -257,7 +260,11 @@ unsafe fn group<S: Quad, const RR: usize, const BY_16: bool, const VNNI: bool>(
             }
         }
         for i in 0..RR {
-            isum[i] = _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales));
+            isum[i] = if VNNI {
+                _mm512_dpwssd_epi32(isum[i], part[i], scales)
+            } else {
+                _mm512_add_epi32(isum[i], _mm512_madd_epi16(part[i], scales))
+            };
         }
     }
 }

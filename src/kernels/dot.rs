@@ -81,11 +81,14 @@ pub fn has_avx512() -> bool {
 }
 
 /// How far ahead (bytes) the decoding kernels ask for weights with a software prefetch; 0: never.
-/// `KVBENCH_PREFETCH=BYTES` sets it; by default 4,608 on Intel CPUs and 0 elsewhere. Measured with
+/// `KVBENCH_PREFETCH=BYTES` sets it; by default 4,608 on Intel CPUs and 1,152 elsewhere. Measured with
 /// `kvbench perf --batch 1 --threads 2` on an Intel Xeon (family 6 model 207), two rounds: Qwen2.5-1.5B
 /// (Q4_K) 11.6 / 11.5 tokens/s with none, 17.1 / 17.1 at 2,304 bytes, 18.1 / 17.9 at 4,608, 17.7 /
-/// 17.8 at 9,216; SmolLM2 (Q4_1) 62.8 / 61.0 → 76.9 / 75.2 at 4,608. On a Zen 4 an earlier prefetch
-/// 1,152 bytes ahead was slower (25.5 → 19.8 tokens/s, README), so AMD CPUs keep the hardware's alone.
+/// 17.8 at 9,216; SmolLM2 (Q4_1) 62.8 / 61.0 → 76.9 / 75.2 at 4,608. On an AMD EPYC Zen 4 (family 25
+/// model 17), three rounds: SmolLM2 107.4 / 104.7 / 100.5 with none, 133.1 / 125.4 / 139.5 at 1,152,
+/// 135.2 / 135.6 / 129.3 at 2,304, 128.9 / 133.9 / 111.9 at 4,608; Qwen2.5-1.5B (repacked groups, four
+/// rows' stream: four times the distance) 27.1 / 27.0 / 24.7 with none, 30.3 / 26.5 / 28.3 at 1,152,
+/// 25.6 / 26.9 against 24.4 / 23.0 at 4,608 in another run.
 pub fn prefetch_distance() -> usize {
     static DIST: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *DIST.get_or_init(|| {
@@ -93,7 +96,7 @@ pub fn prefetch_distance() -> usize {
         prefetch_from_env()
             .ok()
             .flatten()
-            .unwrap_or(if is_intel() { 4608 } else { 0 })
+            .unwrap_or(if is_intel() { 4608 } else { 1152 })
     })
 }
 

@@ -3,6 +3,7 @@
 //! Formats with a minimum or an offset also need `Σ q` per 16 values, which [`Acts`] keeps beside
 //! (ggml's `bsums`).
 
+use super::aligned::AlignedBytes;
 use super::HALF;
 
 /// `m` rows of `k` quantized activations.
@@ -11,8 +12,8 @@ pub struct Acts {
     pub k: usize,
     /// Values per scale: 32 or 256.
     pub block: usize,
-    /// `q[r * k + i]`.
-    pub q: Vec<i8>,
+    /// `q[r * k + i]`, from a 64-byte boundary (every row from a 32-byte one).
+    pub q: AlignedBytes<i8>,
     /// `d[r * (k / block) + b]`.
     pub d: Vec<f32>,
     /// `sums[r * (k / 16) + h]`: `Σ q` over the 16 values `16h … 16h + 15`.
@@ -30,7 +31,7 @@ impl Acts {
     pub fn quantize(x: &[f32], m: usize, k: usize, block: usize) -> Self {
         debug_assert!(k.is_multiple_of(block) && x.len() == m * k);
         let (kb, kh) = (k / block, k / HALF);
-        let mut q = vec![0i8; m * k];
+        let mut q = AlignedBytes::<i8>::zeroed(m * k);
         let mut d = vec![0f32; m * kb];
         let mut sums = vec![0i16; m * kh];
         let mut scaled = vec![0f32; m * kb];

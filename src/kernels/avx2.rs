@@ -30,7 +30,7 @@ pub const ROWS: usize = 8;
 pub struct Prepared {
     pub(super) format: Option<BlockFormat>,
     /// The weights as bytes: unsigned, or signed for Q8_0.
-    pub(super) q: Vec<u8>,
+    pub(super) q: super::aligned::AlignedBytes<u8>,
     /// k-quants: per group of 32, the integer scales of its two halves as 16 lanes (8 + 8).
     pub(super) sv: Vec<[i16; 16]>,
     /// k-quants: per super-block, what multiplies each half's activation sum.
@@ -44,7 +44,7 @@ pub struct Prepared {
 impl Prepared {
     fn reset(&mut self, format: BlockFormat, k: usize) {
         self.format = Some(format);
-        self.q.resize(k, 0);
+        self.q.resize(k);
         let blocks = k / format.block_elems();
         self.d.resize(blocks, 0.0);
         self.m.resize(blocks, 0.0);

@@ -86,7 +86,7 @@ pub const KR: usize = 4;
 #[derive(Debug, Default)]
 pub struct Interleaved {
     /// Weight bytes: chunk `t` (weights `8t … 8t + 7`) of row `w` at `32t + 8w`.
-    q: Vec<u8>,
+    q: super::aligned::AlignedBytes<u8>,
     /// Per group of 32 and half (16 weights): the rows' integer scales, row `w` in lanes `4w … 4w + 3`.
     sv: Vec<[[i16; 16]; 2]>,
     /// Per super-block and row: what multiplies each 16 activations' sum.
@@ -112,7 +112,7 @@ impl Interleaved {
     /// The CPU must support AVX2; every row must be prepared for `k` weights.
     pub unsafe fn build(&mut self, p: &[Prepared; NW], k: usize) {
         let kb = k / 256;
-        self.q.resize(NW * k, 0);
+        self.q.resize(NW * k);
         debug_assert!(p.iter().all(|row| row.q.len() >= k));
         // SAFETY: AVX2 by this function's contract; every row holds `k` bytes and `q` holds `NW · k`.
         transpose_chunks(p, k, self.q.as_mut_ptr());
@@ -223,7 +223,7 @@ impl Interleaved {
 
     /// Sizes the buffers for `kb` super-blocks.
     fn resize(&mut self, kb: usize, by_16: bool) {
-        self.q.resize(NW * 256 * kb, 0);
+        self.q.resize(NW * 256 * kb);
         self.sv.resize(kb * 8, [[0; 16]; 2]);
         self.corr.resize(kb, [[0; 16]; NW]);
         self.d.resize(kb, [0.0; 8]);

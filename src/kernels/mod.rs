@@ -18,9 +18,11 @@
 //! - [`dot`]: the choice of path and the portable kernel they are tested against;
 //! - [`driver`]: the multi-row driver: output columns split across threads, activation rows in tiles
 //!   that stay in cache;
-//! - [`packed`]: k-quant rows repacked at load four at a time, the layout the multi-row kernels read.
+//! - [`packed`]: k-quant rows repacked at load four at a time, the layout the multi-row kernels read;
+//! - [`aligned`]: the byte buffers the kernels load from (activations, decoded rows), 64-byte aligned.
 
 pub mod acts;
+pub mod aligned;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 pub mod dot;

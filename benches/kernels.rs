@@ -4,7 +4,7 @@
 //! (`-- --threads N`, default 2; `-- --shape NxK` for another shape; `-- --formats Q4K,Q6K` for some
 //! formats only, `-- --rows 1,8` for some counts of rows only, `-- --repeats N` for more or fewer than
 //! 7, `-- --paths avx2,avx512` to time code paths in turn in one process, an A/B; default: the best this
-//! CPU runs).
+//! CPU runs; `-- --team` to run the products on kvbench's spinning team, as a decoding step does).
 
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
@@ -55,6 +55,9 @@ fn main() {
             })
             .collect(),
     };
+    // `--team`: the products run as a decoding step runs them (kvbench's spinning team), not handed
+    // to the pool from outside one by one.
+    let team = args.iter().any(|a| a == "--team");
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()
@@ -94,12 +97,20 @@ fn main() {
             }
             // The paths in turn, a repeat of each at a time: both under the same drift.
             let mut times = vec![Vec::with_capacity(repeats); paths.len()];
-            for _ in 0..repeats {
-                for (p, &path) in paths.iter().enumerate() {
-                    let t = Instant::now();
-                    std::hint::black_box(m.matmul_with(&x, rows, path));
-                    times[p].push(t.elapsed().as_secs_f64());
+            let repeat_all = |times: &mut Vec<Vec<f64>>| {
+                for _ in 0..repeats {
+                    for (p, &path) in paths.iter().enumerate() {
+                        let t = Instant::now();
+                        std::hint::black_box(m.matmul_with(&x, rows, path));
+                        times[p].push(t.elapsed().as_secs_f64());
+                    }
                 }
+            };
+            if team {
+                // From a pool thread with the others spinning, as a decoding step runs its products.
+                rayon::scope(|_| kvbench::parallel::with_team(true, || repeat_all(&mut times)));
+            } else {
+                repeat_all(&mut times);
             }
             for (times, path) in times.iter_mut().zip(&paths) {
                 times.sort_by(f64::total_cmp);

@@ -19,7 +19,8 @@
 //! - [`driver`]: the multi-row driver: output columns split across threads, activation rows in tiles
 //!   that stay in cache;
 //! - [`packed`]: k-quant rows repacked at load four at a time, the layout the multi-row kernels read;
-//! - [`aligned`]: the byte buffers the kernels load from (activations, decoded rows), 64-byte aligned.
+//! - [`aligned`]: the byte buffers the kernels load from (activations, decoded rows), 64-byte aligned;
+//! - [`weight_bytes`]: the memory the weights live in, in 2 MiB pages where the OS lends them.
 
 pub mod acts;
 pub mod aligned;
@@ -37,8 +38,10 @@ pub mod gemm512;
 pub mod kquants;
 pub mod legacy;
 pub mod packed;
+pub mod weight_bytes;
 
 pub use format::BlockFormat;
+pub use weight_bytes::WeightBytes;
 
 /// Elements per group: the unit of the integer dot product (one 256-bit register of bytes).
 pub const GROUP: usize = 32;
@@ -98,7 +101,7 @@ struct Part {
     rows: usize,
     /// The file's blocks, row-major: `rows × row_bytes`; when `packed`, every whole group of
     /// [`packed::GROUP_ROWS`] rows repacked ([`packed`]), a last smaller group as in the file.
-    bytes: Vec<u8>,
+    bytes: WeightBytes,
     row_bytes: usize,
     packed: bool,
 }
@@ -163,7 +166,7 @@ impl QMatrix {
     /// `KVBENCH_REPACK=0` ([`repack_enabled`]).
     pub fn new(
         format: BlockFormat,
-        bytes: Vec<u8>,
+        bytes: impl Into<WeightBytes>,
         n: usize,
         k: usize,
     ) -> Result<Self, KernelError> {
@@ -173,11 +176,12 @@ impl QMatrix {
     /// [`new`](Self::new), k-quants repacked ([`packed`]) or not as `repack` says.
     pub fn with_layout(
         format: BlockFormat,
-        bytes: Vec<u8>,
+        bytes: impl Into<WeightBytes>,
         n: usize,
         k: usize,
         repack: bool,
     ) -> Result<Self, KernelError> {
+        let bytes = bytes.into();
         let row_bytes = format.row_bytes(k)?;
         let expected = row_bytes.saturating_mul(n);
         if bytes.len() != expected {

@@ -18,7 +18,7 @@ pub enum RawTensor {
     Gguf {
         dtype: GgmlDType,
         shape: Shape,
-        bytes: Vec<u8>,
+        bytes: crate::kernels::WeightBytes,
     },
     Dense(Tensor),
 }
@@ -195,7 +195,7 @@ impl WeightSource {
                 // checked when the file was opened.
                 let size = info.shape.elem_count() / info.ggml_dtype.block_size()
                     * info.ggml_dtype.type_size();
-                let mut bytes = vec![0u8; size];
+                let mut bytes = crate::kernels::WeightBytes::zeroed(size);
                 reader
                     .seek(SeekFrom::Start(content.tensor_data_offset + info.offset))
                     .and_then(|_| reader.read_exact(&mut bytes))

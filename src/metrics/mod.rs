@@ -5,18 +5,27 @@ pub mod divergence;
 
 /// Peak resident set size of this process in bytes (`VmHWM` from /proc/self/status), when available.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    kib_field("/proc/self/status", "VmHWM:")
+}
+
+/// This process's anonymous memory held in 2 MiB pages, in bytes (`AnonHugePages` from
+/// /proc/self/smaps_rollup), when available: how much of the weights got the pages they asked for
+/// ([`crate::loading::pages`]).
+pub fn huge_page_bytes() -> Option<u64> {
+    kib_field("/proc/self/smaps_rollup", "AnonHugePages:")
 }
 
 /// This machine's physical memory in bytes (`MemTotal` from /proc/meminfo), when available.
 pub fn total_memory_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    kib_field("/proc/meminfo", "MemTotal:")
+}
+
+/// The `key: N kB` line of a /proc file, in bytes.
+fn kib_field(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Resident set size of this process now, in bytes (`VmRSS`), when available.

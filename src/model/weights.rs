@@ -6,7 +6,7 @@
 //! (`--weights f32|q8`). candle's quantized product serves the formats kvbench has no kernel for, other
 //! devices, and `--weights native` (the reference path, equal to candle-transformers' models).
 
-use crate::kernels::{BlockFormat, QMatrix};
+use crate::kernels::{BlockFormat, QMatrix, WeightBytes};
 use crate::loading::source::RawTensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
@@ -90,7 +90,11 @@ impl Weight {
         }
     }
 
-    fn own(format: BlockFormat, bytes: Vec<u8>, (n, k): (usize, usize)) -> Result<Self> {
+    fn own(
+        format: BlockFormat,
+        bytes: impl Into<WeightBytes>,
+        (n, k): (usize, usize),
+    ) -> Result<Self> {
         let m = QMatrix::new(format, bytes, n, k)
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         Ok(Weight::Own(Arc::new(m)))

@@ -16,6 +16,7 @@
 //! Elsewhere (other systems, or a refusal) the buffer is an ordinary zeroed allocation.
 
 use std::ptr::NonNull;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 use std::sync::{Arc, Mutex, Weak};
 
 /// A huge page on x86-64 and most aarch64 kernels.

@@ -448,26 +448,43 @@ impl Transformer {
                     Some(sub) => attention::gather_heads(layer, sub)?,
                 };
                 let n = keys.dim(1)?;
-                let scores = (q_s.reshape((hkv, g * t, d))?.matmul(&keys.t()?)? * scale)?;
-                let scores = if t > 1 {
-                    let mask = causal_mask(t, n, &self.device)?;
-                    scores
-                        .reshape((hkv, g, t, n))?
-                        .broadcast_add(&mask)?
-                        .reshape((hkv, g * t, n))?
-                } else {
-                    scores
+                let q3 = q_s.reshape((hkv, g * t, d))?;
+                let mask = match t > 1 {
+                    true => Some(causal_mask(t, n, &self.device)?),
+                    false => None,
                 };
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-                let y = probs.matmul(&values)?; // [hkv, g*t, d]
+                let keep_probs = want_probs && subset.is_none();
+                // One KV head's group at a time: a prefill's scores are `[g·t, n]` floats per head,
+                // and all heads' at once (with the scaled, masked and softmaxed copies alive together)
+                // were most of SmolLM2's transient memory at a 512-token prompt. Each head's rows go
+                // through the same operations as before, so the same bits.
+                let mut ys = Vec::with_capacity(hkv);
+                let mut all_probs = Vec::new();
+                for h in 0..hkv {
+                    let scores =
+                        (q3.narrow(0, h, 1)?.matmul(&keys.narrow(0, h, 1)?.t()?)? * scale)?;
+                    let scores = match &mask {
+                        Some(mask) => scores
+                            .reshape((1, g, t, n))?
+                            .broadcast_add(mask)?
+                            .reshape((1, g * t, n))?,
+                        None => scores,
+                    };
+                    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                    ys.push(probs.matmul(&values.narrow(0, h, 1)?)?); // [1, g*t, d]
+                    if keep_probs {
+                        all_probs.push(probs);
+                    }
+                }
+                let y = Tensor::cat(&ys, 0)?; // [hkv, g*t, d]
                 let out = y
                     .reshape((hq, t, d))?
                     .transpose(0, 1)?
                     .reshape((t, hq * d))?;
                 (
                     out,
-                    if want_probs && subset.is_none() {
-                        Some(probs.reshape((hkv, g, t, n))?)
+                    if keep_probs {
+                        Some(Tensor::cat(&all_probs, 0)?.reshape((hkv, g, t, n))?)
                     } else {
                         None
                     },

@@ -10,7 +10,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 /// This process's anonymous memory held in 2 MiB pages, in bytes (`AnonHugePages` from
 /// /proc/self/smaps_rollup), when available: how much of the weights got the pages they asked for
-/// ([`crate::loading::pages`]).
+/// ([`crate::kernels::weight_bytes`]).
 pub fn huge_page_bytes() -> Option<u64> {
     kib_field("/proc/self/smaps_rollup", "AnonHugePages:")
 }

@@ -454,29 +454,33 @@ impl Transformer {
                     false => None,
                 };
                 let keep_probs = want_probs && subset.is_none();
-                // One KV head's group at a time: a prefill's scores are `[g·t, n]` floats per head,
-                // and all heads' at once (with the scaled, masked and softmaxed copies alive together)
-                // were most of SmolLM2's transient memory at a 512-token prompt. Each head's rows go
-                // through the same operations as before, so the same bits.
+                // Several new tokens (a prefill): one KV head's group at a time. Its scores are
+                // `[g·t, n]` floats per head, and all heads' at once (with the scaled, masked and
+                // softmaxed copies alive together) were most of SmolLM2's transient memory at a
+                // 512-token prompt. Each head's rows go through the same operations, so the same bits.
+                // One token: all heads in one set of operations (fewer launches off the CPU).
+                let per = if t > 1 { 1 } else { hkv };
                 let mut ys = Vec::with_capacity(hkv);
                 let mut all_probs = Vec::new();
-                for h in 0..hkv {
-                    let scores =
-                        (q3.narrow(0, h, 1)?.matmul(&keys.narrow(0, h, 1)?.t()?)? * scale)?;
+                for h in (0..hkv).step_by(per) {
+                    let scores = (q3
+                        .narrow(0, h, per)?
+                        .matmul(&keys.narrow(0, h, per)?.t()?)?
+                        * scale)?;
                     let scores = match &mask {
                         Some(mask) => scores
-                            .reshape((1, g, t, n))?
+                            .reshape((per, g, t, n))?
                             .broadcast_add(mask)?
-                            .reshape((1, g * t, n))?,
+                            .reshape((per, g * t, n))?,
                         None => scores,
                     };
                     let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-                    ys.push(probs.matmul(&values.narrow(0, h, 1)?)?); // [1, g*t, d]
+                    ys.push(probs.matmul(&values.narrow(0, h, per)?)?); // [per, g*t, d]
                     if keep_probs {
                         all_probs.push(probs);
                     }
                 }
-                let y = Tensor::cat(&ys, 0)?; // [hkv, g*t, d]
+                let y = Tensor::cat(&ys, 0)?; // [hkv, g*t, d] (one part: that part itself)
                 let out = y
                     .reshape((hq, t, d))?
                     .transpose(0, 1)?

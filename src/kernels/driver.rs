@@ -253,7 +253,8 @@ fn packed_tiled_from(path: Path) -> usize {
 const PAIR_FROM: usize = 6;
 
 /// Columns `j .. j + NW` of a repacked group, or `j .. j + 2·NW` on AVX-512 when the next group is one
-/// of the same format, read in place for activation `rows`, [`gemm::KR`] rows a call; returns the
+/// of the same format, read in place for activation `rows`, [`gemm::KR`] rows a call (a pair: up to
+/// [`gemm512::MAX_ROWS`], each super-block's headers decoded once for all of them); returns the
 /// columns done.
 ///
 /// # Safety
@@ -277,13 +278,18 @@ unsafe fn packed_columns(
     if let Some((_, second)) =
         next.filter(|n| path == Path::Avx512 && n.0 == format && rows.len() >= PAIR_FROM)
     {
+        use super::gemm512::{Acc, KR, MAX_ROWS};
         let mut r = rows.start;
         while r < rows.end {
-            let take = (rows.end - r).min(super::gemm512::KR);
-            let mut acc = [[[0f32; super::gemm512::KR]; gemm::NW]; 2];
+            let take = (rows.end - r).min(MAX_ROWS);
+            let mut acc = [Acc::default(); MAX_ROWS / KR];
             super::gemm512::dot_packed_pair(format, [group, second], x, r, take, &mut acc);
-            for (s, block) in acc.iter().enumerate() {
-                write_block(out, block, r, take, j + s * gemm::NW);
+            for (c, chunk) in acc.iter().take(take.div_ceil(KR)).enumerate() {
+                let r = r + KR * c;
+                let take = (take - KR * c).min(KR);
+                for (s, block) in chunk.iter().enumerate() {
+                    write_block(out, block, r, take, j + s * gemm::NW);
+                }
             }
             r += take;
         }

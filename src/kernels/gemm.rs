@@ -849,6 +849,20 @@ impl RowsAt {
             kb: x.k / 256,
         }
     }
+
+    /// The rows from `rows` rows after these on.
+    ///
+    /// # Safety
+    /// Those rows exist.
+    #[inline(always)]
+    pub(super) unsafe fn skip(self, rows: usize) -> Self {
+        Self {
+            xq: self.xq.add(rows * self.k),
+            xd: self.xd.add(rows * self.kb),
+            xs: self.xs.add(rows * (self.k / 16)),
+            ..self
+        }
+    }
 }
 
 /// Per-pair float sums of [`kquant`]'s activation rows (lanes in [`pair_lanes`]' order).

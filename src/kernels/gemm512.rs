@@ -16,6 +16,13 @@ use super::gemm::{store_totals, Interleaved, Packed, Quad, RowsAt, NW};
 /// Most activation rows per call: twice the AVX2 kernel's, as the 32 vector registers allow; each
 /// call decodes its weights once (measured on Qwen2.5-Coder-1.5B, see the README's speed section).
 pub const KR: usize = 8;
+
+/// Most activation rows [`dot_packed_pair`] takes in one call: [`KR`] rows at a time against each
+/// super-block's headers, decoded once for all of them.
+pub const MAX_ROWS: usize = 64;
+
+/// Per [`KR`] activation rows of a call, `acc[s][w][i]`: block `s`'s weight row `w`, row `i`.
+pub type Acc = [[[f32; KR]; NW]; 2];
 use super::{fused, BlockFormat};
 use std::arch::x86_64::*;
 
@@ -26,29 +33,28 @@ use std::arch::x86_64::*;
 /// # Safety
 /// The CPU must support AVX-512F and AVX-512BW as well as AVX2, FMA and F16C; both blocks must be
 /// built for `x.k` weights and `x` hold the rows asked for, in 256-wide activation blocks.
-pub unsafe fn dot_pair(
-    mut p: [&Interleaved; 2],
-    x: &Acts,
-    r0: usize,
-    rows: usize,
-    acc: &mut [[[f32; KR]; NW]; 2],
-) {
+pub unsafe fn dot_pair(mut p: [&Interleaved; 2], x: &Acts, r0: usize, rows: usize, acc: &mut Acc) {
     debug_assert_eq!(p[0].by_16, p[1].by_16);
-    dot_quads(&mut p, x, r0, rows, acc, has_vnni())
+    debug_assert!(rows <= KR);
+    dot_quads(&mut p, x, r0, rows, std::slice::from_mut(acc), has_vnni())
 }
 
-/// [`dot_pair`] on two groups of four rows repacked at load ([`super::packed`]), both of `format`.
+/// [`dot_pair`] on two groups of four rows repacked at load ([`super::packed`]), both of `format`,
+/// for up to [`MAX_ROWS`] activation rows: rows `r0 + KR·c …` into `acc[c]`. Each super-block's
+/// headers are decoded once for all the rows (they were once per [`KR`] rows: at batch 32 four times).
 ///
 /// # Safety
-/// As [`dot_pair`]; both groups hold four repacked rows of `x.k` weights of `format`, a k-quant.
+/// As [`dot_pair`]; both groups hold four repacked rows of `x.k` weights of `format`, a k-quant;
+/// `rows ≤ MAX_ROWS` and `acc` has `rows.div_ceil(KR)` entries.
 pub unsafe fn dot_packed_pair(
     format: BlockFormat,
     groups: [&[u8]; 2],
     x: &Acts,
     r0: usize,
     rows: usize,
-    acc: &mut [[[f32; KR]; NW]; 2],
+    acc: &mut [Acc],
 ) {
+    debug_assert!(rows <= MAX_ROWS && acc.len() >= rows.div_ceil(KR));
     let g = groups.map(|g| g.as_ptr());
     let vnni = has_vnni();
     match format {
@@ -65,54 +71,57 @@ unsafe fn packed_quads<F: fused::KQuant>(
     x: &Acts,
     r0: usize,
     rows: usize,
-    acc: &mut [[[f32; KR]; NW]; 2],
+    acc: &mut [Acc],
     vnni: bool,
 ) {
     dot_quads(&mut groups.map(Packed::<F>::new), x, r0, rows, acc, vnni)
 }
 
+/// Rows `r0 .. r0 + rows` in [`KR`]-row chunks, the last one of `rows % KR` rows (a kernel of its own).
 #[inline(always)]
 unsafe fn dot_quads<S: Quad>(
     p: &mut [S; 2],
     x: &Acts,
     r0: usize,
     rows: usize,
-    acc: &mut [[[f32; KR]; NW]; 2],
+    acc: &mut [Acc],
     vnni: bool,
 ) {
-    match (vnni, p[0].by_16(), rows) {
-        (false, false, 1) => kquant::<S, 1, false>(p, x, r0, acc),
-        (false, false, 2) => kquant::<S, 2, false>(p, x, r0, acc),
-        (false, false, 3) => kquant::<S, 3, false>(p, x, r0, acc),
-        (false, false, 4) => kquant::<S, 4, false>(p, x, r0, acc),
-        (false, false, 5) => kquant::<S, 5, false>(p, x, r0, acc),
-        (false, false, 6) => kquant::<S, 6, false>(p, x, r0, acc),
-        (false, false, 7) => kquant::<S, 7, false>(p, x, r0, acc),
-        (false, false, _) => kquant::<S, 8, false>(p, x, r0, acc),
-        (false, true, 1) => kquant::<S, 1, true>(p, x, r0, acc),
-        (false, true, 2) => kquant::<S, 2, true>(p, x, r0, acc),
-        (false, true, 3) => kquant::<S, 3, true>(p, x, r0, acc),
-        (false, true, 4) => kquant::<S, 4, true>(p, x, r0, acc),
-        (false, true, 5) => kquant::<S, 5, true>(p, x, r0, acc),
-        (false, true, 6) => kquant::<S, 6, true>(p, x, r0, acc),
-        (false, true, 7) => kquant::<S, 7, true>(p, x, r0, acc),
-        (false, true, _) => kquant::<S, 8, true>(p, x, r0, acc),
-        (true, false, 1) => kquant_vnni::<S, 1, false>(p, x, r0, acc),
-        (true, false, 2) => kquant_vnni::<S, 2, false>(p, x, r0, acc),
-        (true, false, 3) => kquant_vnni::<S, 3, false>(p, x, r0, acc),
-        (true, false, 4) => kquant_vnni::<S, 4, false>(p, x, r0, acc),
-        (true, false, 5) => kquant_vnni::<S, 5, false>(p, x, r0, acc),
-        (true, false, 6) => kquant_vnni::<S, 6, false>(p, x, r0, acc),
-        (true, false, 7) => kquant_vnni::<S, 7, false>(p, x, r0, acc),
-        (true, false, _) => kquant_vnni::<S, 8, false>(p, x, r0, acc),
-        (true, true, 1) => kquant_vnni::<S, 1, true>(p, x, r0, acc),
-        (true, true, 2) => kquant_vnni::<S, 2, true>(p, x, r0, acc),
-        (true, true, 3) => kquant_vnni::<S, 3, true>(p, x, r0, acc),
-        (true, true, 4) => kquant_vnni::<S, 4, true>(p, x, r0, acc),
-        (true, true, 5) => kquant_vnni::<S, 5, true>(p, x, r0, acc),
-        (true, true, 6) => kquant_vnni::<S, 6, true>(p, x, r0, acc),
-        (true, true, 7) => kquant_vnni::<S, 7, true>(p, x, r0, acc),
-        (true, true, _) => kquant_vnni::<S, 8, true>(p, x, r0, acc),
+    let full = rows / KR;
+    match (vnni, p[0].by_16(), rows % KR) {
+        (false, false, 0) => kquant::<S, 0, false>(p, x, r0, full, acc),
+        (false, false, 1) => kquant::<S, 1, false>(p, x, r0, full, acc),
+        (false, false, 2) => kquant::<S, 2, false>(p, x, r0, full, acc),
+        (false, false, 3) => kquant::<S, 3, false>(p, x, r0, full, acc),
+        (false, false, 4) => kquant::<S, 4, false>(p, x, r0, full, acc),
+        (false, false, 5) => kquant::<S, 5, false>(p, x, r0, full, acc),
+        (false, false, 6) => kquant::<S, 6, false>(p, x, r0, full, acc),
+        (false, false, 7) => kquant::<S, 7, false>(p, x, r0, full, acc),
+        (false, true, 0) => kquant::<S, 0, true>(p, x, r0, full, acc),
+        (false, true, 1) => kquant::<S, 1, true>(p, x, r0, full, acc),
+        (false, true, 2) => kquant::<S, 2, true>(p, x, r0, full, acc),
+        (false, true, 3) => kquant::<S, 3, true>(p, x, r0, full, acc),
+        (false, true, 4) => kquant::<S, 4, true>(p, x, r0, full, acc),
+        (false, true, 5) => kquant::<S, 5, true>(p, x, r0, full, acc),
+        (false, true, 6) => kquant::<S, 6, true>(p, x, r0, full, acc),
+        (false, true, 7) => kquant::<S, 7, true>(p, x, r0, full, acc),
+        (true, false, 0) => kquant_vnni::<S, 0, false>(p, x, r0, full, acc),
+        (true, false, 1) => kquant_vnni::<S, 1, false>(p, x, r0, full, acc),
+        (true, false, 2) => kquant_vnni::<S, 2, false>(p, x, r0, full, acc),
+        (true, false, 3) => kquant_vnni::<S, 3, false>(p, x, r0, full, acc),
+        (true, false, 4) => kquant_vnni::<S, 4, false>(p, x, r0, full, acc),
+        (true, false, 5) => kquant_vnni::<S, 5, false>(p, x, r0, full, acc),
+        (true, false, 6) => kquant_vnni::<S, 6, false>(p, x, r0, full, acc),
+        (true, false, 7) => kquant_vnni::<S, 7, false>(p, x, r0, full, acc),
+        (true, true, 0) => kquant_vnni::<S, 0, true>(p, x, r0, full, acc),
+        (true, true, 1) => kquant_vnni::<S, 1, true>(p, x, r0, full, acc),
+        (true, true, 2) => kquant_vnni::<S, 2, true>(p, x, r0, full, acc),
+        (true, true, 3) => kquant_vnni::<S, 3, true>(p, x, r0, full, acc),
+        (true, true, 4) => kquant_vnni::<S, 4, true>(p, x, r0, full, acc),
+        (true, true, 5) => kquant_vnni::<S, 5, true>(p, x, r0, full, acc),
+        (true, true, 6) => kquant_vnni::<S, 6, true>(p, x, r0, full, acc),
+        (true, true, 7) => kquant_vnni::<S, 7, true>(p, x, r0, full, acc),
+        _ => unreachable!("rows % KR < KR"),
     }
 }
 
@@ -134,14 +143,17 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
+/// `full` chunks of [`KR`] activation rows from `r0` and one of `RT` rows after them (none when `RT`
+/// is 0), chunk `c` into `acc[c]`.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
+unsafe fn kquant<S: Quad, const RT: usize, const BY_16: bool>(
     p: &mut [S; 2],
     x: &Acts,
     r0: usize,
-    acc: &mut [[[f32; KR]; NW]; 2],
+    full: usize,
+    acc: &mut [Acc],
 ) {
-    kquant_body::<S, RR, BY_16, false>(p, x, r0, acc)
+    kquant_body::<S, RT, BY_16, false>(p, x, r0, full, acc)
 }
 
 /// [`kquant`] with AVX-512 VNNI. Sources whose values stay below 32 (Q4_K and Q5_K repacked, read in
@@ -157,49 +169,75 @@ unsafe fn kquant<S: Quad, const RR: usize, const BY_16: bool>(
 /// two rounds, Xeon: Q4_K at 8 rows 1.61 → 1.48 ms; at 32 rows (tiles) 5.91 → 6.02; Q6_K at 8 rows
 /// 2.01 → 2.03, at 32 6.27 → 6.9.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn kquant_vnni<S: Quad, const RR: usize, const BY_16: bool>(
+unsafe fn kquant_vnni<S: Quad, const RT: usize, const BY_16: bool>(
     p: &mut [S; 2],
     x: &Acts,
     r0: usize,
-    acc: &mut [[[f32; KR]; NW]; 2],
+    full: usize,
+    acc: &mut [Acc],
 ) {
-    kquant_body::<S, RR, BY_16, true>(p, x, r0, acc)
+    kquant_body::<S, RT, BY_16, true>(p, x, r0, full, acc)
 }
 
-// Indexes are clearer than iterators here: `h` picks both chunks and scales.
-#[allow(clippy::needless_range_loop)]
+/// The super-block loop: each super-block's headers readied once ([`Quad::begin`]), then multiplied
+/// with every chunk of activation rows, each chunk's float sums kept apart.
 #[inline(always)]
-unsafe fn kquant_body<S: Quad, const RR: usize, const BY_16: bool, const VNNI: bool>(
+unsafe fn kquant_body<S: Quad, const RT: usize, const BY_16: bool, const VNNI: bool>(
     p: &mut [S; 2],
     x: &Acts,
     r0: usize,
-    acc: &mut [[[f32; KR]; NW]; 2],
+    full: usize,
+    acc: &mut [Acc],
 ) {
     debug_assert_eq!(x.block, 256);
+    let chunks = full + usize::from(RT > 0);
+    debug_assert!(chunks <= MAX_ROWS / KR && acc.len() >= chunks);
     let at = RowsAt::new(x, r0);
-    let RowsAt { xq, k, kb, .. } = at;
-    let mut total = [_mm512_setzero_ps(); KR / 2];
-    for b in 0..kb {
+    let mut totals = [[_mm512_setzero_ps(); KR / 2]; MAX_ROWS / KR];
+    for b in 0..at.kb {
         p[0].begin(b);
         p[1].begin(b);
-        let mut isum = [_mm512_setzero_si512(); RR];
-        let xb = xq.add(256 * b);
-        // A loop the compiler keeps: unrolled over the eight groups, every activation load of the
-        // super-block was hoisted to its start and spilled.
-        for g in 0..8 {
-            group::<S, RR, BY_16, VNNI>(p, b, g, xb, k, &mut isum);
+        for c in 0..full {
+            super_block::<S, KR, BY_16, VNNI>(p, b, &at.skip(KR * c), &mut totals[c]);
         }
-        finish_pair(p, b, &isum, &at, &mut total);
+        if RT > 0 {
+            super_block::<S, RT, BY_16, VNNI>(p, b, &at.skip(KR * full), &mut totals[full]);
+        }
     }
-    // Each half holds exactly what the AVX2 kernel's sums hold for that block.
-    let mut lo = [_mm256_setzero_ps(); KR / 2];
-    let mut hi = [_mm256_setzero_ps(); KR / 2];
-    for pair in 0..KR / 2 {
-        lo[pair] = _mm512_castps512_ps256(total[pair]);
-        hi[pair] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(total[pair])));
+    for (c, (total, acc)) in totals.iter().zip(acc.iter_mut()).take(chunks).enumerate() {
+        // Each half holds exactly what the AVX2 kernel's sums hold for that block.
+        let mut lo = [_mm256_setzero_ps(); KR / 2];
+        let mut hi = [_mm256_setzero_ps(); KR / 2];
+        for pair in 0..KR / 2 {
+            lo[pair] = _mm512_castps512_ps256(total[pair]);
+            hi[pair] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(total[pair])));
+        }
+        if c < full {
+            store_totals::<KR, KR>(&lo, &mut acc[0]);
+            store_totals::<KR, KR>(&hi, &mut acc[1]);
+        } else {
+            store_totals::<RT, KR>(&lo, &mut acc[0]);
+            store_totals::<RT, KR>(&hi, &mut acc[1]);
+        }
     }
-    store_totals::<RR, KR>(&lo, &mut acc[0]);
-    store_totals::<RR, KR>(&hi, &mut acc[1]);
+}
+
+/// Super-block `b` (readied) of both blocks against the `RR` activation rows at `at`, into `total`.
+#[inline(always)]
+unsafe fn super_block<S: Quad, const RR: usize, const BY_16: bool, const VNNI: bool>(
+    p: &[S; 2],
+    b: usize,
+    at: &RowsAt,
+    total: &mut [__m512; KR / 2],
+) {
+    let mut isum = [_mm512_setzero_si512(); RR];
+    let xb = at.xq.add(256 * b);
+    // A loop the compiler keeps: unrolled over the eight groups, every activation load of the
+    // super-block was hoisted to its start and spilled.
+    for g in 0..8 {
+        group::<S, RR, BY_16, VNNI>(p, b, g, xb, at.k, &mut isum);
+    }
+    finish_pair::<S, RR, VNNI>(p, b, &isum, at, total);
 }
 
 /// Group `g` of super-block `b` of both blocks into `isum` (activation rows at `xb`, `k` apart):
@@ -282,10 +320,17 @@ unsafe fn hadd(a: __m512i, b: __m512i) -> __m512i {
 /// [`finish_block`] for both blocks at once, block `s` in the 256-bit half `s` of every vector: the
 /// same integer sums and the same float operations lane by lane (`total` holds, per pair of activation
 /// rows, the two blocks' [`Totals`] lanes side by side), in half the instructions.
+///
+/// The corrections `Σ_h corr[w][h] · Σ xq_h` are summed in the layout of the integer sums (32-bit lane
+/// `(s, w, parity)`), so that the horizontal add that pairs two activation rows' sums pairs their
+/// corrections too: the four rows' corrections transposed once per super-block (four unpacks, four
+/// permutes), then per activation row four multiply-adds of 16-bit pairs against the row's 16 sums
+/// broadcast 64 bits at a time. The first form reduced each row's products with three horizontal adds
+/// and a shuffle before pairing them (16 instructions a row against 4 here); the integers are the same,
+/// so are the bits.
 #[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn finish_pair<S: Quad, const RR: usize>(
+#[inline(always)]
+unsafe fn finish_pair<S: Quad, const RR: usize, const VNNI: bool>(
     p: &[S; 2],
     b: usize,
     isum: &[__m512i; RR],
@@ -303,32 +348,42 @@ unsafe fn finish_pair<S: Quad, const RR: usize>(
     for w in 0..NW {
         cw[w] = join(c0[w], c1[w]);
     }
-    // Per activation row: `Σ_h corr[w][h] · Σ xq_h` for the four rows of each block, block s's in
-    // 128-bit lane 2s (exact integers, as `gemm::corr_sums`).
+    // `ct[q]`, 32-bit lane (s, w, parity): 16-bit corrections 4q + 2·parity and the next of row w of
+    // block s, i.e. 64-bit word q of each row's corrections, the four rows side by side per half.
+    let (lo01, hi01) = (
+        _mm512_unpacklo_epi64(cw[0], cw[1]),
+        _mm512_unpackhi_epi64(cw[0], cw[1]),
+    );
+    let (lo23, hi23) = (
+        _mm512_unpacklo_epi64(cw[2], cw[3]),
+        _mm512_unpackhi_epi64(cw[2], cw[3]),
+    );
+    let even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    let ct = [
+        _mm512_permutex2var_epi64(lo01, even, lo23),
+        _mm512_permutex2var_epi64(hi01, even, hi23),
+        _mm512_permutex2var_epi64(lo01, odd, lo23),
+        _mm512_permutex2var_epi64(hi01, odd, hi23),
+    ];
     let mut c = [_mm512_setzero_si512(); RR];
     for i in 0..RR {
-        let sums = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-            xs.add(i * (k / 16) + 16 * b) as *const __m256i
-        ));
-        let m01 = hadd(
-            _mm512_madd_epi16(sums, cw[0]),
-            _mm512_madd_epi16(sums, cw[1]),
-        );
-        let m23 = hadd(
-            _mm512_madd_epi16(sums, cw[2]),
-            _mm512_madd_epi16(sums, cw[3]),
-        );
-        let h = hadd(m01, m23);
-        c[i] = _mm512_add_epi32(h, _mm512_shuffle_i64x2::<0b10_11_00_01>(h, h));
+        let sums = xs.add(i * (k / 16) + 16 * b) as *const i64;
+        for (q, t) in ct.iter().enumerate() {
+            let xq = _mm512_set1_epi64(std::ptr::read_unaligned(sums.add(q)));
+            c[i] = if VNNI {
+                _mm512_dpwssd_epi32(c[i], *t, xq)
+            } else {
+                _mm512_add_epi32(c[i], _mm512_madd_epi16(*t, xq))
+            };
+        }
     }
     for pair in 0..RR.div_ceil(2) {
         let (i0, i1) = (2 * pair, (2 * pair + 1).min(RR - 1));
+        // Per block: (i0, w0), (i0, w1), (i1, w0), (i1, w1) | the same for w2, w3; both the sums
+        // and the corrections.
         let s = hadd(isum[i0], isum[i1]);
-        // Per block: (i0, w0), (i0, w1), (i1, w0), (i1, w1) | the same for w2, w3.
-        let lo = _mm512_unpacklo_epi64(c[i0], c[i1]);
-        let hi = _mm512_unpackhi_epi64(c[i0], c[i1]);
-        let cc = _mm512_shuffle_i64x2::<0b10_00_10_00>(lo, hi);
-        let cc = _mm512_shuffle_i64x2::<0b11_01_10_00>(cc, cc);
+        let cc = hadd(c[i0], c[i1]);
         let (dx0, dx1) = (*xd.add(i0 * kb + b), *xd.add(i1 * kb + b));
         let dx = _mm512_castps256_ps512(_mm256_setr_ps(dx0, dx0, dx1, dx1, dx0, dx0, dx1, dx1));
         let dx = _mm512_shuffle_f32x4::<0b01_00_01_00>(dx, dx);

@@ -197,8 +197,8 @@ unsafe fn kquant_body<S: Quad, const RT: usize, const BY_16: bool, const VNNI: b
     for b in 0..at.kb {
         p[0].begin(b);
         p[1].begin(b);
-        for c in 0..full {
-            super_block::<S, KR, BY_16, VNNI>(p, b, &at.skip(KR * c), &mut totals[c]);
+        for (c, total) in totals.iter_mut().take(full).enumerate() {
+            super_block::<S, KR, BY_16, VNNI>(p, b, &at.skip(KR * c), total);
         }
         if RT > 0 {
             super_block::<S, RT, BY_16, VNNI>(p, b, &at.skip(KR * full), &mut totals[full]);

@@ -70,6 +70,9 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
     let per_task = cols_per_task(m);
     #[cfg(target_arch = "x86_64")]
     let in_place_below = packed_tiled_from(path);
+    // The 32-weight formats' tiles through the VNNI kernel (`gemm::legacy_vnni`: the same bits).
+    #[cfg(target_arch = "x86_64")]
+    let vnni = path == Path::Avx512 && gemm512::has_vnni();
     crate::parallel::for_each_init(
         n.div_ceil(per_task),
         || Scratch {
@@ -138,6 +141,7 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
                                         rows.clone(),
                                         (j, slot),
                                         kind,
+                                        vnni,
                                         scratch,
                                         &dst,
                                     )
@@ -165,7 +169,9 @@ const TILED_MIN_ROWS: usize = 16;
 /// The fewest activation rows that go through the tiled kernels for a column of `format`: k-quants on
 /// the AVX-512 path from 8 rows (measured on Qwen2.5-Coder-1.5B, Xeon, two rounds: batch 8 36.1 / 36.4
 /// → 37.5 / 37.5 tokens/s; batch 4 slower tiled, 31.6 → 29.1), the rest from [`TILED_MIN_ROWS`]
-/// (SmolLM2's Q4_1 at batch 8: 203 / 184 in registers against 176 / 180 tiled).
+/// (SmolLM2's Q4_1 at batch 8: 203 / 184 in registers against 176 / 180 tiled; with the VNNI tiles of
+/// `gemm::legacy_vnni`, Zen 4, four rounds, medians: batch 8 291 in registers against 270 tiled, batch
+/// 12 302 against 257).
 #[cfg(target_arch = "x86_64")]
 fn tiled_from(path: Path, format: super::BlockFormat) -> usize {
     if path == Path::Avx512 && format.is_k_quant() {
@@ -334,8 +340,8 @@ unsafe fn write_block<const N: usize>(
     }
 }
 
-/// Columns `j .. j + NW` for activation `rows`: each weight row decoded once, then multiplied two
-/// activation rows at a time by [`gemm::dot_block`]. k-quant rows are interleaved into the task's
+/// Columns `j .. j + NW` for activation `rows`: each weight row decoded once, then multiplied several
+/// activation rows at a time by [`gemm::dot_block`] ([`gemm::rows_per_call`]; `vnni` as there). k-quant rows are interleaved into the task's
 /// `slot` on its first tile and kept there for the others (a 256-row product on Qwen2.5-1.5B's
 /// 8,960-input shape has nine tiles): measured 6–14% faster at 256 rows, up to 11% at 32 (README,
 /// speed).
@@ -344,23 +350,24 @@ unsafe fn write_block<const N: usize>(
 /// AVX2, FMA and F16C; the columns are written by this caller only and are all of `kind`; `slot` is
 /// `(j − the task's first column) / NW`, so that no two blocks of a task share one.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn block_columns(
     w: &QMatrix,
     x: &Acts,
     rows: Range<usize>,
     (j, slot): (usize, usize),
     kind: gemm::Kind,
+    vnni: bool,
     scratch: &mut Scratch,
     out: &Out,
 ) {
     scratch.slots(slot);
-    let per_call = if kind == gemm::Kind::KQuant {
+    if kind == gemm::Kind::KQuant {
         interleave(w, (j, slot), scratch);
-        gemm::KR
     } else {
         prepare_block(w, j, &mut scratch.block);
-        gemm::R
-    };
+    }
+    let per_call = gemm::rows_per_call(kind, vnni);
     let mut r = rows.start;
     while r < rows.end {
         let take = (rows.end - r).min(per_call);
@@ -373,6 +380,7 @@ unsafe fn block_columns(
             r,
             take,
             &mut acc,
+            vnni,
         );
         write_block(out, &acc, r, take, j);
         r += take;
@@ -435,7 +443,16 @@ unsafe fn pair_columns(
     if !super::gemm512::pairs_with(p[0], p[1]) {
         for s in 0..2 {
             let at = (j + s * gemm::NW, slot + s);
-            block_columns(w, x, rows.clone(), at, gemm::Kind::KQuant, scratch, out);
+            block_columns(
+                w,
+                x,
+                rows.clone(),
+                at,
+                gemm::Kind::KQuant,
+                false,
+                scratch,
+                out,
+            );
         }
         return;
     }

@@ -50,12 +50,13 @@ impl Kind {
 }
 
 /// Products of `NW` prepared weight rows `p` (all of `kind`) with activation rows `r0 .. r0 + rows`
-/// (1 ≤ rows ≤ [`R`], or ≤ [`KR`] for k-quants) into `acc[w][i]`. For k-quants `inter` must hold `p`
-/// interleaved ([`Interleaved::build`]).
+/// (1 ≤ rows ≤ [`rows_per_call`]) into `acc[w][i]`. For k-quants `inter` must hold `p` interleaved
+/// ([`Interleaved::build`]). `vnni`: the 32-weight formats through [`legacy_vnni`] (the same bits).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; every row of `p` must be prepared for `x.k` weights in a
 /// format of `kind`, and `x` hold the rows asked for in that kind's activation block.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn dot_block(
     kind: Kind,
     p: &[Prepared; NW],
@@ -64,13 +65,31 @@ pub unsafe fn dot_block(
     r0: usize,
     rows: usize,
     acc: &mut [[f32; KR]; NW],
+    vnni: bool,
 ) {
-    match (kind, rows) {
-        (Kind::KQuant, _) => dot_quad(&mut &*inter, x, r0, rows, acc),
-        (Kind::Unsigned, 1) => legacy::<1, false>(p, x, r0, acc),
-        (Kind::Unsigned, _) => legacy::<2, false>(p, x, r0, acc),
-        (Kind::Signed, 1) => legacy::<1, true>(p, x, r0, acc),
-        (Kind::Signed, _) => legacy::<2, true>(p, x, r0, acc),
+    match (kind, vnni, rows) {
+        (Kind::KQuant, _, _) => dot_quad(&mut &*inter, x, r0, rows, acc),
+        (Kind::Unsigned, false, 1) => legacy::<1, false>(p, x, r0, acc),
+        (Kind::Unsigned, false, _) => legacy::<2, false>(p, x, r0, acc),
+        (Kind::Signed, false, 1) => legacy::<1, true>(p, x, r0, acc),
+        (Kind::Signed, false, _) => legacy::<2, true>(p, x, r0, acc),
+        (Kind::Unsigned, true, 1) => legacy_vnni::<1, false>(p, x, r0, acc),
+        (Kind::Unsigned, true, 2) => legacy_vnni::<2, false>(p, x, r0, acc),
+        (Kind::Unsigned, true, 3) => legacy_vnni::<3, false>(p, x, r0, acc),
+        (Kind::Unsigned, true, _) => legacy_vnni::<4, false>(p, x, r0, acc),
+        (Kind::Signed, true, 1) => legacy_vnni::<1, true>(p, x, r0, acc),
+        (Kind::Signed, true, 2) => legacy_vnni::<2, true>(p, x, r0, acc),
+        (Kind::Signed, true, 3) => legacy_vnni::<3, true>(p, x, r0, acc),
+        (Kind::Signed, true, _) => legacy_vnni::<4, true>(p, x, r0, acc),
+    }
+}
+
+/// Most activation rows one [`dot_block`] call takes for `kind` (`vnni` as there).
+pub fn rows_per_call(kind: Kind, vnni: bool) -> usize {
+    if kind == Kind::KQuant || vnni {
+        KR
+    } else {
+        R
     }
 }
 
@@ -946,6 +965,71 @@ unsafe fn legacy<const RR: usize, const SIGNED: bool>(
 ) {
     for w0 in (0..NW).step_by(LEGACY_NW) {
         legacy_part::<RR, SIGNED>(p, w0, x, r0, acc);
+    }
+}
+
+/// [`legacy`] on CPUs with AVX-512 VNNI, in 256-bit vectors: all [`NW`] weight rows in one pass against
+/// up to [`KR`] activation rows (AVX-512VL's 32 vector registers hold the 16 accumulators, where AVX2's
+/// 16 allowed two rows of each), and each block's products summed by one `vpdpbusd` where `maddubs`
+/// and `madd` took two. Every activation and weight vector loaded serves four products, not two. The
+/// integer sums are the same (four products a lane, none saturating in the `maddubs` form), the float
+/// steps and their order are [`legacy_part`]'s, so are the bits.
+///
+/// # Safety
+/// As [`legacy`], and the CPU supports AVX-512F, AVX-512VL and AVX-512 VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn legacy_vnni<const RR: usize, const SIGNED: bool>(
+    p: &[Prepared; NW],
+    x: &Acts,
+    r0: usize,
+    acc: &mut [[f32; KR]; NW],
+) {
+    debug_assert_eq!(x.block, 32);
+    let (k, kb) = (x.k, x.k / 32);
+    let xq = x.row(r0).as_ptr();
+    let xd = x.scales(r0).as_ptr();
+    let q: [*const u8; NW] = std::array::from_fn(|w| p[w].q.as_ptr());
+    let d: [*const f32; NW] = std::array::from_fn(|w| p[w].d.as_ptr());
+    let mut total = [[_mm256_setzero_ps(); RR]; NW];
+    for b in 0..kb {
+        let xv: [__m256i; RR] =
+            std::array::from_fn(|i| _mm256_loadu_si256(xq.add(i * k + 32 * b) as *const __m256i));
+        let dx: [__m256; RR] = std::array::from_fn(|i| _mm256_broadcast_ss(&*xd.add(i * kb + b)));
+        for w in 0..NW {
+            let wv = _mm256_loadu_si256(q[w].add(32 * b) as *const __m256i);
+            let aw = if SIGNED { _mm256_sign_epi8(wv, wv) } else { wv };
+            let dv = _mm256_set1_ps(*d[w].add(b));
+            for i in 0..RR {
+                let xs = if SIGNED {
+                    _mm256_sign_epi8(xv[i], wv)
+                } else {
+                    xv[i]
+                };
+                // Per 32-bit lane the four products `madd(maddubs(..), 1)` sums there.
+                let isum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, xs);
+                let sum = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dv);
+                total[w][i] = _mm256_fmadd_ps(sum, dx[i], total[w][i]);
+            }
+        }
+    }
+    // The additive terms, in [`legacy_part`]'s order for each (weight row, activation row).
+    let mut extra = [[0f32; RR]; NW];
+    if !SIGNED {
+        let m: [*const f32; NW] = std::array::from_fn(|w| p[w].m.as_ptr());
+        let xs = x.row_scaled(r0).as_ptr();
+        for b in 0..kb {
+            for w in 0..NW {
+                let mw = *m[w].add(b);
+                for (i, e) in extra[w].iter_mut().enumerate() {
+                    *e = mw.mul_add(*xs.add(i * kb + b), *e);
+                }
+            }
+        }
+    }
+    for w in 0..NW {
+        for i in 0..RR {
+            acc[w][i] = hsum(total[w][i]) + extra[w][i];
+        }
     }
 }
 

@@ -146,7 +146,8 @@ fn a_row_is_independent_of_its_batch() {
 /// on stacked parts where a Q6_K block meets a Q4_K or Q5_K one (chunks summed differently: the pair
 /// goes block by block), and for every number of rows in a call (16 to 19; 40, read in place on CPUs
 /// with VNNI; 70, in two tiles), and from 8 rows, where the AVX-512 path goes tiled and the AVX2 path
-/// decodes in registers.
+/// decodes in registers. The 32-weight formats too: on CPUs with VNNI their tiles take four rows a call
+/// (16 to 19 rows: calls of one to four) through `gemm::legacy_vnni`, two through AVX2's kernel.
 #[test]
 fn avx512_and_avx2_paths_give_the_same_bits() {
     if !has_avx512() {
@@ -154,7 +155,8 @@ fn avx512_and_avx2_paths_give_the_same_bits() {
         return;
     }
     let k = 512;
-    let mut mats: Vec<(String, QMatrix)> = [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K]
+    // Every format: the 32-weight ones' tiles go through the VNNI kernel on CPUs that have it.
+    let mut mats: Vec<(String, QMatrix)> = BlockFormat::ALL
         .into_iter()
         .map(|f| {
             let q = QMatrix::new(f, quantized(f, 70, k, 30), 70, k).unwrap();

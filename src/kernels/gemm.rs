@@ -1012,25 +1012,7 @@ unsafe fn legacy_vnni<const RR: usize, const SIGNED: bool>(
             }
         }
     }
-    // The additive terms, in [`legacy_part`]'s order for each (weight row, activation row).
-    let mut extra = [[0f32; RR]; NW];
-    if !SIGNED {
-        let m: [*const f32; NW] = std::array::from_fn(|w| p[w].m.as_ptr());
-        let xs = x.row_scaled(r0).as_ptr();
-        for b in 0..kb {
-            for w in 0..NW {
-                let mw = *m[w].add(b);
-                for (i, e) in extra[w].iter_mut().enumerate() {
-                    *e = mw.mul_add(*xs.add(i * kb + b), *e);
-                }
-            }
-        }
-    }
-    for w in 0..NW {
-        for i in 0..RR {
-            acc[w][i] = hsum(total[w][i]) + extra[w][i];
-        }
-    }
+    legacy_finish::<RR, NW, SIGNED>(p, 0, x, r0, &total, acc);
 }
 
 /// Weight rows one pass of [`legacy_part`] takes.
@@ -1072,13 +1054,31 @@ unsafe fn legacy_part<const RR: usize, const SIGNED: bool>(
             }
         }
     }
-    // The additive terms, as independent chains (one per pair) so their latency overlaps.
-    let mut extra = [[0f32; RR]; LEGACY_NW];
+    legacy_finish::<RR, LEGACY_NW, SIGNED>(p, w0, x, r0, &total, acc);
+}
+
+/// The last step of [`legacy_part`] and [`legacy_vnni`] for weight rows `w0 .. w0 + N`: the additive
+/// terms (as independent chains, one per pair, so that their latency overlaps; for each pair over the
+/// blocks in order) and each pair's lanes summed, into `acc`.
+///
+/// # Safety
+/// As [`legacy`]; inlined into its callers, whose target features it uses.
+#[inline(always)]
+unsafe fn legacy_finish<const RR: usize, const N: usize, const SIGNED: bool>(
+    p: &[Prepared; NW],
+    w0: usize,
+    x: &Acts,
+    r0: usize,
+    total: &[[__m256; RR]; N],
+    acc: &mut [[f32; KR]; NW],
+) {
+    let kb = x.k / 32;
+    let mut extra = [[0f32; RR]; N];
     if !SIGNED {
-        let m: [*const f32; LEGACY_NW] = std::array::from_fn(|w| p[w0 + w].m.as_ptr());
+        let m: [*const f32; N] = std::array::from_fn(|w| p[w0 + w].m.as_ptr());
         let xs = x.row_scaled(r0).as_ptr();
         for b in 0..kb {
-            for w in 0..LEGACY_NW {
+            for w in 0..N {
                 let mw = *m[w].add(b);
                 for (i, e) in extra[w].iter_mut().enumerate() {
                     *e = mw.mul_add(*xs.add(i * kb + b), *e);
@@ -1086,7 +1086,7 @@ unsafe fn legacy_part<const RR: usize, const SIGNED: bool>(
             }
         }
     }
-    for w in 0..LEGACY_NW {
+    for w in 0..N {
         for i in 0..RR {
             acc[w0 + w][i] = hsum(total[w][i]) + extra[w][i];
         }

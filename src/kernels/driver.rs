@@ -341,8 +341,9 @@ unsafe fn write_block<const N: usize>(
 }
 
 /// Columns `j .. j + NW` for activation `rows`: each weight row decoded once, then multiplied several
-/// activation rows at a time by [`gemm::dot_block`] ([`gemm::rows_per_call`]; `vnni` as there). k-quant rows are interleaved into the task's
-/// `slot` on its first tile and kept there for the others (a 256-row product on Qwen2.5-1.5B's
+/// activation rows at a time by [`gemm::dot_block`] ([`gemm::rows_per_call`]; `vnni` as there).
+/// k-quant rows are interleaved into the task's `slot` on its first tile and kept there for the
+/// others (a 256-row product on Qwen2.5-1.5B's
 /// 8,960-input shape has nine tiles): measured 6–14% faster at 256 rows, up to 11% at 32 (README,
 /// speed).
 ///

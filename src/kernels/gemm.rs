@@ -1,5 +1,6 @@
 //! Register-blocked AVX2 kernels for many activation rows (prefill, large batches): [`NW`] prepared
-//! weight rows against up to [`R`] activation rows per call ([`KR`] for k-quants).
+//! weight rows against up to [`R`] activation rows per call ([`KR`] for k-quants, and for the 32-weight
+//! formats on CPUs with AVX-512 VNNI: [`rows_per_call`]).
 //!
 //! Why it exists: the one-row kernels of [`super::avx2`] load every 32 activation bytes again for each
 //! weight row, so with tiles of activation rows larger than L1 the products wait on cache bandwidth

@@ -12,6 +12,8 @@
 
 use super::acts::Acts;
 use super::gemm::{store_totals, Interleaved, Packed, Quad, RowsAt, NW};
+use super::{fused, BlockFormat};
+use std::arch::x86_64::*;
 
 /// Most activation rows per call: twice the AVX2 kernel's, as the 32 vector registers allow; each
 /// call decodes its weights once (measured on Qwen2.5-Coder-1.5B, see the README's speed section).
@@ -23,8 +25,6 @@ pub const MAX_ROWS: usize = 64;
 
 /// Per [`KR`] activation rows of a call, `acc[s][w][i]`: block `s`'s weight row `w`, row `i`.
 pub type Acc = [[[f32; KR]; NW]; 2];
-use super::{fused, BlockFormat};
-use std::arch::x86_64::*;
 
 /// Products of the eight weight rows interleaved in `p[0]` and `p[1]` (both of one chunk summing,
 /// [`Interleaved::by_16`] equal) with activation rows `r0 .. r0 + rows` (1 ≤ rows ≤ [`KR`]) into

@@ -1,8 +1,9 @@
 //! The multi-row driver: `y = x Wᵀ` for a [`QMatrix`] and quantized activations.
 //!
-//! Output columns are split into tasks run in parallel. Within a task, activation rows go in tiles
-//! ([`tile_rows`]: as many as keep the tile's bytes in L2 while the task's weight rows stream past).
-//! On AVX2, calls of fewer than [`TILED_MIN_ROWS`] rows (decoding; 8 for k-quants on AVX-512, see
+//! Output columns are split into tasks run in parallel, which a decoding team's threads claim in runs
+//! of consecutive tasks (`crate::parallel::for_each_range_init`: each run one stream of weights).
+//! Within a task, activation rows go in tiles ([`tile_rows`]: as many as keep the tile's bytes in L2
+//! while the task's weight rows stream past). On AVX2, calls of fewer than [`TILED_MIN_ROWS`] rows (decoding; 8 for k-quants on AVX-512, see
 //! [`tiled_from`]) use the kernels that decode blocks in registers; larger ones decode [`gemm::NW`]
 //! weight rows once per tile (into L1) and multiply them with several activation rows at a time, every
 //! load serving several products. k-quant rows repacked at load ([`super::packed`]) are read in place,
@@ -73,90 +74,92 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
     // The 32-weight formats' tiles through the VNNI kernel (`gemm::legacy_vnni`: the same bits).
     #[cfg(target_arch = "x86_64")]
     let vnni = path == Path::Avx512 && gemm512::has_vnni();
-    crate::parallel::for_each_init(
-        n.div_ceil(per_task),
-        || Scratch {
-            unpacked: None,
-            raw: Vec::new(),
-            #[cfg(target_arch = "x86_64")]
-            prepared: Default::default(),
-            #[cfg(target_arch = "x86_64")]
-            block: Default::default(),
-            #[cfg(target_arch = "x86_64")]
-            interleaved: Vec::new(),
-        },
-        |scratch, task| {
-            let cols = task * per_task..((task + 1) * per_task).min(n);
-            for t0 in (0..m).step_by(tile) {
-                let rows = t0..(t0 + tile).min(m);
-                let mut j = cols.start;
-                while j < cols.end {
-                    #[cfg(target_arch = "x86_64")]
-                    if path.simd() {
-                        if w.packed_group(j).is_some() {
-                            if m < in_place_below {
-                                // SAFETY: AVX2, FMA and F16C were checked above; the columns are
-                                // this task's only.
-                                j += unsafe {
-                                    packed_columns(w, x, rows.clone(), j, cols.end, path, &dst)
-                                };
-                                continue;
-                            }
-                        } else if m < tiled_from(path, w.format(j)) {
-                            // Two columns of one 32-weight format go together: measured on SmolLM2
-                            // (Q4_1) 12% faster at batch 8, and at batch 1 121.1 / 120.0 → 130.6 /
-                            // 137.6 tokens/s (two rounds; it had been 20% slower there while each block's scale
-                            // conversion waited on the running sum, see `avx2::f16_lanes`); on
-                            // Qwen2.5-Coder-1.5B's k-quants 14% slower at 8.
-                            let format = w.format(j);
-                            let pair = !format.is_k_quant()
-                                && j + 1 < cols.end
-                                && w.format(j + 1) == format;
-                            // SAFETY: AVX2, FMA and F16C were checked above; the columns are this
-                            // task's only.
-                            unsafe { fused_columns(w, x, rows.clone(), j, pair, &dst) };
-                            j += 1 + usize::from(pair);
+    let init = || Scratch {
+        unpacked: None,
+        raw: Vec::new(),
+        #[cfg(target_arch = "x86_64")]
+        prepared: Default::default(),
+        #[cfg(target_arch = "x86_64")]
+        block: Default::default(),
+        #[cfg(target_arch = "x86_64")]
+        interleaved: Vec::new(),
+    };
+    let task = |scratch: &mut Scratch, cols: Range<usize>| {
+        for t0 in (0..m).step_by(tile) {
+            let rows = t0..(t0 + tile).min(m);
+            let mut j = cols.start;
+            while j < cols.end {
+                #[cfg(target_arch = "x86_64")]
+                if path.simd() {
+                    if w.packed_group(j).is_some() {
+                        if m < in_place_below {
+                            // SAFETY: AVX2, FMA and F16C were checked above; the columns are
+                            // this task's only.
+                            j += unsafe {
+                                packed_columns(w, x, rows.clone(), j, cols.end, path, &dst)
+                            };
                             continue;
                         }
-                        if path == Path::Avx512
-                            && j + 2 * gemm::NW <= cols.end
-                            && block_kind(w, j) == Some(gemm::Kind::KQuant)
-                            && block_kind(w, j + gemm::NW) == Some(gemm::Kind::KQuant)
-                        {
+                    } else if m < tiled_from(path, w.format(j)) {
+                        // Two columns of one 32-weight format go together: measured on SmolLM2
+                        // (Q4_1) 12% faster at batch 8, and at batch 1 121.1 / 120.0 → 130.6 /
+                        // 137.6 tokens/s (two rounds; it had been 20% slower there while each block's scale
+                        // conversion waited on the running sum, see `avx2::f16_lanes`); on
+                        // Qwen2.5-Coder-1.5B's k-quants 14% slower at 8.
+                        let format = w.format(j);
+                        let pair =
+                            !format.is_k_quant() && j + 1 < cols.end && w.format(j + 1) == format;
+                        // SAFETY: AVX2, FMA and F16C were checked above; the columns are this
+                        // task's only.
+                        unsafe { fused_columns(w, x, rows.clone(), j, pair, &dst) };
+                        j += 1 + usize::from(pair);
+                        continue;
+                    }
+                    if path == Path::Avx512
+                        && j + 2 * gemm::NW <= cols.end
+                        && block_kind(w, j) == Some(gemm::Kind::KQuant)
+                        && block_kind(w, j + gemm::NW) == Some(gemm::Kind::KQuant)
+                    {
+                        let slot = (j - cols.start) / gemm::NW;
+                        // SAFETY: AVX-512 was checked by `supported`; columns j .. j + 2·NW
+                        // are this task's only.
+                        unsafe { pair_columns(w, x, rows.clone(), (j, slot), scratch, &dst) };
+                        j += 2 * gemm::NW;
+                        continue;
+                    }
+                    if j + gemm::NW <= cols.end {
+                        if let Some(kind) = block_kind(w, j) {
                             let slot = (j - cols.start) / gemm::NW;
-                            // SAFETY: AVX-512 was checked by `supported`; columns j .. j + 2·NW
-                            // are this task's only.
-                            unsafe { pair_columns(w, x, rows.clone(), (j, slot), scratch, &dst) };
-                            j += 2 * gemm::NW;
+                            // SAFETY: as above; columns j .. j + NW are this task's only.
+                            unsafe {
+                                block_columns(
+                                    w,
+                                    x,
+                                    rows.clone(),
+                                    (j, slot),
+                                    kind,
+                                    vnni,
+                                    scratch,
+                                    &dst,
+                                )
+                            };
+                            j += gemm::NW;
                             continue;
-                        }
-                        if j + gemm::NW <= cols.end {
-                            if let Some(kind) = block_kind(w, j) {
-                                let slot = (j - cols.start) / gemm::NW;
-                                // SAFETY: as above; columns j .. j + NW are this task's only.
-                                unsafe {
-                                    block_columns(
-                                        w,
-                                        x,
-                                        rows.clone(),
-                                        (j, slot),
-                                        kind,
-                                        vnni,
-                                        scratch,
-                                        &dst,
-                                    )
-                                };
-                                j += gemm::NW;
-                                continue;
-                            }
                         }
                     }
-                    one_column(w, x, rows.clone(), j, path, scratch, &dst);
-                    j += 1;
                 }
+                one_column(w, x, rows.clone(), j, path, scratch, &dst);
+                j += 1;
             }
-        },
-    );
+        }
+    };
+    // Tasks of `per_task` columns, claimed in runs of consecutive tasks (a run's weights are one stream
+    // for the prefetchers; see `for_each_range_init`).
+    crate::parallel::for_each_range_init(n, per_task, per_task, init, |scratch, run| {
+        for start in run.clone().step_by(per_task) {
+            task(scratch, start..(start + per_task).min(run.end));
+        }
+    });
     out
 }
 

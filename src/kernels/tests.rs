@@ -213,6 +213,35 @@ fn repacked_rows_give_the_bits_of_the_files_layout() {
     }
 }
 
+/// A product computed on a decoding team (two threads claiming runs of tasks, see
+/// `parallel::for_each_range_init`) gives the bits of the same product on one thread, for every format,
+/// repacked or not, at batch 1 (tasks of 128 columns, several runs) and at batches 8 and 32 (tasks of 32).
+/// On a one-core machine no team forms and both sides run alone.
+#[test]
+fn a_product_on_a_team_gives_the_bits_of_one_thread() {
+    let k = 256;
+    let n = 600;
+    let threads = |t: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (threads(1), threads(2));
+    for format in BlockFormat::ALL {
+        let bytes = quantized(format, n, k, 50);
+        for repack in [false, true] {
+            let q = QMatrix::with_layout(format, bytes.clone(), n, k, repack).unwrap();
+            for m in [1, 8, 32] {
+                let x = random(m * k, 51 + m as u64);
+                let alone = one.install(|| q.matmul(&x, m));
+                let teamed = two.install(|| crate::parallel::with_team(true, || q.matmul(&x, m)));
+                assert_eq!(alone, teamed, "{format:?}, repacked {repack}, {m} rows");
+            }
+        }
+    }
+}
+
 /// Random matrices of `parts` (format, rows) with `k` columns, seeded from `seed`, and their stack.
 fn stacked_parts(parts: &[(BlockFormat, usize)], k: usize, seed: u64) -> (Vec<QMatrix>, QMatrix) {
     let mats: Vec<QMatrix> = parts

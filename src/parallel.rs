@@ -295,24 +295,29 @@ mod tests {
             .unwrap()
     }
 
+    /// Runs `body` on a pool of up to four threads (as many as the machine has cores), once outside a
+    /// team and once inside one.
+    fn in_and_out_of_a_team(body: impl Fn() + Send + Sync) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        pool(cores.clamp(1, 4)).install(|| {
+            for wanted in [false, true] {
+                with_team(wanted, &body)
+            }
+        });
+    }
+
     /// Every task runs exactly once, in and out of a team, over many jobs in a row.
     #[test]
     fn every_task_runs_once() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let pool = pool(cores.clamp(1, 4));
-        pool.install(|| {
-            for wanted in [false, true] {
-                with_team(wanted, || {
-                    for n in [0, 1, 2, 7, 64, 1000] {
-                        let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-                        let hit = |_: &mut (), t: usize| {
-                            hits[t].fetch_add(1, Ordering::Relaxed);
-                        };
-                        for_each_init(n, || (), hit);
-                        for_each_init_on_team(n, || (), hit);
-                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2), "{n}");
-                    }
-                })
+        in_and_out_of_a_team(|| {
+            for n in [0, 1, 2, 7, 64, 1000] {
+                let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                let hit = |_: &mut (), t: usize| {
+                    hits[t].fetch_add(1, Ordering::Relaxed);
+                };
+                for_each_init(n, || (), hit);
+                for_each_init_on_team(n, || (), hit);
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2), "{n}");
             }
         });
     }
@@ -321,38 +326,32 @@ mod tests {
     /// multiple of `align` and only a last one (ending at `n`) is shorter than `min`.
     #[test]
     fn ranges_cover_every_index_once() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let pool = pool(cores.clamp(1, 4));
-        pool.install(|| {
-            for wanted in [false, true] {
-                with_team(wanted, || {
-                    for (n, min, align) in [
-                        (0, 4, 4),
-                        (1, 4, 4),
-                        (5, 4, 4),
-                        (600, 128, 128),
-                        (1000, 30, 8),
-                    ] {
-                        let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-                        for_each_range_init(
-                            n,
-                            min,
-                            align,
-                            || (),
-                            |_, r| {
-                                assert_eq!(r.start % align, 0, "{r:?} of {n}");
-                                assert!(
-                                    r.len() >= min.next_multiple_of(align) || r.end == n,
-                                    "{r:?}"
-                                );
-                                r.for_each(|i| {
-                                    hits[i].fetch_add(1, Ordering::Relaxed);
-                                });
-                            },
+        in_and_out_of_a_team(|| {
+            for (n, min, align) in [
+                (0, 4, 4),
+                (1, 4, 4),
+                (5, 4, 4),
+                (600, 128, 128),
+                (1000, 30, 8),
+            ] {
+                let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                for_each_range_init(
+                    n,
+                    min,
+                    align,
+                    || (),
+                    |_, r| {
+                        assert_eq!(r.start % align, 0, "{r:?} of {n}");
+                        assert!(
+                            r.len() >= min.next_multiple_of(align) || r.end == n,
+                            "{r:?}"
                         );
-                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{n}");
-                    }
-                })
+                        r.for_each(|i| {
+                            hits[i].fetch_add(1, Ordering::Relaxed);
+                        });
+                    },
+                );
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{n}");
             }
         });
     }

@@ -9,8 +9,11 @@ engines under the same drift of this shared machine; the ratio is taken round by
 measure, the median and range of each engine and of the ratio, and each process's peak RSS
 (its own accounting, from wait4). A benchmark, not a test.
 
-usage: scripts/vs_llamacpp.py [--model NAME_OR_GGUF ...] [--rounds 3] [--threads 2]
+usage: scripts/vs_llamacpp.py [--model NAME_OR_GGUF ...] [--rounds 3] [--threads 2] [--repeats 1]
                               [--llamacpp DIR] [--kvbench PATH]
+--repeats N measures prefill and batch-1 decoding N times within each process of a round (kvbench
+`--repeats N` after its warm-up, llama-bench `-r N`), and takes the median of each engine's N: on a
+machine whose speed drifts within a process, one slow stretch then moves a round less.
 llama.cpp's tools come from ../shared/tools/llamacpp.sh (default DIR ~/.cache/llamacpp-anchor).
 Built-in model names are fetched by kvbench into its cache; the same file is given to llama.cpp.
 """
@@ -56,14 +59,15 @@ def gguf_path(model):
     return found[0]
 
 
-def kvbench_perf(kvbench, model, threads, batches, decode_tokens):
-    """One `kvbench perf` process: its rows keyed as llama.cpp's, and its peak RSS."""
+def kvbench_perf(kvbench, model, threads, batches, decode_tokens, repeats=1):
+    """One `kvbench perf` process: its rows keyed as llama.cpp's (each the median of its `repeats`),
+    and its peak RSS."""
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "perf.json"
         _, rss = run_rss(
             [kvbench, "perf", "--model", model, "--threads", str(threads), "--prompt-tokens", "512",
              "--batch", batches, "--decode-prompt-tokens", "64", "--decode-tokens", str(decode_tokens),
-             "--warmup", "1", "--repeats", "1", "--no-bandwidth", "--export-json", str(out)],
+             "--warmup", "1", "--repeats", str(repeats), "--no-bandwidth", "--export-json", str(out)],
             1800,
         )
         doc = json.loads(out.read_text())
@@ -75,28 +79,30 @@ def kvbench_perf(kvbench, model, threads, batches, decode_tokens):
     return got, rss
 
 
-def kvbench_round(kvbench, model, threads):
+def kvbench_round(kvbench, model, threads, repeats):
     """Two processes, each doing one llama.cpp tool's work, so that peak memory compares like with
     like: batch 1 with 128 new tokens (llama-bench's pp512 + tg128; its decode is the row compared with
     tg128), then batches 1, 8 and 32 of 64 new tokens after 64-token prompts (llama-batched-bench's)."""
-    single, rss_single = kvbench_perf(kvbench, model, threads, "1", 128)
+    single, rss_single = kvbench_perf(kvbench, model, threads, "1", 128, repeats)
     got, rss_batched = kvbench_perf(kvbench, model, threads, "1,8,32", 64)
     got["decode b1 (128)"] = single["decode b1"]
     return got, rss_single, rss_batched
 
 
-def llama_round(tools, path, threads):
+def llama_round(tools, path, threads, repeats):
     text, rss_bench = run_rss(
-        [tools / "llama-bench", "-m", path, "-t", str(threads), "-p", "512", "-n", "128", "-r", "1",
-         "-o", "json"],
+        [tools / "llama-bench", "-m", path, "-t", str(threads), "-p", "512", "-n", "128", "-r",
+         str(repeats), "-o", "json"],
         1800,
     )
     got = {}
     for row in json.loads(text):
+        # The median of its repetitions, as kvbench's rows are (its mean where the samples are absent).
+        rate = statistics.median(row.get("samples_ts") or [row["avg_ts"]])
         if row["n_prompt"] and not row["n_gen"]:
-            got["pp512"] = row["avg_ts"]
+            got["pp512"] = rate
         elif row["n_gen"] and not row["n_prompt"]:
-            got["tg128"] = row["avg_ts"]
+            got["tg128"] = rate
     text, rss_batched = run_rss(
         [tools / "llama-batched-bench", "-m", path, "-t", str(threads), "-c", "8192",
          "-npp", "64", "-ntg", "64", "-npl", "1,8,32"],
@@ -118,23 +124,28 @@ def main():
     ap.add_argument("--model", action="append", help="built-in name or GGUF path (repeatable)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measurements of prefill and batch-1 decoding per process (median taken)")
     ap.add_argument("--llamacpp", default=str(pathlib.Path.home() / ".cache" / "llamacpp-anchor"))
     ap.add_argument("--kvbench", default=str(ROOT / "target" / "release" / "kvbench"))
     a = ap.parse_args()
+    if a.rounds < 1 or a.repeats < 1 or a.threads < 1:
+        ap.error("--rounds, --repeats and --threads must be at least 1")
     models = a.model or ["qwen2.5-coder-1.5b", "smollm2-135m"]
     tools = pathlib.Path(a.llamacpp) / "build" / "bin"
     if not (tools / "llama-batched-bench").exists():
         sys.exit(f"no llama.cpp tools in {tools}: run ../shared/tools/llamacpp.sh first")
-    print(f"kvbench vs llama.cpp, {a.threads} threads, {a.rounds} interleaved rounds; "
+    print(f"kvbench vs llama.cpp, {a.threads} threads, {a.rounds} interleaved rounds, {a.repeats} "
+          "repeat(s) of prefill and batch 1 per process; "
           "medians (min–max) of tokens/s, ratio kvbench/llama.cpp per round")
     for model in models:
         kv, ll = {}, {}
         rss = {k: [] for k in ("kvbench, batch 1", "llama-bench", "kvbench, batches 1/8/32",
                                "llama-batched-bench")}
         for r in range(a.rounds):
-            got, r_single, r_kv = kvbench_round(a.kvbench, model, a.threads)  # fetches a built-in model
+            got, r_single, r_kv = kvbench_round(a.kvbench, model, a.threads, a.repeats)  # fetches a built-in model
             path = gguf_path(model)
-            got_ll, r_b, r_bb = llama_round(tools, path, a.threads)
+            got_ll, r_b, r_bb = llama_round(tools, path, a.threads, a.repeats)
             for k, v in got.items():
                 kv.setdefault(k, []).append(v)
             for k, v in got_ll.items():

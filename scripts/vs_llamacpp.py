@@ -143,7 +143,8 @@ def main():
         rss = {k: [] for k in ("kvbench, batch 1", "llama-bench", "kvbench, batches 1/8/32",
                                "llama-batched-bench")}
         for r in range(a.rounds):
-            got, r_single, r_kv = kvbench_round(a.kvbench, model, a.threads, a.repeats)  # fetches a built-in model
+            # The first round fetches a built-in model.
+            got, r_single, r_kv = kvbench_round(a.kvbench, model, a.threads, a.repeats)
             path = gguf_path(model)
             got_ll, r_b, r_bb = llama_round(tools, path, a.threads, a.repeats)
             for k, v in got.items():

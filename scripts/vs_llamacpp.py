@@ -5,8 +5,9 @@ For each model, ROUNDS times in turn: `kvbench perf` twice (prefill of 512 token
 of 128 tokens after a 64-token prompt; and decode of 64 tokens after 64-token prompts at batch 1, 8
 and 32), llama.cpp's `llama-bench` (pp512; tg128 after 64 tokens of context, `-d 64`, the same work as
 kvbench's batch-1 row, and from an empty context, its default) and `llama-batched-bench` (64-token
-prompts, 64 new tokens, 1, 8 and 32 sequences). Each kvbench process does one llama.cpp tool's work, so peak RSS compares like with like. Interleaving puts both
-engines under the same drift of this shared machine; the ratio is taken round by round. Prints, per
+prompts, 64 new tokens, 1, 8 and 32 sequences). Each kvbench process does one llama.cpp tool's work, so
+peak RSS compares like with like. Interleaving puts both engines under the same drift of this shared
+machine; the ratio is taken round by round. Prints, per
 measure, the median and range of each engine and of the ratio, and each process's peak RSS
 (its own accounting, from wait4). A benchmark, not a test.
 
@@ -70,8 +71,9 @@ def kvbench_perf(kvbench, model, threads, batches, decode_tokens, repeats=1):
         out = pathlib.Path(tmp) / "perf.json"
         _, rss = run_rss(
             [kvbench, "perf", "--model", model, "--threads", str(threads), "--prompt-tokens", "512",
-             "--batch", batches, "--decode-prompt-tokens", str(DECODE_CONTEXT), "--decode-tokens", str(decode_tokens),
-             "--warmup", "1", "--repeats", str(repeats), "--no-bandwidth", "--export-json", str(out)],
+             "--batch", batches, "--decode-prompt-tokens", str(DECODE_CONTEXT),
+             "--decode-tokens", str(decode_tokens), "--warmup", "1", "--repeats", str(repeats),
+             "--no-bandwidth", "--export-json", str(out)],
             1800,
         )
         doc = json.loads(out.read_text())
@@ -85,8 +87,9 @@ def kvbench_perf(kvbench, model, threads, batches, decode_tokens, repeats=1):
 
 def kvbench_round(kvbench, model, threads, repeats):
     """Two processes, each doing one llama.cpp tool's work, so that peak memory compares like with
-    like: batch 1 with 128 new tokens (llama-bench's pp512 + tg128; its decode is the row compared with
-    tg128), then batches 1, 8 and 32 of 64 new tokens after 64-token prompts (llama-batched-bench's)."""
+    like: batch 1 with 128 new tokens after DECODE_CONTEXT (llama-bench's pp512 + tg128; its decode is
+    the row compared with tg128 at that depth), then batches 1, 8 and 32 of 64 new tokens after 64-token
+    prompts (llama-batched-bench's)."""
     single, rss_single = kvbench_perf(kvbench, model, threads, "1", 128, repeats)
     got, rss_batched = kvbench_perf(kvbench, model, threads, "1,8,32", 64)
     got["decode b1 (128)"] = single["decode b1"]
@@ -165,9 +168,11 @@ def main():
         print("| measure | kvbench | llama.cpp | ratio | target |")
         print("|---|---:|---:|---:|---:|")
         pairs = [("prefill 512 tokens", "pp512", "pp512", "≥ 1.0"),
-                 (f"decode batch 1, 128 tokens after {DECODE_CONTEXT} (vs llama-bench tg128 -d {DECODE_CONTEXT})",
+                 (f"decode batch 1, 128 tokens after {DECODE_CONTEXT} "
+                  f"(vs llama-bench tg128 -d {DECODE_CONTEXT})",
                   "decode b1 (128)", f"tg128 d{DECODE_CONTEXT}", "≥ 1.0"),
-                 ("decode batch 1, 128 tokens (vs tg128 from an empty context)", "decode b1 (128)", "tg128", ""),
+                 ("decode batch 1, 128 tokens (vs tg128 from an empty context)",
+                  "decode b1 (128)", "tg128", ""),
                  ("decode batch 1 (vs batched-bench)", "decode b1", "decode b1", ""),
                  ("decode batch 8, aggregate", "decode b8", "decode b8", "≥ 1.2"),
                  ("decode batch 32, aggregate", "decode b32", "decode b32", "≥ 1.2")]

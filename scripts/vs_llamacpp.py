@@ -7,9 +7,8 @@ and 32), llama.cpp's `llama-bench` (pp512; tg128 after 64 tokens of context, `-d
 kvbench's batch-1 row, and from an empty context, its default) and `llama-batched-bench` (64-token
 prompts, 64 new tokens, 1, 8 and 32 sequences). Each kvbench process does one llama.cpp tool's work, so
 peak RSS compares like with like. Interleaving puts both engines under the same drift of this shared
-machine; the ratio is taken round by round. Prints, per
-measure, the median and range of each engine and of the ratio, and each process's peak RSS
-(its own accounting, from wait4). A benchmark, not a test.
+machine; the ratio is taken round by round. Prints, per measure, the median and range of each engine
+and of the ratio, and each process's peak RSS (its own accounting, from wait4). A benchmark, not a test.
 
 usage: scripts/vs_llamacpp.py [--model NAME_OR_GGUF ...] [--rounds 3] [--threads 2] [--repeats 1]
                               [--llamacpp DIR] [--kvbench PATH]
@@ -32,7 +31,8 @@ import threading
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# Tokens of context before each batch-1 decode: kvbench's `--decode-prompt-tokens`, llama-bench's `-d`.
+# Tokens of context before every decode measured: kvbench's `--decode-prompt-tokens`, llama-bench's `-d`
+# (besides 0) and llama-batched-bench's `-npp`, so each pair of rows decodes at the same positions.
 DECODE_CONTEXT = 64
 
 
@@ -113,12 +113,13 @@ def llama_round(tools, path, threads, repeats):
             got["tg128" if depth == 0 else f"tg128 d{depth}"] = rate
     text, rss_batched = run_rss(
         [tools / "llama-batched-bench", "-m", path, "-t", str(threads), "-c", "8192",
-         "-npp", "64", "-ntg", "64", "-npl", "1,8,32"],
+         "-npp", str(DECODE_CONTEXT), "-ntg", "64", "-npl", "1,8,32"],
         1800,
     )
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 8 and cells[0] == "64" and cells[1] == "64" and cells[2].isdigit():
+        if (len(cells) >= 8 and cells[0] == str(DECODE_CONTEXT) and cells[1] == "64"
+                and cells[2].isdigit()):
             got[f"decode b{cells[2]}"] = float(cells[7])  # S_TG t/s
     return got, rss_bench, rss_batched
 

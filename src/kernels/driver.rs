@@ -5,11 +5,11 @@
 //! Within a task, activation rows go in tiles ([`tile_rows`]: as many as keep the tile's bytes in L2
 //! while the task's weight rows stream past). On AVX2, calls of fewer than [`TILED_MIN_ROWS`] rows
 //! (decoding; 8 for k-quants on AVX-512, see [`tiled_from`]) use the kernels that decode blocks in
-//! registers; larger ones decode [`gemm::NW`] weight rows once per tile (into L1) and multiply them with several activation rows at a time, every
-//! load serving several products. k-quant rows repacked at load ([`super::packed`]) are read in place,
-//! four or eight columns a call, below [`packed_tiled_from`] rows, and interleaved per tile from
-//! there. Columns a block of `NW` cannot take (a task's last few, or stacked parts of different kinds)
-//! go one by one.
+//! registers; larger ones decode [`gemm::NW`] weight rows once per tile (into L1) and multiply them
+//! with several activation rows at a time, every load serving several products. k-quant rows
+//! repacked at load ([`super::packed`]) are read in place, four or eight columns a call, below
+//! [`packed_tiled_from`] rows, and interleaved per tile from there. Columns a block of `NW` cannot
+//! take (a task's last few, or stacked parts of different kinds) go one by one.
 
 use super::acts::Acts;
 use super::dot::{portable, Path};

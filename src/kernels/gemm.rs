@@ -418,24 +418,34 @@ unsafe fn k45_quad_meta(src: *const u8) -> QuadMeta {
         _mm256_cvtepu8_epi16(_mm256_castsi256_si128(m13)),
         _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(m13)),
     ];
+    let (d, dmin) = k45_d_dmin(a, b);
+    QuadMeta {
+        pairs: scale_pairs([even, even], [odd, odd]),
+        corr,
+        d,
+        dmin,
+    }
+}
+
+/// `d` and `dmin` of four Q4_K/Q5_K headers loaded as [`k45_quad_meta`] loads them (rows 0, 1 in
+/// `a`, rows 2, 3 in `b`, one per 128-bit lane), in [`pair_lanes`]' order (rows 0 1 0 1 2 3 2 3).
+#[inline(always)]
+pub(super) unsafe fn k45_d_dmin(a: __m256i, b: __m256i) -> (__m256, __m256) {
     // The four (d, dmin) dwords in row order, then the f16 words in `pair_lanes`' order.
     let t = _mm256_unpacklo_epi32(a, b);
     let dd = _mm_unpacklo_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
     let d_words = _mm_setr_epi8(0, 1, 4, 5, 0, 1, 4, 5, 8, 9, 12, 13, 8, 9, 12, 13);
     let m_words = _mm_setr_epi8(2, 3, 6, 7, 2, 3, 6, 7, 10, 11, 14, 15, 10, 11, 14, 15);
-    let pairs = scale_pairs([even, even], [odd, odd]);
-    QuadMeta {
-        pairs,
-        corr,
-        d: _mm256_cvtph_ps(_mm_shuffle_epi8(dd, d_words)),
-        dmin: _mm256_cvtph_ps(_mm_shuffle_epi8(dd, m_words)),
-    }
+    (
+        _mm256_cvtph_ps(_mm_shuffle_epi8(dd, d_words)),
+        _mm256_cvtph_ps(_mm_shuffle_epi8(dd, m_words)),
+    )
 }
 
 /// Two Q4_K/Q5_K headers, one per 128-bit lane (dwords `[d·dmin, u0, u1, u2]`), to their scales'
 /// bytes (0–7) and minima's (8–15), per lane: `fused::k45_header`'s masks on whole vectors.
 #[inline(always)]
-unsafe fn k45_scale_bytes(v: __m256i) -> __m256i {
+pub(super) unsafe fn k45_scale_bytes(v: __m256i) -> __m256i {
     // [u0, u1, u0, u1] and [u2, u2 >> 4, u2, u2 >> 4].
     let a = _mm256_shuffle_epi32::<0b10_01_10_01>(v);
     let c = _mm256_srlv_epi32(
@@ -632,7 +642,8 @@ impl<F: fused::KQuant> Quad for Packed<F> {
 /// # Safety
 /// AVX2, FMA and F16C; `group` holds four repacked rows of `x.k` weights of `format` and `x` the rows
 /// asked for, in 256-wide activation blocks.
-/// With `vnni` (the CPU must have AVX-512 VNNI and VL) through [`kquant_vnni`].
+/// With `vnni` (the CPU must have AVX-512 VNNI, VL and BW): Q4_K and Q5_K through
+/// [`super::k45_vnni`], Q6_K through [`kquant_vnni`].
 pub unsafe fn dot_packed(
     format: BlockFormat,
     group: &[u8],
@@ -660,6 +671,10 @@ unsafe fn packed_quad<F: fused::KQuant>(
     acc: &mut [[f32; KR]; NW],
     vnni: bool,
 ) {
+    if vnni && !F::BY_16 {
+        // Q4_K and Q5_K: fewer instructions a super-block than `kquant_vnni` (see that module).
+        return super::k45_vnni::dot::<F>(group, x, r0, rows, acc);
+    }
     let p = Packed::<F>::new(group);
     if !vnni {
         return dot_quad(&mut { p }, x, r0, rows, acc);
@@ -852,6 +867,8 @@ pub(super) struct RowsAt {
     pub(super) xd: *const f32,
     /// Its sums per 16 values (`k / 16` apart).
     pub(super) xs: *const i16,
+    /// Its sums per 32 values (`k / 32` apart).
+    pub(super) xs32: *const i16,
     pub(super) k: usize,
     pub(super) kb: usize,
 }
@@ -865,6 +882,7 @@ impl RowsAt {
             xq: x.row(r0).as_ptr(),
             xd: x.scales(r0).as_ptr(),
             xs: x.row_sums(r0).as_ptr(),
+            xs32: x.row_sums32(r0).as_ptr(),
             k: x.k,
             kb: x.k / 256,
         }
@@ -880,6 +898,7 @@ impl RowsAt {
             xq: self.xq.add(rows * self.k),
             xd: self.xd.add(rows * self.kb),
             xs: self.xs.add(rows * (self.k / 16)),
+            xs32: self.xs32.add(rows * (self.k / 32)),
             ..self
         }
     }

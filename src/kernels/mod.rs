@@ -15,6 +15,8 @@
 //!   tile of many rows) and [`gemm`] (several decoded weight rows against several activation rows at
 //!   once): the AVX2 kernels, with the same arithmetic; [`gemm512`] the k-quant part of [`gemm`] on
 //!   512-bit vectors where the CPU has AVX-512 (the same integer sums and float step, so the same bits);
+//!   [`k45_vnni`] the decoding steps' Q4_K and Q5_K products (one to four activation rows) with
+//!   AVX-512 VNNI, in fewer instructions a super-block than [`gemm`]'s general kernel (the same bits);
 //! - [`dot`]: the choice of path and the portable kernel they are tested against;
 //! - [`driver`]: the multi-row driver: output columns split across threads, activation rows in tiles
 //!   that stay in cache;
@@ -35,6 +37,8 @@ pub mod fused;
 pub mod gemm;
 #[cfg(target_arch = "x86_64")]
 pub mod gemm512;
+#[cfg(target_arch = "x86_64")]
+pub mod k45_vnni;
 pub mod kquants;
 pub mod legacy;
 pub mod packed;

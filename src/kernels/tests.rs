@@ -14,7 +14,7 @@ pub(crate) fn random(len: usize, seed: u64) -> Vec<f32> {
 }
 
 /// An `n × k` matrix quantized to `format` by candle, as the file's bytes.
-fn quantized(format: BlockFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn quantized(format: BlockFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let w = Tensor::from_vec(random(n * k, seed), (n, k), &Device::Cpu).unwrap();
     let q = QTensor::quantize(&w, format.to_ggml()).unwrap();
     q.data().unwrap().into_owned()
@@ -203,7 +203,7 @@ fn repacked_rows_give_the_bits_of_the_files_layout() {
         );
         assert_eq!(packed.dequantize(), file.dequantize(), "{format:?}");
         for path in [Path::Portable, Path::Avx2, Path::Avx512] {
-            for m in [1, 2, 5, 8, 33, 70] {
+            for m in [1, 2, 3, 4, 5, 8, 33, 70] {
                 let x = random(m * k, 41 + m as u64);
                 let a = file.matmul_with(&x, m, path);
                 let b = packed.matmul_with(&x, m, path);

@@ -106,8 +106,8 @@ impl Meta {
         let a = _mm256_loadu_si256(src as *const __m256i);
         let b = _mm256_loadu_si256(src.add(32) as *const __m256i);
         let (sa, sb) = (gemm::k45_scale_bytes(a), gemm::k45_scale_bytes(b));
-        // Per half: [scales of row 0 | row 2] and [row 1 | row 3], then the scales' quadwords in row
-        // order.
+        // `sc`: the low half holds rows 0 and 2's scale bytes, the high half rows 1 and 3's (`mn` the
+        // same for the minima); the scales' quadwords are then put in row order.
         let sc = _mm256_unpacklo_epi64(sa, sb);
         let mn = _mm256_unpackhi_epi64(sa, sb);
         let (d, dmin) = gemm::k45_d_dmin(a, b);

@@ -19,7 +19,7 @@ pub struct Acts {
     /// `sums[r * (k / 16) + h]`: `Σ q` over the 16 values `16h … 16h + 15`.
     pub sums: Vec<i16>,
     /// `sums32[r * (k / 32) + j]`: `Σ q` over the 32 values `32j … 32j + 31` (what a k-quant
-    /// group's minimum multiplies).
+    /// group's minimum multiplies); empty for 32-wide blocks, whose kernels do not read it.
     pub sums32: Vec<i16>,
     /// `scaled[r * (k / block) + b]`: `d · Σ q` over block `b` (what a 32-wide block's minimum
     /// multiplies).
@@ -37,24 +37,23 @@ impl Acts {
         let mut q = AlignedBytes::<i8>::zeroed(m * k);
         let mut d = vec![0f32; m * kb];
         let mut sums = vec![0i16; m * kh];
-        let mut sums32 = vec![0i16; m * (k / 32)];
         let mut scaled = vec![0f32; m * kb];
         use rayon::prelude::*;
         x.par_chunks_exact(k)
             .zip(q.par_chunks_exact_mut(k))
             .zip(d.par_chunks_exact_mut(kb))
             .zip(sums.par_chunks_exact_mut(kh))
-            .zip(sums32.par_chunks_exact_mut(k / 32))
             .zip(scaled.par_chunks_exact_mut(kb))
             // Small inputs (a decoding step's few rows) stay on the calling thread.
             .with_min_len(PARALLEL_FROM.div_ceil(k))
-            .for_each(|(((((x, q), d), sums), sums32), scaled)| {
-                quantize_row(x, q, d, sums, scaled, block);
-                for (s, pair) in sums32.iter_mut().zip(sums.chunks_exact(2)) {
-                    // |Σ| ≤ 32 · 127: fits an i16.
-                    *s = pair[0] + pair[1];
-                }
-            });
+            .for_each(|((((x, q), d), sums), scaled)| quantize_row(x, q, d, sums, scaled, block));
+        // Only the k-quant kernels read them; a row's sums per 16 are an even count, so pairs never
+        // straddle two rows. |Σ| ≤ 32 · 127: fits an i16.
+        let sums32 = if block == 256 {
+            sums.chunks_exact(2).map(|p| p[0] + p[1]).collect()
+        } else {
+            Vec::new()
+        };
         Self {
             m,
             k,
@@ -87,7 +86,7 @@ impl Acts {
         &self.scaled[r * kb..(r + 1) * kb]
     }
 
-    /// Row `r`'s sums per 32 values.
+    /// Row `r`'s sums per 32 values (256-wide blocks only).
     #[inline(always)]
     pub fn row_sums32(&self, r: usize) -> &[i16] {
         let kj = self.k / 32;

@@ -929,15 +929,36 @@ unsafe fn finish_block<const RR: usize>(
         let s = _mm256_hadd_epi32(isum[i0], isum[i1]);
         let (c0, c1) = (corr_sums(xs, k, b, i0, corr), corr_sums(xs, k, b, i1, corr));
         let c = _mm256_set_m128i(_mm_unpackhi_epi64(c0, c1), _mm_unpacklo_epi64(c0, c1));
-        let (dx0, dx1) = (*xd.add(i0 * kb + b), *xd.add(i1 * kb + b));
-        let dx = _mm256_setr_ps(dx0, dx0, dx1, dx1, dx0, dx0, dx1, dx1);
-        let v = _mm256_fmsub_ps(
-            _mm256_cvtepi32_ps(s),
+        total[pair] = float_step(
+            s,
+            c,
             dv,
-            _mm256_mul_ps(_mm256_cvtepi32_ps(c), dminv),
+            dminv,
+            (*xd.add(i0 * kb + b), *xd.add(i1 * kb + b)),
+            total[pair],
         );
-        total[pair] = _mm256_fmadd_ps(v, dx, total[pair]);
     }
+}
+
+/// `total + dx · (d · s − dmin · c)` on lanes in [`pair_lanes`]' order: the exact integer sums `s` and
+/// corrections `c` of two activation rows (scales `dx`) against four weight rows (`d`, `dmin`). The
+/// one float step of every kernel on interleaved rows, so that their bits are the same.
+#[inline(always)]
+pub(super) unsafe fn float_step(
+    s: __m256i,
+    c: __m256i,
+    d: __m256,
+    dmin: __m256,
+    (dx0, dx1): (f32, f32),
+    total: __m256,
+) -> __m256 {
+    let dx = _mm256_setr_ps(dx0, dx0, dx1, dx1, dx0, dx0, dx1, dx1);
+    let v = _mm256_fmsub_ps(
+        _mm256_cvtepi32_ps(s),
+        d,
+        _mm256_mul_ps(_mm256_cvtepi32_ps(c), dmin),
+    );
+    _mm256_fmadd_ps(v, dx, total)
 }
 
 /// Writes the first `RR` activation rows' sums of `total` into `acc[w][i]`.

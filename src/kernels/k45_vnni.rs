@@ -251,8 +251,8 @@ unsafe fn group_pair<F: KQuant, const RR: usize, const E: usize, const O: usize,
     }
 }
 
-/// The products, per super-block: the four group pairs, then [`super::gemm`]'s float step on the
-/// exact sums, lane by lane as its `finish_block` does.
+/// The products, per super-block: the four group pairs, then [`gemm::float_step`] on the exact
+/// sums, in the lanes `finish_block` gives it.
 // Indexes are clearer than iterators here: `i` picks sums and activation rows.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -300,14 +300,8 @@ unsafe fn kernel<F: KQuant, const RR: usize, const GF: bool>(
                 min_sums(&meta, xs32, k, b, i0),
                 min_sums(&meta, xs32, k, b, i1),
             );
-            let (dx0, dx1) = (*xd.add(i0 * kb + b), *xd.add(i1 * kb + b));
-            let dx = _mm256_setr_ps(dx0, dx0, dx1, dx1, dx0, dx0, dx1, dx1);
-            let v = _mm256_fmsub_ps(
-                _mm256_cvtepi32_ps(s),
-                meta.d,
-                _mm256_mul_ps(_mm256_cvtepi32_ps(c), meta.dmin),
-            );
-            total[pair] = _mm256_fmadd_ps(v, dx, total[pair]);
+            let dx = (*xd.add(i0 * kb + b), *xd.add(i1 * kb + b));
+            total[pair] = gemm::float_step(s, c, meta.d, meta.dmin, dx, total[pair]);
         }
     }
     gemm::store_totals::<RR, KR>(&total, acc);

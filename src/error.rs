@@ -35,6 +35,11 @@ pub enum Error {
     #[error("policy '{policy}': {reason}")]
     Policy { policy: String, reason: String },
 
+    /// The model computed a NaN or infinite logit: damaged weights, or an overflow. Sampling from
+    /// it would record garbage as a result, so the generation stops here.
+    #[error("the model computed a non-finite logit ({value} for token id {token}); its weights may be damaged")]
+    NonFiniteLogits { token: usize, value: f32 },
+
     #[error("i/o error on {path}")]
     Io {
         path: PathBuf,
@@ -70,6 +75,21 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// A candle error's message without the backtrace candle attaches when `RUST_BACKTRACE` is set: what
+/// a user reads about a bad file is its reason, not a stack.
+pub fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        candle_core::Error::Context { inner, context } => {
+            format!("{context}: {}", candle_message(inner))
+        }
+        candle_core::Error::WithPath { inner, path } => {
+            format!("{}: {}", path.display(), candle_message(inner))
+        }
+        e => e.to_string(),
     }
 }
 

@@ -6,6 +6,7 @@ mod common;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
+use kvbench::generate::{generate_batch, Request, SamplingParams};
 use kvbench::model::{LoadOptions, Model};
 use kvbench::policy::Full;
 use kvbench::results::dir::read_samples;
@@ -44,6 +45,7 @@ fn tiny_gguf() -> (Vec<u8>, usize) {
         ("llama.feed_forward_length", u(ffn as u32)),
         ("llama.block_count", u(layers as u32)),
         ("llama.context_length", u(128)),
+        ("general.alignment", u(32)),
         (
             "llama.attention.layer_norm_rms_epsilon",
             gguf_file::Value::F32(1e-5),
@@ -101,23 +103,35 @@ fn tiny_gguf() -> (Vec<u8>, usize) {
 }
 
 /// Loads `path` as a model: an input error that names the file, or a model that tokenizes and
-/// decodes a few steps; in bounded time.
+/// decodes a few steps through the engine; in bounded time. A header edit can move where tensors
+/// are read from (the alignment, an offset) and so load garbage that no reader can tell from
+/// weights: such a model must then stop with the non-finite-logit error, never record garbage
+/// tokens as a result.
 fn load_is_clean(path: &Path) -> Result<(), TestCaseError> {
     let started = Instant::now();
     match Model::load(path.to_str().unwrap(), &LoadOptions::default()) {
         Ok(m) => {
-            // A model that loads computes: finite logits, never garbage with success.
             let prompt = m.tokenizer.encode("1 + 1 =").unwrap();
-            let (_, logits, _) = common::run_greedy(&m, &prompt, Box::new(Full), 4);
-            prop_assert!(
-                logits.iter().flatten().all(|x| x.is_finite()),
-                "non-finite logits"
-            );
+            let request = Request {
+                prompt,
+                sampling: SamplingParams::greedy(),
+                max_new_tokens: 4,
+                policy: Box::new(Full),
+                trace: false,
+            };
+            match generate_batch(&m.transformer, vec![request], &[], &mut |_, _| {}) {
+                Ok(g) => prop_assert!(g[0].tokens.len() <= 4),
+                Err(e) => prop_assert!(
+                    matches!(e, kvbench::Error::NonFiniteLogits { .. }),
+                    "generation failed otherwise: {e}"
+                ),
+            }
         }
         Err(e) => {
             let msg = e.to_string();
             prop_assert!(e.is_input_error(), "not an input error: {msg}");
             prop_assert!(msg.contains("hostile"), "the file is not named: {msg}");
+            prop_assert!(msg.lines().count() == 1, "more than the reason: {msg}");
         }
     }
     prop_assert!(
@@ -163,6 +177,69 @@ fn the_tiny_model_loads_and_decodes() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Where tensor `name`'s offset (into the data section) is stored in GGUF `bytes`.
+fn tensor_offset_at(bytes: &[u8], name: &str, n_dims: usize) -> usize {
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name.as_bytes())
+        .unwrap_or_else(|| panic!("{name} in the tiny model"));
+    at + name.len() + 4 + 8 * n_dims + 4
+}
+
+/// A tensor's offset anywhere in 64 bits (near 2^64 it wraps around to the header in unchecked
+/// arithmetic), off the alignment, or past the end; an alignment of 0 (a division by zero in candle's
+/// reader) or not a power of two: each refused, naming the file and what is wrong.
+#[test]
+fn tensor_offsets_and_alignments_outside_the_file_are_refused() {
+    let dir = temp_dir("extents");
+    let path = dir.join("hostile-extent.gguf");
+    let (tiny, _) = tiny_gguf();
+    let offset_at = tensor_offset_at(&tiny, "token_embd.weight", 2);
+    let align_at = value_at(&tiny, "general.alignment");
+    let cases: Vec<(usize, Vec<u8>, &str)> = vec![
+        (
+            offset_at,
+            (u64::MAX - 31).to_le_bytes().to_vec(),
+            "truncated",
+        ),
+        (offset_at, (1u64 << 40).to_le_bytes().to_vec(), "truncated"),
+        (
+            offset_at,
+            8u64.to_le_bytes().to_vec(),
+            "not a multiple of the alignment 32",
+        ),
+        (
+            align_at,
+            0u32.to_le_bytes().to_vec(),
+            "general.alignment is 0",
+        ),
+        (
+            align_at,
+            24u32.to_le_bytes().to_vec(),
+            "general.alignment is 24",
+        ),
+    ];
+    for (at, value, expected) in cases {
+        let mut bytes = tiny.clone();
+        bytes[at..at + value.len()].copy_from_slice(&value);
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Model::load(path.to_str().unwrap(), &LoadOptions::default())
+            .err()
+            .unwrap_or_else(|| panic!("loaded with {expected}"));
+        let msg = e.to_string();
+        assert!(e.is_input_error(), "{msg}");
+        assert!(
+            msg.contains("hostile-extent.gguf") && msg.contains(expected),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("backtrace") && msg.lines().count() == 1,
+            "{msg}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
@@ -199,7 +276,7 @@ proptest! {
             "llama.embedding_length", "llama.attention.head_count", "llama.attention.head_count_kv",
             "llama.feed_forward_length", "llama.block_count", "llama.context_length",
             "llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base",
-            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eos_token_id", "general.alignment",
         ]),
         value in prop_oneof![
             Just(0u32), Just(1), Just(2), Just(16), Just(31), Just(33), Just(64), Just(u32::MAX),

@@ -95,7 +95,7 @@ pub fn teacher_forced(
     }])?)?;
     let (mut kls, mut agree, mut ranks) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..max_new {
-        let token = sampler.sample(&p);
+        let token = sampler.sample(&p)?;
         kls.push(kl_from_logits(&p, &q));
         agree.push(argmax(&p) == argmax(&q));
         ranks.push(rank_of(&q, token));

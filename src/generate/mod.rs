@@ -115,7 +115,7 @@ pub fn generate_batch(
         }])?;
         let prefill_time = start.elapsed();
         let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
-        let next = sampler.sample(&logits);
+        let next = sampler.sample(&logits)?;
         let held = state.cache.bytes();
         let policy_prefill_time = state.policy_time;
         let mut a = Active {
@@ -199,7 +199,7 @@ pub fn generate_batch(
             s.bytes_steps.0 += bytes as f64;
             s.bytes_steps.1 += 1;
             s.side_peak = s.side_peak.max(s.state.side_state_bytes());
-            let tok = s.sampler.sample(&logits[k]);
+            let tok = s.sampler.sample(&logits[k])?;
             s.next = tok;
             if accept(&mut s.out, &mut s.finish, tok, s.max_new, eos) {
                 on_token(i, tok);

@@ -40,7 +40,15 @@ impl Sampler {
         }
     }
 
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// The next token; an error when a logit is NaN or infinite (nothing sensible can be drawn).
+    pub fn sample(&mut self, logits: &[f32]) -> crate::Result<u32> {
+        if let Some((token, value)) = first_non_finite(logits) {
+            return Err(crate::Error::NonFiniteLogits { token, value });
+        }
+        Ok(self.draw(logits))
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature <= 0.0 {
             return crate::model::llama::argmax(logits);
         }
@@ -77,6 +85,19 @@ impl Sampler {
     }
 }
 
+/// The first logit that is NaN or infinite, if any. One branch-free pass (vectorized) over the
+/// vocabulary, then a search only when something is wrong.
+fn first_non_finite(logits: &[f32]) -> Option<(usize, f32)> {
+    if logits.iter().fold(true, |ok, x| ok & x.is_finite()) {
+        return None;
+    }
+    logits
+        .iter()
+        .copied()
+        .enumerate()
+        .find(|(_, x)| !x.is_finite())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,7 +105,7 @@ mod tests {
     #[test]
     fn greedy_takes_lowest_index_on_ties() {
         let mut s = Sampler::new(SamplingParams::greedy());
-        assert_eq!(s.sample(&[0.0, 3.0, 3.0, 1.0]), 1);
+        assert_eq!(s.sample(&[0.0, 3.0, 3.0, 1.0]).unwrap(), 1);
     }
 
     #[test]
@@ -97,15 +118,36 @@ mod tests {
         };
         let a: Vec<u32> = {
             let mut s = Sampler::new(p);
-            (0..200).map(|_| s.sample(&logits)).collect()
+            (0..200).map(|_| s.sample(&logits).unwrap()).collect()
         };
         let b: Vec<u32> = {
             let mut s = Sampler::new(p);
-            (0..200).map(|_| s.sample(&logits)).collect()
+            (0..200).map(|_| s.sample(&logits).unwrap()).collect()
         };
         assert_eq!(a, b);
         // the two top tokens hold ~0.74 of the mass, so top-p 0.6 keeps only them
         assert!(a.iter().all(|&x| x <= 1));
         assert!(a.contains(&0) && a.contains(&1));
+    }
+
+    #[test]
+    fn a_non_finite_logit_is_an_error_not_a_token() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for temperature in [0.0, 0.7] {
+                let mut s = Sampler::new(SamplingParams {
+                    temperature,
+                    top_p: 0.9,
+                    seed: 1,
+                });
+                let mut logits = vec![0.5f32; 100];
+                logits[37] = bad;
+                match s.sample(&logits) {
+                    Err(crate::Error::NonFiniteLogits { token: 37, value }) => {
+                        assert!(value.is_nan() == bad.is_nan())
+                    }
+                    other => panic!("{bad} at temperature {temperature}: {other:?}"),
+                }
+            }
+        }
     }
 }

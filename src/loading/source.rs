@@ -4,7 +4,8 @@
 //! translates them to Hugging Face names (`model.layers.3.self_attn.q_proj.weight`). One loader then
 //! serves both formats. Every failure names the file it came from.
 
-use crate::error::{Error, Result};
+use crate::error::{candle_message, Error, Result};
+use crate::loading::gguf_layout;
 use crate::model::config::{Arch, HfConfig, Llama3RopeScaling, ModelConfig};
 use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Shape, Tensor};
@@ -81,6 +82,8 @@ pub enum WeightSource {
     Gguf {
         path: PathBuf,
         content: gguf_file::Content,
+        /// Each tensor's checked `(first byte, length)` in the file.
+        extents: std::collections::HashMap<String, (u64, usize)>,
         reader: BufReader<File>,
     },
     Safetensors {
@@ -108,22 +111,33 @@ impl WeightSource {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut reader = BufReader::new(file);
-        let content = gguf_file::Content::read(&mut reader)
-            .map_err(|e| Error::model(path, format!("unreadable GGUF header: {e}")))?;
+        // Before candle's reader, which divides by the alignment.
+        let alignment = gguf_layout::declared_alignment(&mut reader)
+            .map_err(|e| Error::model(path, e))?
+            .unwrap_or(gguf_layout::DEFAULT_ALIGNMENT);
+        reader.rewind().map_err(|e| Error::io(path, e))?;
+        let content = gguf_file::Content::read(&mut reader).map_err(|e| {
+            Error::model(
+                path,
+                format!("unreadable GGUF header: {}", candle_message(&e)),
+            )
+        })?;
+        let mut extents = std::collections::HashMap::with_capacity(content.tensor_infos.len());
         for (name, info) in &content.tensor_infos {
-            let elems = info.shape.elem_count();
-            let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset + info.offset + bytes as u64;
-            if end > file_len {
-                return Err(Error::model(
-                    path,
-                    format!("truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes"),
-                ));
-            }
+            let extent = gguf_layout::tensor_extent(
+                name,
+                info,
+                content.tensor_data_offset,
+                alignment,
+                file_len,
+            )
+            .map_err(|e| Error::model(path, e))?;
+            extents.insert(name.clone(), extent);
         }
         Ok(WeightSource::Gguf {
             path: path.to_path_buf(),
             content,
+            extents,
             reader,
         })
     }
@@ -152,7 +166,12 @@ impl WeightSource {
         }
         // SAFETY: the files are memory-mapped read-only; kvbench never writes to them while mapped.
         let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
-            .map_err(|e| Error::model(dir, format!("unreadable safetensors: {e}")))?;
+            .map_err(|e| {
+                Error::model(
+                    dir,
+                    format!("unreadable safetensors: {}", candle_message(&e)),
+                )
+            })?;
         let shape = |n: &str| tensors.get(&hf_name(n)).ok().map(|v| v.shape().to_vec());
         check_shapes(&config, &shape, &hf_name).map_err(|e| Error::model(&config_path, e))?;
         Ok((
@@ -185,19 +204,19 @@ impl WeightSource {
             WeightSource::Gguf {
                 path,
                 content,
+                extents,
                 reader,
             } => {
                 let _ = device; // GGUF bytes are read to host memory; layers move them where they run.
-                let Some(info) = content.tensor_infos.get(name) else {
+                let (Some(info), Some(&(start, size))) =
+                    (content.tensor_infos.get(name), extents.get(name))
+                else {
                     return Err(Error::model(&*path, format!("missing tensor '{name}'")));
                 };
-                // The file's bytes, read once: kvbench's kernels use them as they are. Bounds were
-                // checked when the file was opened.
-                let size = info.shape.elem_count() / info.ggml_dtype.block_size()
-                    * info.ggml_dtype.type_size();
+                // The file's bytes, read once: kvbench's kernels use them as they are.
                 let mut bytes = crate::kernels::WeightBytes::zeroed(size);
                 reader
-                    .seek(SeekFrom::Start(content.tensor_data_offset + info.offset))
+                    .seek(SeekFrom::Start(start))
                     .and_then(|_| reader.read_exact(&mut bytes))
                     .map_err(|e| Error::model(&*path, format!("tensor '{name}': {e}")))?;
                 Ok(RawTensor::Gguf {
@@ -210,7 +229,13 @@ impl WeightSource {
             WeightSource::Safetensors { dir, tensors } => {
                 let hf = hf_name(name);
                 let t = tensors.load(&hf, device).map_err(|e| {
-                    Error::model(&*dir, format!("missing or unreadable tensor '{hf}': {e}"))
+                    Error::model(
+                        &*dir,
+                        format!(
+                            "missing or unreadable tensor '{hf}': {}",
+                            candle_message(&e)
+                        ),
+                    )
                 })?;
                 Ok(RawTensor::Dense(t))
             }

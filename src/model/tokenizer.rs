@@ -5,7 +5,7 @@
 //! `tokenizer.ggml.merges` and the `tokenizer.ggml.pre` pre-tokenizer name, matching each model's
 //! Hugging Face `tokenizer.json`.
 
-use crate::error::{Error, Result};
+use crate::error::{candle_message, Error, Result};
 use candle_core::quantized::gguf_file::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -61,13 +61,15 @@ impl Tokenizer {
         }
         let strings = |key: &str| -> Result<Vec<String>> {
             let v = md.get(key).ok_or_else(|| err(format!("missing '{key}'")))?;
-            let items = v.to_vec().map_err(|e| err(format!("'{key}': {e}")))?;
+            let items = v
+                .to_vec()
+                .map_err(|e| err(format!("'{key}': {}", candle_message(&e))))?;
             items
                 .iter()
                 .map(|x| {
                     x.to_string()
                         .cloned()
-                        .map_err(|e| err(format!("'{key}': {e}")))
+                        .map_err(|e| err(format!("'{key}': {}", candle_message(&e))))
                 })
                 .collect()
         };

@@ -4,8 +4,8 @@
 
 mod common;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use common::tiny_gguf;
+
 use kvbench::generate::{generate_batch, Request, SamplingParams};
 use kvbench::model::{LoadOptions, Model};
 use kvbench::policy::Full;
@@ -19,87 +19,6 @@ fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("kvbench-hostile-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// A tiny Llama model as GGUF bytes (2 layers, width 32, a byte-level vocabulary of 257), and the
-/// offset where its tensor data starts: everything before it is header and metadata.
-fn tiny_gguf() -> (Vec<u8>, usize) {
-    let (hidden, heads, kv_heads, ffn, layers) = (32usize, 2usize, 1usize, 64usize, 2usize);
-    let head_dim = hidden / heads;
-    let mut tokens: Vec<String> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
-        .into_iter()
-        .map(String::from)
-        .collect();
-    tokens.sort();
-    tokens.push("<|endoftext|>".into());
-    let vocab = tokens.len();
-    let mut types = vec![gguf_file::Value::I32(1); vocab];
-    types[vocab - 1] = gguf_file::Value::I32(3);
-    let s = |x: &str| gguf_file::Value::String(x.into());
-    let u = gguf_file::Value::U32;
-    let metadata: Vec<(&str, gguf_file::Value)> = vec![
-        ("general.architecture", s("llama")),
-        ("llama.embedding_length", u(hidden as u32)),
-        ("llama.attention.head_count", u(heads as u32)),
-        ("llama.attention.head_count_kv", u(kv_heads as u32)),
-        ("llama.feed_forward_length", u(ffn as u32)),
-        ("llama.block_count", u(layers as u32)),
-        ("llama.context_length", u(128)),
-        ("general.alignment", u(32)),
-        (
-            "llama.attention.layer_norm_rms_epsilon",
-            gguf_file::Value::F32(1e-5),
-        ),
-        ("llama.rope.freq_base", gguf_file::Value::F32(10_000.0)),
-        ("tokenizer.ggml.model", s("gpt2")),
-        ("tokenizer.ggml.pre", s("default")),
-        (
-            "tokenizer.ggml.tokens",
-            gguf_file::Value::Array(tokens.iter().map(|t| s(t)).collect()),
-        ),
-        ("tokenizer.ggml.merges", gguf_file::Value::Array(Vec::new())),
-        ("tokenizer.ggml.token_type", gguf_file::Value::Array(types)),
-        ("tokenizer.ggml.eos_token_id", u(vocab as u32 - 1)),
-    ];
-    let mut seed = 1u32;
-    let mut tensor = |dims: &[usize]| {
-        let n: usize = dims.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (seed >> 8) as f32 / (1u32 << 24) as f32 * 0.2 - 0.1
-            })
-            .collect();
-        let t = Tensor::from_vec(v, dims, &Device::Cpu).unwrap();
-        QTensor::quantize(&t, GgmlDType::F32).unwrap()
-    };
-    let mut tensors: Vec<(String, QTensor)> = vec![
-        ("token_embd.weight".into(), tensor(&[vocab, hidden])),
-        ("output_norm.weight".into(), tensor(&[hidden])),
-        ("output.weight".into(), tensor(&[vocab, hidden])),
-    ];
-    for l in 0..layers {
-        for (name, dims) in [
-            ("attn_norm", vec![hidden]),
-            ("attn_q", vec![heads * head_dim, hidden]),
-            ("attn_k", vec![kv_heads * head_dim, hidden]),
-            ("attn_v", vec![kv_heads * head_dim, hidden]),
-            ("attn_output", vec![hidden, heads * head_dim]),
-            ("ffn_norm", vec![hidden]),
-            ("ffn_gate", vec![ffn, hidden]),
-            ("ffn_up", vec![ffn, hidden]),
-            ("ffn_down", vec![hidden, ffn]),
-        ] {
-            tensors.push((format!("blk.{l}.{name}.weight"), tensor(&dims)));
-        }
-    }
-    let md: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
-    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut out = std::io::Cursor::new(Vec::new());
-    gguf_file::write(&mut out, &md, &ts).unwrap();
-    let bytes = out.into_inner();
-    let content = gguf_file::Content::read(&mut std::io::Cursor::new(&bytes)).unwrap();
-    (bytes, content.tensor_data_offset as usize)
 }
 
 /// Loads `path` as a model: an input error that names the file, or a model that tokenizes and

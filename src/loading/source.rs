@@ -190,6 +190,10 @@ impl WeightSource {
         }
     }
 
+    pub fn is_gguf(&self) -> bool {
+        matches!(self, WeightSource::Gguf { .. })
+    }
+
     /// Whether a tensor (GGUF name) exists.
     pub fn contains(&self, name: &str) -> bool {
         match self {
@@ -292,20 +296,43 @@ impl WeightSource {
             Some(v) => v.len(),
             None => get_u("vocab_size")?,
         };
-        let rope_scaling = match (
-            get_f("rope.scaling.factor"),
-            md.get(&format!("{arch_name}.rope.scaling.type")),
-        ) {
-            (Some(factor), Some(kind)) if kind.to_string().is_ok_and(|k| k == "llama3") => {
-                Some(Llama3RopeScaling {
-                    factor,
-                    low_freq_factor: get_f("rope.scaling.low_freq_factor").unwrap_or(1.0),
-                    high_freq_factor: get_f("rope.scaling.high_freq_factor").unwrap_or(4.0),
-                    original_max_position_embeddings: get_u("rope.scaling.original_context_length")
-                        .unwrap_or(8192),
-                })
+        // RoPE as kvbench computes it: every dimension rotated, frequencies from the base, then Llama 3
+        // scaling (from this metadata, or as llama.cpp writes it: the `rope_freqs.weight` factors the
+        // forward pass divides by). Anything else would be computed wrong, so it is refused by name.
+        let key = |k: &str| format!("{arch_name}.{k}");
+        if let Ok(n) = get_u("rope.dimension_count") {
+            if n != head_dim {
+                return Err(Error::model(
+                    path,
+                    format!("{} is {n} but the head size is {head_dim}: partial rotary embeddings are not supported", key("rope.dimension_count")),
+                ));
             }
-            _ => None,
+        }
+        let scaling_type = md
+            .get(&key("rope.scaling.type"))
+            .map(|v| v.to_string().cloned().unwrap_or_else(|_| format!("{v:?}")));
+        let factor = get_f("rope.scaling.factor").or_else(|| get_f("rope.scale_linear"));
+        let rope_scaling = match (scaling_type.as_deref(), factor) {
+            (Some("llama3"), Some(factor)) => Some(Llama3RopeScaling {
+                factor,
+                low_freq_factor: get_f("rope.scaling.low_freq_factor").unwrap_or(1.0),
+                high_freq_factor: get_f("rope.scaling.high_freq_factor").unwrap_or(4.0),
+                original_max_position_embeddings: get_u("rope.scaling.original_context_length")
+                    .unwrap_or(8192),
+            }),
+            (Some("none"), _) | (None, None) => None,
+            // llama.cpp reads a factor without a type as linear scaling; 0 and 1 mean none.
+            (None, Some(f)) if f == 0.0 || f == 1.0 => None,
+            (kind, factor) => {
+                return Err(Error::model(
+                    path,
+                    format!(
+                        "RoPE scaling {} (factor {}) is not supported: kvbench computes plain RoPE and Llama 3 scaling only",
+                        kind.map_or("linear".to_string(), |k| format!("'{k}' ({})", key("rope.scaling.type"))),
+                        factor.map_or("unset".to_string(), |f| f.to_string()),
+                    ),
+                ))
+            }
         };
         let config = ModelConfig {
             arch,

@@ -149,6 +149,28 @@ impl ModelConfig {
     }
 }
 
+/// Divides the rotary frequencies by per-pair factors, as llama.cpp does with a GGUF's
+/// `rope_freqs.weight` (how its converter stores Llama 3.1 scaling): pair `i` turns at
+/// `inv_freq[i] / factors[i]`.
+pub fn apply_rope_freq_factors(inv_freq: &mut [f32], factors: &[f32]) -> Result<(), String> {
+    if factors.len() != inv_freq.len() {
+        return Err(format!(
+            "rope_freqs.weight has {} factors, the head needs {} (half the head size)",
+            factors.len(),
+            inv_freq.len()
+        ));
+    }
+    if let Some(bad) = factors.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+        return Err(format!(
+            "rope_freqs.weight holds {bad}; every factor must be finite and positive"
+        ));
+    }
+    for (f, k) in inv_freq.iter_mut().zip(factors) {
+        *f /= k;
+    }
+    Ok(())
+}
+
 /// The subset of a Hugging Face `config.json` kvbench reads.
 #[derive(Debug, Deserialize)]
 pub struct HfConfig {
@@ -202,16 +224,27 @@ impl HfConfig {
                     self.architectures, self.model_type
                 )
             })?;
+        // transformers names the kind `rope_type` (older configs: `type`); "default" is no scaling.
+        let kind = |v: &serde_json::Value| {
+            v.get("rope_type")
+                .or_else(|| v.get("type"))
+                .and_then(|t| t.as_str())
+                .map(str::to_owned)
+        };
         let rope_scaling = match &self.rope_scaling {
-            Some(v) if v.get("rope_type").and_then(|t| t.as_str()) == Some("llama3") => {
-                Some(serde_json::from_value(v.clone()).map_err(|e| format!("rope_scaling: {e}"))?)
-            }
-            Some(v) if !v.is_null() => {
-                return Err(format!(
-                    "rope_scaling {v} is not supported (only rope_type = llama3)"
-                ))
-            }
-            _ => None,
+            Some(v) if v.is_null() => None,
+            Some(v) => match kind(v).as_deref() {
+                Some("llama3") => Some(
+                    serde_json::from_value(v.clone()).map_err(|e| format!("rope_scaling: {e}"))?,
+                ),
+                Some("default") => None,
+                _ => {
+                    return Err(format!(
+                        "rope_scaling {v} is not supported (only rope_type = llama3)"
+                    ))
+                }
+            },
+            None => None,
         };
         let config = ModelConfig {
             arch,
@@ -235,5 +268,57 @@ impl HfConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_rope_scaling(scaling: serde_json::Value) -> Result<ModelConfig, String> {
+        let hf: HfConfig = serde_json::from_value(serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 100, "rope_scaling": scaling,
+        }))
+        .map_err(|e| e.to_string())?;
+        hf.to_model_config()
+    }
+
+    #[test]
+    fn hf_rope_scaling_by_either_key_and_unknown_kinds_refused() {
+        let llama3 = |key: &str| {
+            let mut v = serde_json::json!({"factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+            v[key] = "llama3".into();
+            v
+        };
+        for key in ["rope_type", "type"] {
+            let c = with_rope_scaling(llama3(key)).unwrap();
+            assert_eq!(c.rope_scaling.map(|s| s.factor), Some(8.0), "{key}");
+        }
+        for none in [
+            serde_json::Value::Null,
+            serde_json::json!({"rope_type": "default"}),
+        ] {
+            assert_eq!(with_rope_scaling(none).unwrap().rope_scaling, None);
+        }
+        for kind in ["yarn", "linear", "dynamic"] {
+            let e = with_rope_scaling(serde_json::json!({"rope_type": kind, "factor": 4.0}))
+                .unwrap_err();
+            assert!(e.contains("not supported") && e.contains(kind), "{e}");
+        }
+    }
+
+    #[test]
+    fn freq_factors_divide_each_pair_and_bad_ones_are_refused() {
+        let mut f = vec![1.0f32, 0.5, 0.25];
+        apply_rope_freq_factors(&mut f, &[1.0, 2.0, 8.0]).unwrap();
+        assert_eq!(f, [1.0, 0.25, 0.03125]);
+        assert!(apply_rope_freq_factors(&mut f, &[1.0, 2.0]).is_err());
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = apply_rope_freq_factors(&mut f, &[1.0, bad, 1.0]).unwrap_err();
+            assert!(e.contains("finite and positive"), "{e}");
+        }
     }
 }

@@ -6,10 +6,10 @@
 //! tokens are stacked for the projections and MLP (where batching pays), and each sequence attends over
 //! its own cache, whose length and contents its own policy decides.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::loading::source::WeightSource;
 use crate::model::attention;
-use crate::model::config::ModelConfig;
+use crate::model::config::{apply_rope_freq_factors, ModelConfig};
 use crate::model::state::SeqState;
 use crate::model::weights::{Embedding, Linear, RmsNorm, WeightFormat};
 use crate::policy::{AttentionView, StepInfo};
@@ -30,6 +30,9 @@ struct Block {
 }
 
 /// A loaded decoder: weights and shape. Immutable; all per-sequence state is in [`SeqState`].
+/// The GGUF tensor of per-pair RoPE frequency factors (llama.cpp's Llama 3.1 scaling).
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
 pub struct Transformer {
     pub config: ModelConfig,
     embed: Embedding,
@@ -133,7 +136,21 @@ impl Transformer {
                 lm_head.weight_bytes()
             }
             + embed.bytes();
-        let inv_freq = config.rope_inv_freq();
+        let mut inv_freq = config.rope_inv_freq();
+        if source.is_gguf() && source.contains(ROPE_FREQS) {
+            let factors = source
+                .get(ROPE_FREQS, device)?
+                .to_dense(device)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let refuse = |e: String| Error::model(source.path(), e);
+            if config.rope_scaling.is_some() {
+                return Err(refuse(format!(
+                    "{ROPE_FREQS} and Llama 3 scaling in the metadata would both scale RoPE"
+                )));
+            }
+            apply_rope_freq_factors(&mut inv_freq, &factors).map_err(refuse)?;
+        }
         Ok(Self {
             config,
             embed,
@@ -148,6 +165,11 @@ impl Transformer {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The rotary frequencies in use, one per pair of a head's dimensions, after any scaling.
+    pub fn rope_inv_freq(&self) -> &[f32] {
+        &self.inv_freq
     }
 
     /// Bytes of weights one forward step reads (the matrices; embedding rows looked up are

@@ -63,10 +63,13 @@ impl Error {
         )
     }
 
+    /// A model file's problem. The reason often quotes the file (a tensor's name, a metadata string),
+    /// so it is made printable: control characters escaped (a damaged name must not move the terminal's
+    /// cursor or split the message), and cut after [`REASON_LIMIT`] characters.
     pub fn model(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
         Error::Model {
             path: path.into(),
-            reason: reason.into(),
+            reason: printable(&reason.into()),
         }
     }
 
@@ -76,6 +79,26 @@ impl Error {
             source,
         }
     }
+}
+
+/// The most characters of a reason [`Error::model`] keeps.
+pub const REASON_LIMIT: usize = 600;
+
+/// `text` with control characters escaped (`\n`, `\u{1b}`) and cut after [`REASON_LIMIT`] characters.
+fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(REASON_LIMIT + 16));
+    for (n, c) in text.chars().enumerate() {
+        if n == REASON_LIMIT {
+            out.push_str("… (cut)");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A candle error's message without the backtrace candle attaches when `RUST_BACKTRACE` is set: what
@@ -94,3 +117,19 @@ pub fn candle_message(e: &candle_core::Error) -> String {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_reasons_are_one_printable_line_of_bounded_length() {
+        let e = Error::model("m.gguf", "tensor 'a\nb\x1b[2J\u{7}' is odd");
+        assert_eq!(
+            e.to_string(),
+            "model m.gguf: tensor 'a\\nb\\u{1b}[2J\\u{7}' is odd"
+        );
+        let long = Error::model("m.gguf", "é".repeat(5000)).to_string();
+        assert!(long.ends_with("… (cut)") && long.chars().count() < REASON_LIMIT + 30);
+    }
+}

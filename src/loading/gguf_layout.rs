@@ -8,7 +8,7 @@
 //! last byte inside the file, all in checked arithmetic.
 
 use candle_core::quantized::gguf_file::TensorInfo;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 
 /// GGUF's alignment when the file does not set `general.alignment`.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -21,10 +21,10 @@ const MAX_DEPTH: usize = 64;
 /// `Ok(None)`: no valid `general.alignment` found, or the header is malformed in a way candle's
 /// reader reports itself (bad version, lengths past the end). `Err`: the alignment is set but is not
 /// a power of two, which no reader can use.
-pub fn declared_alignment<R: Read + Seek>(r: &mut R) -> Result<Option<u64>, String> {
+pub fn declared_alignment<R: Read + Seek>(r: &mut BufReader<R>) -> Result<Option<u64>, String> {
     let file_len = r.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
     r.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
-    let mut walk = Walk { r, file_len };
+    let mut walk = Walk { r, file_len, at: 0 };
     let Some(found) = walk.find_alignment() else {
         return Ok(None);
     };
@@ -36,16 +36,17 @@ pub fn declared_alignment<R: Read + Seek>(r: &mut R) -> Result<Option<u64>, Stri
     Ok(Some(found))
 }
 
-/// A bounded walk over the metadata, looking for `general.alignment`.
+/// A bounded walk over the metadata, looking for `general.alignment`. It keeps its own position and
+/// skips inside the buffer: a tokenizer's 150,000 strings cost no system call each.
 struct Walk<'a, R> {
-    r: &'a mut R,
+    r: &'a mut BufReader<R>,
     file_len: u64,
+    at: u64,
 }
 
 impl<R: Read + Seek> Walk<'_, R> {
     fn find_alignment(&mut self) -> Option<u64> {
-        let mut magic = [0u8; 4];
-        self.r.read_exact(&mut magic).ok()?;
+        let _magic = self.bytes::<4>()?;
         let version = self.u32()?;
         let wide = match version {
             1 => false,
@@ -61,6 +62,7 @@ impl<R: Read + Seek> Walk<'_, R> {
             }
             let mut key = vec![0u8; usize::try_from(key_len).ok()?];
             self.r.read_exact(&mut key).ok()?;
+            self.at += key_len;
             let value_type = self.u32()?;
             if key == b"general.alignment" {
                 // candle takes the unsigned and non-negative signed integer types; others fall back.
@@ -118,23 +120,22 @@ impl<R: Read + Seek> Walk<'_, R> {
     }
 
     fn remaining(&mut self) -> Option<u64> {
-        let at = self.r.stream_position().ok()?;
-        self.file_len.checked_sub(at)
+        self.file_len.checked_sub(self.at)
     }
 
     fn skip(&mut self, n: u64) -> Option<()> {
         if n > self.remaining()? {
             return None;
         }
-        self.r
-            .seek(SeekFrom::Current(i64::try_from(n).ok()?))
-            .ok()?;
+        self.r.seek_relative(i64::try_from(n).ok()?).ok()?;
+        self.at += n;
         Some(())
     }
 
     fn bytes<const N: usize>(&mut self) -> Option<[u8; N]> {
         let mut b = [0u8; N];
         self.r.read_exact(&mut b).ok()?;
+        self.at += N as u64;
         Some(b)
     }
 
@@ -242,9 +243,15 @@ mod tests {
             ("types", 9, ints),
             ("general.alignment", 4, 64u32.to_le_bytes().to_vec()),
         ]);
-        assert_eq!(declared_alignment(&mut Cursor::new(bytes)), Ok(Some(64)));
+        assert_eq!(
+            declared_alignment(&mut BufReader::new(Cursor::new(bytes))),
+            Ok(Some(64))
+        );
         let none = header(&[("general.name", 8, string("x"))]);
-        assert_eq!(declared_alignment(&mut Cursor::new(none)), Ok(None));
+        assert_eq!(
+            declared_alignment(&mut BufReader::new(Cursor::new(none))),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -257,7 +264,7 @@ mod tests {
             (3, (-4i16).to_le_bytes().to_vec()),
         ] {
             let bytes = header(&[("general.alignment", t, v)]);
-            let e = declared_alignment(&mut Cursor::new(bytes)).unwrap_err();
+            let e = declared_alignment(&mut BufReader::new(Cursor::new(bytes))).unwrap_err();
             assert!(e.contains("general.alignment"), "{e}");
         }
     }
@@ -268,10 +275,16 @@ mod tests {
         let mut long = header(&[("general.name", 8, string("x"))]);
         let at = long.len() - 9;
         long[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert_eq!(declared_alignment(&mut Cursor::new(long)), Ok(None));
+        assert_eq!(
+            declared_alignment(&mut BufReader::new(Cursor::new(long))),
+            Ok(None)
+        );
         let mut v9 = header(&[("general.alignment", 4, 0u32.to_le_bytes().to_vec())]);
         v9[4] = 9;
-        assert_eq!(declared_alignment(&mut Cursor::new(v9)), Ok(None));
+        assert_eq!(
+            declared_alignment(&mut BufReader::new(Cursor::new(v9))),
+            Ok(None)
+        );
     }
 
     fn info(dims: &[usize], dtype: GgmlDType, offset: u64) -> TensorInfo {

@@ -300,14 +300,6 @@ impl WeightSource {
         // scaling (from this metadata, or as llama.cpp writes it: the `rope_freqs.weight` factors the
         // forward pass divides by). Anything else would be computed wrong, so it is refused by name.
         let key = |k: &str| format!("{arch_name}.{k}");
-        if let Ok(n) = get_u("rope.dimension_count") {
-            if n != head_dim {
-                return Err(Error::model(
-                    path,
-                    format!("{} is {n} but the head size is {head_dim}: partial rotary embeddings are not supported", key("rope.dimension_count")),
-                ));
-            }
-        }
         let scaling_type = md
             .get(&key("rope.scaling.type"))
             .map(|v| v.to_string().cloned().unwrap_or_else(|_| format!("{v:?}")));
@@ -359,6 +351,15 @@ impl WeightSource {
         let shape = |n: &str| content.tensor_infos.get(n).map(|t| t.shape.dims().to_vec());
         check_shapes(&config, &shape, &|n: &str| n.to_string())
             .map_err(|e| Error::model(path, e))?;
+        // After the shapes, which name the tensor when the head size itself is wrong.
+        if let Ok(n) = get_u("rope.dimension_count") {
+            if n != head_dim {
+                return Err(Error::model(
+                    path,
+                    format!("{} is {n} but the head size is {head_dim}: partial rotary embeddings are not supported", key("rope.dimension_count")),
+                ));
+            }
+        }
         Ok(config)
     }
 

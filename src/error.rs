@@ -86,13 +86,23 @@ pub const REASON_LIMIT: usize = 600;
 
 /// `text` with control characters escaped (`\n`, `\u{1b}`) and cut after [`REASON_LIMIT`] characters.
 fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(REASON_LIMIT + 16));
+    escape_controls(text, false, REASON_LIMIT)
+}
+
+/// An error's text as the binary prints it: control characters that quoted input may carry (an
+/// escape sequence in a problem id, a tensor name) escaped, its own line breaks and tabs kept.
+pub fn terminal_safe(text: &str) -> String {
+    escape_controls(text, true, usize::MAX)
+}
+
+fn escape_controls(text: &str, keep_lines: bool, limit: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(limit.saturating_add(16)));
     for (n, c) in text.chars().enumerate() {
-        if n == REASON_LIMIT {
+        if n == limit {
             out.push_str("… (cut)");
             break;
         }
-        if c.is_control() {
+        if c.is_control() && !(keep_lines && matches!(c, '\n' | '\t')) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -131,5 +141,6 @@ mod tests {
         );
         let long = Error::model("m.gguf", "é".repeat(5000)).to_string();
         assert!(long.ends_with("… (cut)") && long.chars().count() < REASON_LIMIT + 30);
+        assert_eq!(terminal_safe("a\n\tb\x1b[2J\r"), "a\n\tb\\u{1b}[2J\\r");
     }
 }

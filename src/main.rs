@@ -28,7 +28,10 @@ fn main() -> ExitCode {
             if broken_pipe {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {err:#}");
+            eprintln!(
+                "error: {}",
+                kvbench::error::terminal_safe(&format!("{err:#}"))
+            );
             let input = err.chain().any(|c| {
                 c.downcast_ref::<kvbench::Error>()
                     .is_some_and(kvbench::Error::is_input_error)

@@ -28,6 +28,9 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
+    /// Each id's unnormalized probability, in id order.
+    probs: Vec<f32>,
+    /// The ids sorted for the nucleus, with their probabilities.
     scratch: Vec<(f32, u32)>,
 }
 
@@ -36,6 +39,7 @@ impl Sampler {
         Self {
             params,
             rng: ChaCha8Rng::seed_from_u64(params.seed),
+            probs: Vec::new(),
             scratch: Vec::new(),
         }
     }
@@ -54,26 +58,31 @@ impl Sampler {
         }
         let t = self.params.temperature;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        self.scratch.clear();
+        self.probs.clear();
         let mut total = 0.0f32;
-        for (i, &l) in logits.iter().enumerate() {
+        for &l in logits {
             let p = ((l - max) / t).exp();
             total += p;
-            self.scratch.push((p, i as u32));
+            self.probs.push(p);
         }
-        // Descending probability, ascending id on ties: deterministic order.
-        self.scratch
-            .sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let cutoff = self.params.top_p.clamp(0.0, 1.0) * total;
-        let mut kept = 0;
-        let mut mass = 0.0;
-        for &(p, _) in &self.scratch {
-            mass += p;
-            kept += 1;
-            if mass >= cutoff {
-                break;
-            }
-        }
+        let top_p = self.params.top_p.clamp(0.0, 1.0);
+        let cutoff = top_p * total;
+        // The nucleus is a prefix of the ids ordered by descending probability (ascending id on ties).
+        // The ids below τ = (1 − top_p)·total / n hold at most (1 − top_p)·total together, so the
+        // nucleus lies among the ids at or above τ, themselves a prefix of that order: only they are
+        // sorted (those of non-negligible probability, not the whole vocabulary: see the README for
+        // the time this saves). Should rounding leave their mass short of the cutoff, all are sorted.
+        // Either way the prefix, its sums and the draw are those of sorting everything.
+        let tau = (1.0 - top_p) * total / self.probs.len() as f32;
+        let n = self.probs.len();
+        let (kept, mass) = match self.nucleus(|p| p >= tau, cutoff) {
+            Ok(found) => found,
+            // Every id was a candidate (top-p 1): all are kept, as sorting everything keeps them.
+            Err(all) if self.scratch.len() == n => (n, all),
+            Err(_) => self
+                .nucleus(|_| true, cutoff)
+                .unwrap_or_else(|all| (n, all)),
+        };
         let mut r = self.rng.random::<f32>() * mass;
         for &(p, id) in &self.scratch[..kept] {
             if r < p {
@@ -82,6 +91,30 @@ impl Sampler {
             r -= p;
         }
         self.scratch[kept - 1].1
+    }
+
+    /// Sorts the ids whose probability passes `keep` (descending probability, ascending id on ties)
+    /// into `scratch`, and returns how many of them reach `cutoff` and their mass, or, when all of
+    /// them together stay below it, `Err` with their whole mass.
+    fn nucleus(&mut self, keep: impl Fn(f32) -> bool, cutoff: f32) -> Result<(usize, f32), f32> {
+        self.scratch.clear();
+        self.scratch.extend(
+            self.probs
+                .iter()
+                .enumerate()
+                .filter(|(_, &p)| keep(p))
+                .map(|(i, &p)| (p, i as u32)),
+        );
+        self.scratch
+            .sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut mass = 0.0f32;
+        for (k, &(p, _)) in self.scratch.iter().enumerate() {
+            mass += p;
+            if mass >= cutoff {
+                return Ok((k + 1, mass));
+            }
+        }
+        Err(mass)
     }
 }
 
@@ -149,5 +182,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The draw as kvbench 0.4.0 made it: every id sorted, every time.
+    fn sort_everything(logits: &[f32], params: SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut all: Vec<(f32, u32)> = Vec::new();
+        let mut total = 0.0f32;
+        for (i, &l) in logits.iter().enumerate() {
+            let p = ((l - max) / params.temperature).exp();
+            total += p;
+            all.push((p, i as u32));
+        }
+        all.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let cutoff = params.top_p.clamp(0.0, 1.0) * total;
+        let (mut kept, mut mass) = (0, 0.0);
+        for &(p, _) in &all {
+            mass += p;
+            kept += 1;
+            if mass >= cutoff {
+                break;
+            }
+        }
+        let mut r = rng.random::<f32>() * mass;
+        for &(p, id) in &all[..kept] {
+            if r < p {
+                return id;
+            }
+            r -= p;
+        }
+        all[kept - 1].1
+    }
+
+    #[test]
+    fn the_nucleus_from_the_ids_above_the_bound_draws_what_sorting_everything_draws() {
+        let mut gen = ChaCha8Rng::seed_from_u64(99);
+        let mut draws = 0;
+        for case in 0..120 {
+            let n = [1usize, 2, 7, 1000, 5000][case % 5];
+            // Peaked, flat, coarse (many exact ties), and wide logits.
+            let logits: Vec<f32> = (0..n)
+                .map(|_| match case % 4 {
+                    0 => 20.0 * gen.random::<f32>().powi(8) - 5.0,
+                    1 => 0.0,
+                    2 => (gen.random::<f32>() * 4.0).floor(),
+                    _ => gen.random::<f32>() * 200.0 - 100.0,
+                })
+                .collect();
+            for top_p in [0.0, 0.3, 0.9, 0.95, 0.999, 1.0] {
+                for temperature in [0.1, 0.6, 1.0, 5.0] {
+                    let params = SamplingParams {
+                        temperature,
+                        top_p,
+                        seed: case as u64,
+                    };
+                    let mut fast = Sampler::new(params);
+                    let mut reference = ChaCha8Rng::seed_from_u64(params.seed);
+                    for step in 0..5 {
+                        let want = sort_everything(&logits, params, &mut reference);
+                        let got = fast.sample(&logits).unwrap();
+                        assert_eq!(
+                            got, want,
+                            "case {case} n {n} top-p {top_p} t {temperature} step {step}"
+                        );
+                        draws += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(draws, 120 * 6 * 4 * 5);
     }
 }

@@ -252,4 +252,35 @@ mod tests {
         }
         assert_eq!(draws, 120 * 6 * 4 * 5);
     }
+
+    #[test]
+    fn argmax_is_the_first_index_of_the_maximum_as_a_running_comparison_finds_it() {
+        let running = |l: &[f32]| {
+            let mut best = 0;
+            for (i, &x) in l.iter().enumerate() {
+                if x > l[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        };
+        let mut gen = ChaCha8Rng::seed_from_u64(7);
+        let special = [0.0, -0.0, f32::NEG_INFINITY, f32::NAN, f32::MAX, -f32::MAX];
+        for case in 0..3000 {
+            let n = 1 + gen.random_range(0..100usize) + [0, 16, 151_835][case % 3];
+            let logits: Vec<f32> = (0..n)
+                .map(|_| match gen.random_range(0..10) {
+                    0 => special[gen.random_range(0..special.len())],
+                    1..=4 => gen.random_range(0..4) as f32,
+                    _ => gen.random::<f32>() * 10.0 - 5.0,
+                })
+                .collect();
+            assert_eq!(
+                crate::model::llama::argmax(&logits),
+                running(&logits),
+                "case {case}: {:?}",
+                &logits[..n.min(40)]
+            );
+        }
+    }
 }

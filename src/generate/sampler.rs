@@ -44,6 +44,11 @@ impl Sampler {
         }
     }
 
+    /// Whether draws take the largest logit (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0
+    }
+
     /// The next token; an error when a logit is NaN or infinite (nothing sensible can be drawn).
     pub fn sample(&mut self, logits: &[f32]) -> crate::Result<u32> {
         if let Some((token, value)) = first_non_finite(logits) {

@@ -190,6 +190,7 @@ impl WeightSource {
         }
     }
 
+    /// Whether the source is a GGUF file (tensors that only llama.cpp's converter writes may be in it).
     pub fn is_gguf(&self) -> bool {
         matches!(self, WeightSource::Gguf { .. })
     }

@@ -29,10 +29,10 @@ struct Block {
     down: Linear,
 }
 
-/// A loaded decoder: weights and shape. Immutable; all per-sequence state is in [`SeqState`].
 /// The GGUF tensor of per-pair RoPE frequency factors (llama.cpp's Llama 3.1 scaling).
 const ROPE_FREQS: &str = "rope_freqs.weight";
 
+/// A loaded decoder: weights and shape. Immutable; all per-sequence state is in [`SeqState`].
 pub struct Transformer {
     pub config: ModelConfig,
     embed: Embedding,

@@ -28,12 +28,23 @@ pub fn declared_alignment<R: Read + Seek>(r: &mut BufReader<R>) -> Result<Option
     let Some(found) = walk.find_alignment() else {
         return Ok(None);
     };
-    if found == 0 || !found.is_power_of_two() {
-        return Err(format!(
+    match u64::try_from(found) {
+        Ok(a) if a.is_power_of_two() => Ok(Some(a)),
+        _ => Err(format!(
             "general.alignment is {found}; it must be a power of two"
-        ));
+        )),
     }
-    Ok(Some(found))
+}
+
+/// Bytes of a value of GGUF type `t` when the type has a fixed size (numbers and booleans).
+fn fixed_size(t: u32) -> Option<u64> {
+    match t {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
+    }
 }
 
 /// A bounded walk over the metadata, looking for `general.alignment`. It keeps its own position and
@@ -45,7 +56,7 @@ struct Walk<'a, R> {
 }
 
 impl<R: Read + Seek> Walk<'_, R> {
-    fn find_alignment(&mut self) -> Option<u64> {
+    fn find_alignment(&mut self) -> Option<i64> {
         let _magic = self.bytes::<4>()?;
         let version = self.u32()?;
         let wide = match version {
@@ -65,14 +76,14 @@ impl<R: Read + Seek> Walk<'_, R> {
             self.at += key_len;
             let value_type = self.u32()?;
             if key == b"general.alignment" {
-                // candle takes the unsigned and non-negative signed integer types; others fall back.
+                // candle reads the integer types up to 32 bits; others fall back to the default.
                 return match value_type {
-                    0 => Some(u64::from(self.bytes::<1>()?[0])),
-                    1 => Some(i8::from_le_bytes(self.bytes::<1>()?).max(0) as u64),
-                    2 => Some(u64::from(u16::from_le_bytes(self.bytes::<2>()?))),
-                    3 => Some(i16::from_le_bytes(self.bytes::<2>()?).max(0) as u64),
-                    4 => Some(u64::from(self.u32()?)),
-                    5 => Some(i32::from_le_bytes(self.bytes::<4>()?).max(0) as u64),
+                    0 => Some(i64::from(self.bytes::<1>()?[0])),
+                    1 => Some(i64::from(i8::from_le_bytes(self.bytes::<1>()?))),
+                    2 => Some(i64::from(u16::from_le_bytes(self.bytes::<2>()?))),
+                    3 => Some(i64::from(i16::from_le_bytes(self.bytes::<2>()?))),
+                    4 => Some(i64::from(self.u32()?)),
+                    5 => Some(i64::from(i32::from_le_bytes(self.bytes::<4>()?))),
                     _ => None,
                 };
             }
@@ -83,40 +94,32 @@ impl<R: Read + Seek> Walk<'_, R> {
 
     /// Skips one value of `value_type`; `None` on anything candle's reader will refuse itself.
     fn skip_value(&mut self, value_type: u32, wide: bool, depth: usize) -> Option<()> {
-        let size: u64 = match value_type {
-            0 | 1 | 7 => 1,
-            2 | 3 => 2,
-            4..=6 => 4,
-            10..=12 => 8,
+        if let Some(size) = fixed_size(value_type) {
+            return self.skip(size);
+        }
+        match value_type {
             8 => {
                 let n = self.len(wide)?;
-                return self.skip(n);
+                self.skip(n)
             }
             9 if depth < MAX_DEPTH => {
                 let elem = self.u32()?;
                 let n = self.len(wide)?;
-                if matches!(elem, 8 | 9) {
-                    // Each element takes at least a length or a type: the count is bounded by the file.
-                    if n > self.remaining()? {
-                        return None;
-                    }
-                    for _ in 0..n {
-                        self.skip_value(elem, wide, depth + 1)?;
-                    }
-                    return Some(());
+                if let Some(one) = fixed_size(elem) {
+                    return self.skip(n.checked_mul(one)?);
                 }
-                let one = match elem {
-                    0 | 1 | 7 => 1,
-                    2 | 3 => 2,
-                    4..=6 => 4,
-                    10..=12 => 8,
-                    _ => return None,
-                };
-                return self.skip(n.checked_mul(one)?);
+                // Strings or arrays: each takes at least a length or a type, so the count is
+                // bounded by the file.
+                if !matches!(elem, 8 | 9) || n > self.remaining()? {
+                    return None;
+                }
+                for _ in 0..n {
+                    self.skip_value(elem, wide, depth + 1)?;
+                }
+                Some(())
             }
-            _ => return None,
-        };
-        self.skip(size)
+            _ => None,
+        }
     }
 
     fn remaining(&mut self) -> Option<u64> {
@@ -256,16 +259,16 @@ mod tests {
 
     #[test]
     fn an_alignment_of_zero_or_not_a_power_of_two_is_refused() {
-        for (t, v) in [
-            (4u32, 0u32.to_le_bytes().to_vec()),
-            (4, 48u32.to_le_bytes().to_vec()),
-            (0, vec![0u8]),
-            (5, 0i32.to_le_bytes().to_vec()),
-            (3, (-4i16).to_le_bytes().to_vec()),
+        for (t, v, shown) in [
+            (4u32, 0u32.to_le_bytes().to_vec(), "0"),
+            (4, 48u32.to_le_bytes().to_vec(), "48"),
+            (0, vec![0u8], "0"),
+            (5, 0i32.to_le_bytes().to_vec(), "0"),
+            (3, (-4i16).to_le_bytes().to_vec(), "-4"),
         ] {
             let bytes = header(&[("general.alignment", t, v)]);
             let e = declared_alignment(&mut BufReader::new(Cursor::new(bytes))).unwrap_err();
-            assert!(e.contains("general.alignment"), "{e}");
+            assert!(e.contains(&format!("general.alignment is {shown};")), "{e}");
         }
     }
 

@@ -58,7 +58,7 @@ impl Sampler {
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
-        if self.params.temperature <= 0.0 {
+        if self.is_greedy() {
             return crate::model::llama::argmax(logits);
         }
         let t = self.params.temperature;
@@ -78,8 +78,8 @@ impl Sampler {
         // sorted (those of non-negligible probability, not the whole vocabulary: see the README for
         // the time this saves). Should rounding leave their mass short of the cutoff, all are sorted.
         // Either way the prefix, its sums and the draw are those of sorting everything.
-        let tau = (1.0 - top_p) * total / self.probs.len() as f32;
         let n = self.probs.len();
+        let tau = (1.0 - top_p) * total / n as f32;
         let (kept, mass) = match self.nucleus(|p| p >= tau, cutoff) {
             Ok(found) => found,
             // Every id was a candidate (top-p 1): all are kept, as sorting everything keeps them.

@@ -7,11 +7,14 @@ and 32), llama.cpp's `llama-bench` (pp512; tg128 after 64 tokens of context, `-d
 kvbench's batch-1 row, and from an empty context, its default) and `llama-batched-bench` (64-token
 prompts, 64 new tokens, 1, 8 and 32 sequences). Each kvbench process does one llama.cpp tool's work, so
 peak RSS compares like with like. Interleaving puts both engines under the same drift of this shared
-machine; the ratio is taken round by round. Prints, per measure, the median and range of each engine
-and of the ratio, and each process's peak RSS (its own accounting, from wait4). A benchmark, not a test.
+machine; the ratio is taken round by round. After the rounds, `--pairs N` times, batch-1 decoding
+alone in adjacent short processes of each engine (order swapped each pair): the like-with-like row for
+batch 1, whose speed follows this machine's memory from one minute to the next. Prints, per measure,
+the median and range of each engine and of the ratio, and each process's peak RSS (its own
+accounting, from wait4). A benchmark, not a test.
 
 usage: scripts/vs_llamacpp.py [--model NAME_OR_GGUF ...] [--rounds 3] [--threads 2] [--repeats 1]
-                              [--llamacpp DIR] [--kvbench PATH]
+                              [--pairs 6] [--llamacpp DIR] [--kvbench PATH]
 --repeats N measures prefill and batch-1 decoding N times within each process of a round (kvbench
 `--repeats N` after its warm-up, llama-bench `-r N`), and takes the median of each engine's N: on a
 machine whose speed drifts within a process, one slow stretch then moves a round less.
@@ -64,13 +67,14 @@ def gguf_path(model):
     return found[0]
 
 
-def kvbench_perf(kvbench, model, threads, batches, decode_tokens, repeats=1):
+def kvbench_perf(kvbench, model, threads, batches, decode_tokens, repeats=1, prompt_tokens=512):
     """One `kvbench perf` process: its rows keyed as llama.cpp's (each the median of its `repeats`),
     and its peak RSS."""
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "perf.json"
         _, rss = run_rss(
-            [kvbench, "perf", "--model", model, "--threads", str(threads), "--prompt-tokens", "512",
+            [kvbench, "perf", "--model", model, "--threads", str(threads),
+             "--prompt-tokens", str(prompt_tokens),
              "--batch", batches, "--decode-prompt-tokens", str(DECODE_CONTEXT),
              "--decode-tokens", str(decode_tokens), "--warmup", "1", "--repeats", str(repeats),
              "--no-bandwidth", "--export-json", str(out)],
@@ -96,10 +100,12 @@ def kvbench_round(kvbench, model, threads, repeats):
     return got, rss_single, rss_batched
 
 
-def llama_round(tools, path, threads, repeats):
-    text, rss_bench = run_rss(
-        [tools / "llama-bench", "-m", path, "-t", str(threads), "-p", "512", "-n", "128",
-         "-d", f"0,{DECODE_CONTEXT}", "-r", str(repeats), "-o", "json"],
+def llama_bench(tools, path, threads, repeats, prompt, depths):
+    """One llama-bench process (pp`prompt` unless 0; tg128 at each depth): its rows keyed as
+    kvbench's, and its peak RSS."""
+    text, rss = run_rss(
+        [tools / "llama-bench", "-m", path, "-t", str(threads), "-p", str(prompt), "-n", "128",
+         "-d", ",".join(map(str, depths)), "-r", str(repeats), "-o", "json"],
         1800,
     )
     got = {}
@@ -111,6 +117,11 @@ def llama_round(tools, path, threads, repeats):
             got["pp512"] = rate
         elif row["n_gen"] and not row["n_prompt"]:
             got["tg128" if depth == 0 else f"tg128 d{depth}"] = rate
+    return got, rss
+
+
+def llama_round(tools, path, threads, repeats):
+    got, rss_bench = llama_bench(tools, path, threads, repeats, 512, [0, DECODE_CONTEXT])
     text, rss_batched = run_rss(
         [tools / "llama-batched-bench", "-m", path, "-t", str(threads), "-c", "8192",
          "-npp", str(DECODE_CONTEXT), "-ntg", "64", "-npl", "1,8,32"],
@@ -124,6 +135,24 @@ def llama_round(tools, path, threads, repeats):
     return got, rss_bench, rss_batched
 
 
+def batch1_pairs(kvbench, tools, model, path, threads, pairs):
+    """Batch-1 decoding alone, kvbench and llama-bench in adjacent short processes (128 tokens after
+    DECODE_CONTEXT, one measurement each after a warm-up), the order swapped every pair. This machine's
+    memory bandwidth jumps between two levels (about 34 and 57 GB/s read by two threads, measured
+    2026-11-26) within a minute; at batch 1 both engines follow it, so a ratio is only like with like
+    when its two runs are seconds apart. Returns the two engines' rates and the ratio of each pair."""
+    kv, ll = [], []
+    for i in range(pairs):
+        for engine in ("kvbench", "llama") if i % 2 == 0 else ("llama", "kvbench"):
+            if engine == "kvbench":
+                got, _ = kvbench_perf(kvbench, model, threads, "1", 128, 1, prompt_tokens=16)
+                kv.append(got["decode b1"])
+            else:
+                got, _ = llama_bench(tools, path, threads, 1, 0, [DECODE_CONTEXT])
+                ll.append(got[f"tg128 d{DECODE_CONTEXT}"])
+    return kv, ll, [x / y for x, y in zip(kv, ll)]
+
+
 def spread(values):
     return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
 
@@ -135,11 +164,13 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1,
                     help="measurements of prefill and batch-1 decoding per process (median taken)")
+    ap.add_argument("--pairs", type=int, default=6,
+                    help="adjacent batch-1 runs of each engine after the rounds (0: none)")
     ap.add_argument("--llamacpp", default=str(pathlib.Path.home() / ".cache" / "llamacpp-anchor"))
     ap.add_argument("--kvbench", default=str(ROOT / "target" / "release" / "kvbench"))
     a = ap.parse_args()
-    if a.rounds < 1 or a.repeats < 1 or a.threads < 1:
-        ap.error("--rounds, --repeats and --threads must be at least 1")
+    if a.rounds < 1 or a.repeats < 1 or a.threads < 1 or a.pairs < 0:
+        ap.error("--rounds, --repeats and --threads must be at least 1, --pairs at least 0")
     models = a.model or ["qwen2.5-coder-1.5b", "smollm2-135m"]
     tools = pathlib.Path(a.llamacpp) / "build" / "bin"
     if not (tools / "llama-batched-bench").exists():
@@ -165,6 +196,7 @@ def main():
             rss["kvbench, batches 1/8/32"].append(r_kv)
             rss["llama-batched-bench"].append(r_bb)
             print(f"  {model}: round {r + 1} of {a.rounds} done", file=sys.stderr)
+        b1 = batch1_pairs(a.kvbench, tools, model, path, a.threads, a.pairs) if a.pairs else None
         print(f"\n{model} ({path.name}, {path.stat().st_size / 2**20:.0f} MiB)\n")
         print("| measure | kvbench | llama.cpp | ratio | target |")
         print("|---|---:|---:|---:|---:|")
@@ -182,6 +214,11 @@ def main():
                 ratios = [x / y for x, y in zip(kv[k_kv], ll[k_ll])]
                 print(f"| {label} | {spread(kv[k_kv])} | {spread(ll[k_ll])} | "
                       f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {target} |")
+        if b1:
+            kv1, ll1, ratios = b1
+            print(f"| decode batch 1, 128 tokens after {DECODE_CONTEXT}, {len(ratios)} adjacent pairs "
+                  f"(vs llama-bench tg128 -d {DECODE_CONTEXT}) | {spread(kv1)} | {spread(ll1)} | "
+                  f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | ≥ 1.0 |")
         print()
         for name, values in rss.items():
             print(f"peak RSS {name}: {spread(values)} MiB")

@@ -330,3 +330,133 @@ fn qwen3_with_qk_norm_and_its_own_head_size_matches_candle_transformers() {
     assert!(worst < 1e-4, "logits differ by {worst}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Rewrites the header of safetensors `file` with `edit` (the data stays where it is, after the header).
+fn edit_safetensors_header(file: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let header = header.to_string();
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(file, out).unwrap();
+}
+
+/// What a checkpoint's config.json says that kvbench would compute differently (another activation,
+/// sliding-window attention, degenerate RoPE scaling) or that disagrees with its tensors (the
+/// vocabulary), and a weight stored as integers the size of f32 ones (it passes every shape check),
+/// are refused when the checkpoint is opened, in one line naming config.json or the tensor. Every
+/// numeric key set to each of a table of hostile values opens or is refused so: nothing panics.
+#[test]
+fn config_values_and_tensor_types_kvbench_cannot_honour_are_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("kvbench-qwen2-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_qwen2(&dir, false);
+    let config_path = dir.join("config.json");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let with = |key: &str, value: serde_json::Value| {
+        let mut c = base.clone();
+        c[key] = value;
+        std::fs::write(&config_path, c.to_string()).unwrap();
+        WeightSource::open_safetensors(&dir).err().map(|e| {
+            let msg = e.to_string();
+            assert!(e.is_input_error(), "{key}: not an input error: {msg}");
+            assert_eq!(msg.lines().count(), 1, "{key}: {msg}");
+            msg
+        })
+    };
+    let llama3 = |low: f32, high: f32| {
+        serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": low,
+                           "high_freq_factor": high, "original_max_position_embeddings": 8192})
+    };
+    for (key, value, expected) in [
+        (
+            "vocab_size",
+            serde_json::json!(VOCAB - 1),
+            "tensor model.embed_tokens.weight has shape [101, 64]",
+        ),
+        (
+            "vocab_size",
+            serde_json::json!(u64::MAX),
+            "tensor model.embed_tokens.weight has shape [101, 64]",
+        ),
+        (
+            "hidden_act",
+            serde_json::json!("gelu"),
+            "hidden_act \"gelu\"",
+        ),
+        (
+            "use_sliding_window",
+            serde_json::json!(true),
+            "use_sliding_window",
+        ),
+        (
+            "rope_scaling",
+            llama3(1.0, 1.0),
+            "two different frequency factors",
+        ),
+        ("rope_scaling", llama3(-1.0, 4.0), "low_freq_factor -1"),
+    ] {
+        let err = with(key, value.clone()).unwrap_or_else(|| panic!("{key} = {value} was opened"));
+        assert!(
+            err.contains(expected) && err.contains("config.json"),
+            "{key} = {value}: {err}"
+        );
+    }
+    assert!(with("hidden_act", serde_json::json!("swish")).is_none());
+    assert!(with("use_sliding_window", serde_json::json!(false)).is_none());
+    for key in [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rope_theta",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "rope_scaling",
+        "hidden_act",
+    ] {
+        for value in serde_json::json!([
+            0,
+            1,
+            3,
+            -1,
+            1e30,
+            u64::MAX,
+            4_294_967_296u64,
+            2.5,
+            "x",
+            null,
+            true,
+            [],
+            {}
+        ])
+        .as_array()
+        .unwrap()
+        {
+            if let Some(err) = with(key, value.clone()) {
+                assert!(err.contains("config.json"), "{key} = {value}: {err}");
+            }
+        }
+    }
+    std::fs::write(&config_path, base.to_string()).unwrap();
+
+    let file = dir.join("model.safetensors");
+    edit_safetensors_header(&file, |h| h["lm_head.weight"]["dtype"] = "I32".into());
+    let err = WeightSource::open_safetensors(&dir)
+        .err()
+        .expect("an I32 output head is refused")
+        .to_string();
+    assert!(
+        err.contains("tensor lm_head.weight is stored as I32"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -172,8 +172,28 @@ impl WeightSource {
                     format!("unreadable safetensors: {}", candle_message(&e)),
                 )
             })?;
-        let shape = |n: &str| tensors.get(&hf_name(n)).ok().map(|v| v.shape().to_vec());
+        // The first tensor the model reads whose type is not a float's (an integer tensor the size of
+        // an f32 one passes every shape check and would fail only in the first product).
+        let not_float = std::cell::RefCell::new(None);
+        let shape = |n: &str| {
+            let view = tensors.get(&hf_name(n)).ok()?;
+            let float = matches!(
+                DType::try_from(view.dtype()),
+                Ok(DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+            );
+            if !float && not_float.borrow().is_none() {
+                *not_float.borrow_mut() = Some(format!(
+                    "tensor {} is stored as {:?}; model weights must be F16, BF16, F32 or F64",
+                    hf_name(n),
+                    view.dtype()
+                ));
+            }
+            Some(view.shape().to_vec())
+        };
         check_shapes(&config, &shape, &hf_name).map_err(|e| Error::model(&config_path, e))?;
+        if let Some(reason) = not_float.into_inner() {
+            return Err(Error::model(dir, reason));
+        }
         Ok((
             WeightSource::Safetensors {
                 dir: dir.to_path_buf(),
@@ -396,10 +416,11 @@ fn check_shapes(
         Ok(())
     };
     let embd = dims("token_embd.weight")?;
-    if embd.len() != 2 || embd[1] != c.hidden_size {
+    if embd != [c.vocab_size, c.hidden_size] {
         return Err(format!(
-            "tensor {} has shape {embd:?}, the model's hidden size is {}",
+            "tensor {} has shape {embd:?}, the model's vocabulary and hidden size are [{}, {}]",
             file_name("token_embd.weight"),
+            c.vocab_size,
             c.hidden_size
         ));
     }

@@ -110,7 +110,15 @@ impl ModelConfig {
                 && s.high_freq_factor != s.low_freq_factor
                 && s.original_max_position_embeddings > 0;
             if !ok {
-                return Err(format!("RoPE scaling {s:?} is not finite and positive"));
+                return Err(format!(
+                    "Llama 3 RoPE scaling (factor {}, low_freq_factor {}, high_freq_factor {}, \
+                     original_max_position_embeddings {}) needs finite positive values and two \
+                     different frequency factors",
+                    s.factor,
+                    s.low_freq_factor,
+                    s.high_freq_factor,
+                    s.original_max_position_embeddings
+                ));
             }
         }
         if self.max_position_embeddings == 0 {
@@ -199,6 +207,12 @@ pub struct HfConfig {
     pub attention_bias: Option<bool>,
     #[serde(default)]
     pub torch_dtype: Option<String>,
+    /// The MLP's activation: kvbench computes SwiGLU with SiLU, so any other is refused.
+    #[serde(default)]
+    pub hidden_act: Option<String>,
+    /// Qwen2's sliding-window attention, which kvbench does not compute: refused when on.
+    #[serde(default)]
+    pub use_sliding_window: Option<bool>,
 }
 
 fn default_eps() -> f64 {
@@ -224,6 +238,19 @@ impl HfConfig {
                     self.architectures, self.model_type
                 )
             })?;
+        // What kvbench would otherwise compute differently from the checkpoint's own model.
+        if let Some(act) = self.hidden_act.as_deref() {
+            if !matches!(act, "silu" | "swish") {
+                return Err(format!(
+                    "hidden_act {act:?} is not supported (kvbench computes SiLU, \"silu\")"
+                ));
+            }
+        }
+        if self.use_sliding_window == Some(true) {
+            return Err(
+                "use_sliding_window is true: sliding-window attention is not supported".into(),
+            );
+        }
         // transformers names the kind `rope_type` (older configs: `type`); "default" is no scaling.
         let kind = |v: &serde_json::Value| {
             v.get("rope_type")

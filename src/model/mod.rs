@@ -91,7 +91,7 @@ impl Model {
                 ))
             }
         };
-        if tokenizer.vocab_size() > config.vocab_size + 1024 {
+        if tokenizer.vocab_size() > config.vocab_size.saturating_add(1024) {
             return Err(Error::model(
                 source.path(),
                 format!(

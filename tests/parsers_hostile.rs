@@ -159,6 +159,55 @@ fn tensor_offsets_and_alignments_outside_the_file_are_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A GGUF tokenizer that cannot spell every byte (its prompt would silently lose text) or whose
+/// end-of-sequence id is not a token (its generations would never stop) is refused in one line naming
+/// the file and the key.
+#[test]
+fn gguf_tokenizers_that_cannot_encode_or_stop_are_refused() {
+    use candle_core::quantized::gguf_file::Value;
+    let (bytes, _) = tiny_gguf();
+    bytes_load_cleanly("tok-ok", &bytes).unwrap();
+    let plain: Vec<Value> = (0..257).map(|i| Value::String(format!("t{i}"))).collect();
+    for (key, value, expected) in [
+        (
+            "tokenizer.ggml.tokens",
+            Value::Array(plain),
+            "lacks 96 of the 96 byte-level symbols of printable ASCII, space and newline (the first: '!')",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            Value::U32(257),
+            "'tokenizer.ggml.eos_token_id' is U32(257), not a token id (the vocabulary has 257 tokens)",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            Value::I64(-1),
+            "not a token id",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            Value::String("x".into()),
+            "not a token id",
+        ),
+    ] {
+        let (bytes, _) = common::tiny_gguf_with(vec![(key, value)], Vec::new());
+        let dir = temp_dir("tok");
+        let path = dir.join("hostile-tokenizer.gguf");
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Model::load(path.to_str().unwrap(), &LoadOptions::default())
+            .err()
+            .unwrap_or_else(|| panic!("{key} was accepted"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let msg = err.to_string();
+        assert!(err.is_input_error(), "{msg}");
+        assert!(
+            msg.contains("hostile-tokenizer.gguf") && msg.contains(expected),
+            "{key}: {msg}"
+        );
+        assert_eq!(msg.lines().count(), 1, "{msg}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 

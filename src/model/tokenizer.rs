@@ -74,6 +74,24 @@ impl Tokenizer {
                 .collect()
         };
         let tokens = strings("tokenizer.ggml.tokens")?;
+        // A byte-level BPE spells text from the symbols of its bytes; a vocabulary without them drops
+        // what it cannot spell, and a prompt would silently lose text. Real vocabularies lack a few
+        // (SmolLM2's has no symbol for six control characters, 0xF1 and 0xF2, nor for the bytes UTF-8
+        // never uses), so what is required is the symbols of printable ASCII, the space and the newline
+        // (GPT-2's byte-to-symbol map keeps '!'..='~' and writes the space as 'Ġ', the newline as 'Ċ').
+        let known: std::collections::HashSet<&str> = tokens.iter().map(String::as_str).collect();
+        let missing: Vec<char> = ('!'..='~')
+            .chain(['\u{120}', '\u{10a}'])
+            .filter(|c| !known.contains(c.to_string().as_str()))
+            .collect();
+        if let Some(first) = missing.first() {
+            return Err(err(format!(
+                "'tokenizer.ggml.tokens' lacks {} of the 96 byte-level symbols of printable ASCII, space \
+                 and newline (the first: {first:?}), so text could not be encoded; pass a tokenizer.json \
+                 with --tokenizer",
+                missing.len()
+            )));
+        }
         let merges = strings("tokenizer.ggml.merges")?;
         let types: Vec<i32> = match md
             .get("tokenizer.ggml.token_type")
@@ -117,7 +135,21 @@ impl Tokenizer {
             .collect();
         inner.add_special_tokens(&special);
         let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
-        let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
+        // The end-of-sequence id decides where a generation stops: one that is not a token of the
+        // vocabulary (or not an integer) marks a damaged file, not a model that never ends.
+        let eos = match md.get("tokenizer.ggml.eos_token_id") {
+            None => None,
+            Some(v) => match v.to_u32() {
+                Ok(i) if (i as usize) < tokens.len() => Some(i),
+                _ => {
+                    return Err(err(format!(
+                        "'tokenizer.ggml.eos_token_id' is {v:?}, not a token id (the vocabulary has {} tokens)",
+                        tokens.len()
+                    )))
+                }
+            },
+        };
+        let mut eos_ids: Vec<u32> = eos.into_iter().collect();
         // ChatML models end a turn with <|im_end|>; Llama 3 with <|eot_id|>.
         for name in [
             "<|im_end|>",

@@ -206,6 +206,12 @@ fn gguf_tokenizers_that_cannot_encode_or_stop_are_refused() {
         );
         assert_eq!(msg.lines().count(), 1, "{msg}");
     }
+    // Any integer type holding a token id is read (converters write u32; the format allows others).
+    let (bytes, _) = common::tiny_gguf_with(
+        vec![("tokenizer.ggml.eos_token_id", Value::I64(256))],
+        Vec::new(),
+    );
+    bytes_load_cleanly("tok-i64", &bytes).unwrap();
 }
 
 proptest! {

@@ -139,8 +139,8 @@ impl Tokenizer {
         // vocabulary (or not an integer) marks a damaged file, not a model that never ends.
         let eos = match md.get("tokenizer.ggml.eos_token_id") {
             None => None,
-            Some(v) => match v.to_u32() {
-                Ok(i) if (i as usize) < tokens.len() => Some(i),
+            Some(v) => match integer(v) {
+                Some(i) if i < tokens.len() as u64 => Some(i as u32),
                 _ => {
                     return Err(err(format!(
                         "'tokenizer.ggml.eos_token_id' is {v:?}, not a token id (the vocabulary has {} tokens)",
@@ -243,4 +243,20 @@ fn pre_tokenizer(name: &str) -> std::result::Result<PreTokenizerWrapper, String>
             ))
         }
     })
+}
+
+/// A GGUF metadata value of any integer type, when it is a non-negative integer (converters write
+/// token ids as u32, but the format allows every width).
+fn integer(v: &Value) -> Option<u64> {
+    match *v {
+        Value::U8(x) => Some(x.into()),
+        Value::U16(x) => Some(x.into()),
+        Value::U32(x) => Some(x.into()),
+        Value::U64(x) => Some(x),
+        Value::I8(x) => u64::try_from(x).ok(),
+        Value::I16(x) => u64::try_from(x).ok(),
+        Value::I32(x) => u64::try_from(x).ok(),
+        Value::I64(x) => u64::try_from(x).ok(),
+        _ => None,
+    }
 }

@@ -263,6 +263,62 @@ fn prompt_and_new_tokens_beyond_the_context_are_refused_before_running() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// When every unit of a run fails (here a tokenizer whose ids lie outside the model's embedding), the
+/// run names the failure, says no sample finished instead of printing means over nothing ("pass@1
+/// -0.0%", zero tokens/s), prints no empty comparison table, and exits with code 1.
+#[test]
+fn a_run_whose_every_unit_fails_says_so_instead_of_printing_zeros() {
+    common::model(kvbench::model::weights::WeightFormat::Native); // make sure the model is cached
+    let dir = std::env::temp_dir().join(format!("kvbench-allfail-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokenizer = dir.join("tokenizer.json");
+    std::fs::write(
+        &tokenizer,
+        r#"{"version":"1.0","pre_tokenizer":{"type":"Whitespace"},"model":{"type":"WordLevel",
+            "vocab":{"a":49200,"[UNK]":4000000},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    let results = dir.join("results");
+    let out = kvbench(&[
+        "run",
+        "--policy",
+        "rkv",
+        "--budget",
+        "0.1",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--out",
+        results.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("outside the embedding of 49152 rows") && stderr.contains("2 units failed"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("no sample of this policy finished"),
+        "{stdout}"
+    );
+    for zero in [
+        "pass@1",
+        "-0.0",
+        "tokens/s",
+        "against the full-cache baseline",
+    ] {
+        assert!(!stdout.contains(zero), "{zero} printed: {stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn run_prints_answers_grades_and_speed() {
     common::model(kvbench::model::weights::WeightFormat::Native); // make sure the model is cached

@@ -142,18 +142,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .units_of(mine_index)
         .filter_map(|u| by_unit.get(u.id.as_str()).copied())
         .collect();
-    print_samples(&mine);
-    print_accuracy(&mine, p.plan.samples);
-    print_speed(&mine, done.wall_secs);
-    print_kv(&mine, &spec);
-    print_fidelity(&mine);
+    if mine.is_empty() {
+        // Means over no samples would print as zeros (and -0.0): say there is nothing instead.
+        println!("\nno sample of this policy finished: no accuracy, speed or memory to report");
+    } else {
+        print_samples(&mine);
+        print_accuracy(&mine, p.plan.samples);
+        print_speed(&mine, done.wall_secs);
+        print_kv(&mine, &spec);
+        print_fidelity(&mine);
+    }
     let ours: Vec<SampleRecord> = p
         .plan
         .units
         .iter()
         .filter_map(|u| by_unit.get(u.id.as_str()).map(|r| (*r).clone()))
         .collect();
-    if p.plan.specs.len() > 1 {
+    if p.plan.specs.len() > 1 && !ours.is_empty() {
         println!("\nagainst the full-cache baseline:\n");
         print!("{}", table::markdown(&summarize(&ours)));
     }

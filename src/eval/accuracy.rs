@@ -68,7 +68,8 @@ pub fn accuracy(problems: &[ProblemSamples]) -> Accuracy {
         .iter()
         .map(|p| p.correct.iter().filter(|&&c| c).count() as f64 / p.correct.len().max(1) as f64)
         .collect();
-    let mean = rates.iter().sum::<f64>() / n;
+    // A fold from +0.0: `Sum` of no floats is -0.0, which would print as "-0.0%".
+    let mean = rates.iter().fold(0.0, |a, r| a + r) / n;
     let var = if rates.len() > 1 {
         rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (rates.len() - 1) as f64
     } else {
@@ -122,6 +123,11 @@ mod tests {
         assert!((a.pass_at_1 - 0.5).abs() < 1e-12);
         assert!(a.stderr.abs() < 1e-12, "both problems score 0.5");
         assert!((a.cons - 0.5).abs() < 1e-12);
+        let none = accuracy(&[]);
+        assert!(
+            none.pass_at_1 == 0.0 && none.pass_at_1.is_sign_positive(),
+            "not -0.0"
+        );
         let b = accuracy(&[p("1", &[Some("1")]), p("1", &[Some("0")])]);
         assert!((b.pass_at_1 - 0.5).abs() < 1e-12);
         assert!((b.stderr - 0.5).abs() < 1e-12);

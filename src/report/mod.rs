@@ -269,6 +269,9 @@ pub struct Summary {
 impl Summary {
     /// Models and datasets of the rows, for titles.
     pub fn subject(&self) -> String {
+        if self.rows.is_empty() {
+            return "no finished samples yet".into();
+        }
         let mut models: Vec<&str> = self.rows.iter().map(|r| r.model.as_str()).collect();
         let mut data: Vec<&str> = self
             .rows
@@ -552,6 +555,15 @@ pub fn resume_command(dir: &Path) -> String {
 mod tests {
     use super::*;
     use crate::results::sample::SampleMetrics;
+
+    /// A directory whose units all failed (or have not run) reports no rows under a title that says
+    /// so, not "kvbench report:  on ".
+    #[test]
+    fn a_summary_of_no_samples_says_so() {
+        let s = summarize(&[]);
+        assert!(s.rows.is_empty());
+        assert_eq!(s.subject(), "no finished samples yet");
+    }
 
     fn record(
         policy: &str,

@@ -74,24 +74,6 @@ impl Tokenizer {
                 .collect()
         };
         let tokens = strings("tokenizer.ggml.tokens")?;
-        // A byte-level BPE spells text from the symbols of its bytes; a vocabulary without them drops
-        // what it cannot spell, and a prompt would silently lose text. Real vocabularies lack a few
-        // (SmolLM2's has no symbol for six control characters, 0xF1 and 0xF2, nor for the bytes UTF-8
-        // never uses), so what is required is the symbols of printable ASCII, the space and the newline
-        // (GPT-2's byte-to-symbol map keeps '!'..='~' and writes the space as 'Ġ', the newline as 'Ċ').
-        let known: std::collections::HashSet<&str> = tokens.iter().map(String::as_str).collect();
-        let missing: Vec<char> = ('!'..='~')
-            .chain(['\u{120}', '\u{10a}'])
-            .filter(|c| !known.contains(c.to_string().as_str()))
-            .collect();
-        if let Some(first) = missing.first() {
-            return Err(err(format!(
-                "'tokenizer.ggml.tokens' lacks {} of the 96 byte-level symbols of printable ASCII, space \
-                 and newline (the first: {first:?}), so text could not be encoded; pass a tokenizer.json \
-                 with --tokenizer",
-                missing.len()
-            )));
-        }
         let merges = strings("tokenizer.ggml.merges")?;
         let types: Vec<i32> = match md
             .get("tokenizer.ggml.token_type")
@@ -105,6 +87,23 @@ impl Tokenizer {
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
+        // A byte-level BPE spells text from the symbols of its bytes; a vocabulary without them drops
+        // what it cannot spell, and a prompt would silently lose text. Real vocabularies lack a few
+        // (SmolLM2's has no symbol for six control characters, 0xF1 and 0xF2, nor for the bytes UTF-8
+        // never uses), so what is required is the symbols of printable ASCII, the space and the newline
+        // (GPT-2's byte-to-symbol map keeps '!'..='~' and writes the space as 'Ġ', the newline as 'Ċ').
+        let missing: Vec<char> = ('!'..='~')
+            .chain(['\u{120}', '\u{10a}'])
+            .filter(|c| !vocab.contains_key(&c.to_string()))
+            .collect();
+        if let Some(first) = missing.first() {
+            return Err(err(format!(
+                "'tokenizer.ggml.tokens' lacks {} of the 96 byte-level symbols of printable ASCII, space \
+                 and newline (the first: {first:?}), so text could not be encoded; pass a tokenizer.json \
+                 with --tokenizer",
+                missing.len()
+            )));
+        }
         let merges: Vec<(String, String)> = merges
             .iter()
             .map(|m| {

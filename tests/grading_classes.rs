@@ -30,6 +30,11 @@ fn thousands_separators_in_every_spelling() {
     same("1,234,567,890", "1234567890");
     same("14{,}916", "14916");
     same("1{,}000{,}000", "10^6");
+    // The braced separator however spaced (issue 40).
+    same("14 {, }916", "14916");
+    same("14{ ,}916", "14916");
+    same("1 { , } 000 {,} 000", "1000000");
+    same("\\$1 {,} 234.50", "1234.5");
     same("2,\\!000", "2000");
     same("\\$1,\\!234.50", "1234.5");
     same("-12,345", "-12345");
@@ -47,6 +52,29 @@ fn boxes_joined_by_spaced_words() {
     assert!(grade_output(out, "3,-1", false).1.is_correct());
     let out = "\\boxed{4}\\qquad\\textrm{and}\\qquad\\boxed{7}";
     assert!(grade_output(out, "4,7", false).1.is_correct());
+}
+
+/// Spec §2 rule 2: boxes whose contents normalise alike count once, however many and whatever the
+/// glue between them; only distinct answers make a list (issue 40: LazyEviction's looping outputs).
+#[test]
+fn identical_boxes_count_once_and_distinct_ones_make_a_list() {
+    for out in [
+        "\\boxed{2}. \\boxed{2}",
+        "\\boxed{2}.\\boxed{2}.\\boxed{2}.\\boxed{2}",
+        "so \\(\\boxed{2}\\) and \\(\\boxed{2}\\)",
+        "\\boxed{2} \\quad \\text{or} \\quad \\boxed{ 2 }",
+        "\\boxed{2}; \\boxed{$2$}",
+    ] {
+        assert!(grade_output(out, "2", false).1.is_correct(), "{out}");
+    }
+    let looped = "\\boxed{(a + 5)(b + 2)}. ".repeat(12);
+    assert!(grade_output(&looped, "(a+5)(b+2)", false).1.is_correct());
+    let out = "\\boxed{\\frac{1}{2}}, \\boxed{\\dfrac12}, \\boxed{\\tfrac{1}{2}}";
+    assert!(grade_output(out, "\\frac12", false).1.is_correct());
+    // Distinct answers still make a list, and a list is not one of its members.
+    let out = "\\boxed{1} and \\boxed{-2} and \\boxed{1}";
+    assert!(grade_output(out, "1,-2", false).1.is_correct());
+    assert!(!grade_output(out, "1", false).1.is_correct());
 }
 
 #[test]

@@ -106,7 +106,9 @@ fn box_content(text: &str, after: usize) -> Option<(String, usize)> {
     (!token.is_empty()).then_some((token, end))
 }
 
-/// The last box, joined with the boxes just before it when only short glue separates them.
+/// The last box, joined with the boxes just before it when only short glue separates them. Boxes
+/// whose contents normalise alike count once (spec §2 rule 2: a model caught in a loop that writes
+/// `\boxed{2}. \boxed{2}` has answered `2`); only distinct answers make a list.
 fn boxed(region: &str) -> BoxResult {
     let starts = box_starts(region);
     let Some(&(_, after)) = starts.last() else {
@@ -138,6 +140,13 @@ fn boxed(region: &str) -> BoxResult {
         next_start = start;
     }
     parts.reverse();
+    let mut seen: Vec<String> = Vec::with_capacity(parts.len());
+    parts.retain(|p| {
+        let key = super::normalize::normalize(&tidy(p));
+        let fresh = !seen.contains(&key);
+        seen.push(key);
+        fresh
+    });
     BoxResult::Found(parts.join(","))
 }
 
@@ -243,6 +252,18 @@ mod tests {
             Some("1,-2")
         );
         assert_eq!(answer("so $\\boxed 5$.").as_deref(), Some("5"));
+        // Identical boxes count once, however many, whatever the glue; distinct ones make a list.
+        assert_eq!(answer("\\boxed{2}. \\boxed{2}").as_deref(), Some("2"));
+        let looped = "\\boxed{(a + 5)(b + 2)}. ".repeat(12);
+        assert_eq!(answer(&looped).as_deref(), Some("(a + 5)(b + 2)"));
+        assert_eq!(
+            answer("\\boxed{\\frac12} and $\\boxed{\\dfrac{1}{2}}$").as_deref(),
+            Some("\\frac12")
+        );
+        assert_eq!(
+            answer("\\boxed{1}, \\boxed{2}, \\boxed{1}").as_deref(),
+            Some("1,2")
+        );
         assert_eq!(answer("\\boxed{\\{1,2\\}}").as_deref(), Some("\\{1,2\\}"));
         assert_eq!(answer("x \\boxed{\\frac{1}{2}"), None);
         assert_eq!(answer("The answer is $7$.").as_deref(), Some("7"));

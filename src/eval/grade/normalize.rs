@@ -24,6 +24,8 @@ static WRAPPER: LazyLock<Regex> = LazyLock::new(|| {
 static DIGIT_GROUPS: LazyLock<Regex> = LazyLock::new(|| re(r"\d+(?:,\d+)+"));
 /// A thousands separator written `,\!` (with any spacing after it): never a list.
 static THIN_THOUSANDS: LazyLock<Regex> = LazyLock::new(|| re(r"(\d),\\!\s*(\d{3})"));
+/// A thousands separator in braces, however spaced (`14 {, }916`, `14{,}916`): never a list.
+static BRACED_THOUSANDS: LazyLock<Regex> = LazyLock::new(|| re(r"(\d)\s*\{\s*,\s*\}\s*(\d{3})"));
 static PCT: LazyLock<Regex> = LazyLock::new(|| re(r"(\d)\s*pct\b"));
 static ASSIGN: LazyLock<Regex> =
     LazyLock::new(|| re(r"^\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*=\s*(.*)$"));
@@ -52,9 +54,10 @@ pub fn normalize(s: &str) -> String {
     if !in_matrix {
         s = DOUBLE_BACKSLASH.replace_all(&s, "\\$1").into_owned();
     }
-    // A thousands separator `,\!` (however spaced) is one before it is a comma (step 11).
+    // A thousands separator `,\!` or `{,}` (however spaced) is one before it is a comma (step 11).
     for _ in 0..8 {
         let next = THIN_THOUSANDS.replace_all(&s, "$1$2").into_owned();
+        let next = BRACED_THOUSANDS.replace_all(&next, "$1$2").into_owned();
         if next == s {
             break;
         }

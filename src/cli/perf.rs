@@ -1,9 +1,10 @@
 //! `kvbench perf`: the engine's speed on this machine, measured honestly: warm-up runs first, then
 //! several repeats, reporting the median and the range, with the machine and thread count recorded.
 
-use super::{ModelArgs, UsageError};
+use super::UsageError;
 use clap::Args;
 use kvbench::eval::builtin;
+use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
 use kvbench::generate::{generate_batch, Request, SamplingParams};
 use kvbench::metrics;
 use kvbench::model::{Model, SeqInput};
@@ -14,7 +15,13 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 pub struct PerfArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelFlags,
+    #[command(flatten)]
+    pub runtime: RuntimeFlags,
+    /// Policies measured one after another in the decode measurement (default `full`), each at
+    /// every budget; a ratio budget is resolved against --decode-tokens (the full run's length here).
+    #[command(flatten)]
+    pub policy: PolicyFlags,
     /// Prompt length of the prefill measurement.
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
@@ -33,29 +40,14 @@ pub struct PerfArgs {
     /// Unmeasured warm-up runs.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
-    /// Policies measured one after another in the decode measurement, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "full")]
-    pub policy: Vec<String>,
-    /// KV budgets of the compressing policies, comma separated (see `kvbench run --help`); each
-    /// policy is measured at each.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "0.1",
-        allow_negative_numbers = true
-    )]
-    pub budget: Vec<f64>,
-    /// How a budget at most 1 is read: `ratio` (resolved against --decode-tokens, the full run's
-    /// generation length here) or `seen` (see `kvbench run --help`).
-    #[arg(long, value_enum, default_value = "ratio")]
-    pub budget_rule: kvbench::policy::BudgetRule,
+    /// Tokens each sequence decodes in a warm-up run (default: --decode-tokens, as the measured
+    /// runs); fewer make long measurements affordable (a warm-up only has to touch every path once).
+    #[arg(long)]
+    pub warmup_tokens: Option<usize>,
     /// Also write the table's rows as JSON (one object per row: measurement, median, min, max,
     /// every repeat) to this file.
     #[arg(long, value_name = "FILE")]
     pub export_json: Option<std::path::PathBuf>,
-    /// A policy parameter, `key=value` (repeatable; applies to every policy that has the key).
-    #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
-    pub policy_args: Vec<String>,
     /// Skip the memory-bandwidth measurement (its 512 MiB of buffers would count in the peak RSS,
     /// e.g. when the process's memory is compared with another engine's).
     #[arg(long)]
@@ -76,6 +68,8 @@ struct Decode {
     ratio: Vec<f64>,
     peak_per_seq: usize,
     read_per_step_per_seq: f64,
+    /// The most device memory in use during the measured repeats (on a GPU).
+    device_peak: Option<u64>,
 }
 
 fn measure_decode(
@@ -92,14 +86,19 @@ fn measure_decode(
         ratio: Vec::new(),
         peak_per_seq: 0,
         read_per_step_per_seq: 0.0,
+        device_peak: None,
     };
     for i in 0..args.warmup + args.repeats {
+        let tokens = match args.warmup_tokens {
+            Some(w) if i < args.warmup => w.clamp(1, args.decode_tokens),
+            _ => args.decode_tokens,
+        };
         let requests = (0..b)
             .map(|_| -> anyhow::Result<Request> {
                 Ok(Request {
                     prompt: prompt.to_vec(),
                     sampling: SamplingParams::greedy(),
-                    max_new_tokens: args.decode_tokens,
+                    max_new_tokens: tokens,
                     policy: spec.build(&ctx)?,
                     trace: false,
                 })
@@ -131,6 +130,11 @@ fn measure_decode(
                 .map(|g| g.kv_bytes_peak + g.policy_state_bytes_peak)
                 .max()
                 .unwrap_or(0);
+            d.device_peak = gens
+                .iter()
+                .filter_map(|g| g.device_memory_peak)
+                .chain(d.device_peak)
+                .max();
             d.read_per_step_per_seq = gens
                 .iter()
                 .map(|g| g.decode_bytes_read as f64 / (g.tokens.len().max(2) - 1) as f64)
@@ -184,18 +188,14 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.export_json {
         super::check_output_dir("--export-json", path)?;
     }
-    let mut specs = Vec::new();
-    for &b in &args.budget {
-        for s in super::policy_specs(&args.policy, b, args.budget_rule, &args.policy_args)? {
-            let s = s.resolve(args.decode_tokens as f64)?;
-            // `full` takes no budget: measure it once.
-            if s.name() != "full" || !specs.iter().any(|x: &PolicySpec| x.name() == "full") {
-                specs.push(s);
-            }
-        }
-    }
+    let specs = args
+        .policy
+        .grid(&["full"], args.policy.rule())?
+        .iter()
+        .map(|s| s.resolve(args.decode_tokens as f64))
+        .collect::<kvbench::Result<Vec<PolicySpec>>>()?;
     let load_start = Instant::now();
-    let model = args.model.load()?;
+    let model = super::load_model(&args.model, &args.runtime)?;
     let load_secs = load_start.elapsed().as_secs_f64();
     model.check_fits(args.prompt_tokens, 0, "--prompt-tokens")?;
     model.check_fits(
@@ -210,19 +210,29 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     println!(
         "model {} ({:?} weights, {:.0} MiB of weights, loaded in {:.1} s; {} MiB of memory in 2 MiB pages), {} threads, machine: {}",
         model.name,
-        args.model.weights,
+        args.model.weights(),
         model.transformer.weight_bytes() as f64 / (1 << 20) as f64,
         load_secs,
         metrics::huge_page_bytes().map_or("n/a".into(), |b| (b >> 20).to_string()),
         threads,
         metrics::machine()
     );
+    let device = kvbench::device::describe(args.model.device(), model.transformer.device());
+    println!("device: {device}");
     println!(
         "warm-up {} run(s), then median of {} repeats (min … max)\n",
         args.warmup, args.repeats
     );
+    let on_gpu = !model.transformer.device().is_cpu();
     let bandwidth = if args.no_bandwidth {
         f64::NAN
+    } else if on_gpu {
+        let b = kvbench::device::copy_bandwidth(model.transformer.device(), 1 << 30, 5)?;
+        println!(
+            "device memory bandwidth (copy of 1 GiB on the device, read + write, median of 5): {:.1} GB/s\n",
+            b / 1e9
+        );
+        b
     } else {
         let b = metrics::copy_bandwidth(256 << 20, 5);
         println!(
@@ -243,6 +253,8 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             tokens: &prompt,
             state: &mut state,
         }])?;
+        // On a GPU the call returns with the work queued: wait for it before reading the clock.
+        kvbench::device::synchronize(model.transformer.device())?;
         if i >= args.warmup {
             rates.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
         }
@@ -286,8 +298,14 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 ),
                 _ => String::new(),
             };
+            let device_peak = d.device_peak.map_or(String::new(), |b| {
+                format!(
+                    "; device memory peak {:.2} GiB",
+                    b as f64 / (1u64 << 30) as f64
+                )
+            });
             println!(
-                "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of decode time, KV bytes ratio {:.3}, attention reads {:.0} KiB per step and sequence; reads {:.1} GB/s{}{fits} | {} |",
+                "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of decode time, KV bytes ratio {:.3}, attention reads {:.0} KiB per step and sequence; reads {:.1} GB/s{}{fits}{device_peak} | {} |",
                 spec.name(),
                 spec.budget(),
                 args.decode_prompt_tokens,
@@ -316,6 +334,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                     "achieved_bytes_per_s": achieved,
                     "kv_bytes_read_per_step_per_sequence": d.read_per_step_per_seq,
                     "fits_mem_limit": fit.is_some_and(|(f, _)| f == b),
+                    "device_memory_peak_bytes": d.device_peak,
                 }),
                 &d.rates,
             ));
@@ -339,8 +358,9 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.export_json {
         let doc = serde_json::json!({
             "model": model.name,
-            "weights": args.model.weights,
+            "weights": args.model.weights(),
             "machine": metrics::machine(),
+            "device": device,
             "threads": threads,
             "copy_bandwidth_bytes_per_s": bandwidth,
             "warmup": args.warmup,

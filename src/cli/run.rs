@@ -2,10 +2,10 @@
 //! memory next to the full-cache baseline. It is a one-policy sweep built from flags, written to the
 //! same results layout (so rerunning the same command resumes).
 
-use super::RuntimeArgs;
 use clap::Args;
 use kvbench::eval::accuracy::{accuracy, mean_pass_at_k};
 use kvbench::eval::grade::Verdict;
+use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
 use kvbench::generate::FinishReason;
 use kvbench::metrics;
 use kvbench::policy::PolicySpec;
@@ -14,24 +14,17 @@ use kvbench::results::sample::{SampleMetrics, SampleRecord};
 use kvbench::sweep::config::{PolicyEntry, SweepConfig};
 use kvbench::sweep::options::StudyOptions;
 use kvbench::sweep::study::{execute_plan, plan, ExecFlags};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Compression policy: full, streaming, h2o, snapkv, pyramidkv, rkv, lazy, rocket, kara (an
-    /// interpretation of the paper's abstract). `kvbench policies` lists their parameters.
-    #[arg(long, default_value = "full")]
-    pub policy: String,
-    /// KV budget: above 1 a fixed number of entries per layer and KV head; at most 1 a ratio r, the
-    /// fixed budget ⌈r × mean generation length of the full run on the same problems⌉ (run first), as
-    /// the papers define it (see --budget-rule). Each policy may exceed it by its declared buffer.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub budget: f64,
-    /// A policy parameter, `key=value` (repeatable), e.g. `--policy-arg window=16`.
-    #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
-    pub policy_args: Vec<String>,
+    /// The policy (one; default `full`) and its budget.
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+    #[command(flatten)]
+    pub model: ModelFlags,
     /// Do not run the full-cache baseline next to the policy.
     #[arg(long)]
     pub no_baseline: bool,
@@ -42,7 +35,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub options: StudyOptions,
     #[command(flatten)]
-    pub runtime: RuntimeArgs,
+    pub runtime: RuntimeFlags,
     /// Lenient extraction (never the default): search unclosed thinking blocks, fall back to the
     /// last number.
     #[arg(long)]
@@ -53,40 +46,29 @@ pub struct RunArgs {
 }
 
 /// The one-policy sweep `run` stands for: the policy at the budget, and `full` unless told not to.
+/// The policy is parsed here, once (and so checked before anything is loaded).
 fn config(args: &RunArgs) -> anyhow::Result<SweepConfig> {
-    // Validate the policy (and its arguments) before anything is loaded.
-    let spec = PolicySpec::from_args_with_rule(
-        &args.policy,
-        args.budget,
-        args.options.budget_rule(),
-        &args.policy_args,
-    )?;
+    let spec = args.policy.single("full", "run")?;
     if args.no_baseline && spec.needs_full_mean() {
         return Err(super::UsageError(format!(
             "--budget {} is resolved from the full run's mean generation length (a budget at most 1 is a ratio of it; Kara's ρ is always B over it), and --no-baseline drops the full run: drop --no-baseline, or {}",
-            args.budget,
+            spec.budget_as_written(),
             spec.full_mean_remedy()
         ))
         .into());
     }
-    let mut policies = vec![PolicyEntry::from_flags(
-        &args.policy,
-        args.budget,
-        &args.policy_args,
-    )];
+    let mut policies = vec![PolicyEntry::of(&spec, true)];
     if !args.no_baseline && spec.name() != "full" {
-        policies.push(PolicyEntry {
-            name: "full".into(),
-            budgets: None,
-            args: BTreeMap::new(),
-        });
+        let full = PolicySpec::new("full", 1.0, Default::default())?;
+        policies.push(PolicyEntry::of(&full, false));
     }
-    Ok(SweepConfig {
-        name: format!("run-{}-{}", spec.name(), args.budget),
-        options: args.options.clone(),
-        budgets: Vec::new(),
+    Ok(SweepConfig::from_tables(
+        format!("run-{}-{}", spec.name(), spec.budget_as_written()),
+        args.model.clone(),
+        args.options.clone(),
+        args.policy.budget_rule,
         policies,
-    })
+    )?)
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -104,12 +86,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .plan
         .specs
         .iter()
-        .position(|s| s.name() == args.policy)
+        .position(|s| s.name() != "full" || p.plan.specs.len() == 1)
         .unwrap_or(0);
     let spec = p.plan.specs[mine_index].clone();
     eprintln!(
         "kvbench run: {} on {} problems × {} samples ({}), prompt {:?}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {:?}",
-        p.cfg.options.model(),
+        p.cfg.model.model(),
         p.plan.problems.len(),
         p.plan.samples,
         p.set.source,
@@ -205,9 +187,20 @@ fn print_accuracy(records: &[&SampleRecord], samples: usize) {
     let per_problem = kvbench::report::per_problem(records);
     let acc = accuracy(&per_problem);
     let count = |v: Verdict| records.iter().filter(|r| r.verdict == v).count();
+    let at_limit = records
+        .iter()
+        .filter(|r| r.finish == FinishReason::Length)
+        .count();
     println!();
+    if records.iter().any(|r| r.random_weights) {
+        println!(
+            "accuracy: none: the weights are random (speed and memory only); {at_limit} of {} samples stopped at the length limit",
+            records.len()
+        );
+        return;
+    }
     println!(
-        "accuracy: pass@1 {:.1}% ± {:.1} (standard error over {} problems; {}/{} samples correct){}; grader {}; {} truncated (thinking never closed), {} without an answer",
+        "accuracy: pass@1 {:.1}% ± {:.1} (standard error over {} problems; {}/{} samples correct){}; grader {}; {at_limit} stopped at the length limit, {} with thinking never closed, {} without an answer",
         100.0 * acc.pass_at_1,
         100.0 * acc.stderr,
         acc.problems,

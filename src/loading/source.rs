@@ -4,9 +4,11 @@
 //! translates them to Hugging Face names (`model.layers.3.self_attn.q_proj.weight`). One loader then
 //! serves both formats. Every failure names the file it came from.
 
+use super::hf_config::HfConfig;
+use super::shapes::check_shapes;
 use crate::error::{candle_message, Error, Result};
 use crate::loading::gguf_layout;
-use crate::model::config::{Arch, HfConfig, Llama3RopeScaling, ModelConfig};
+use crate::model::config::ModelConfig;
 use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Shape, Tensor};
 use std::fs::File;
@@ -90,6 +92,8 @@ pub enum WeightSource {
         dir: PathBuf,
         tensors: candle_core::safetensors::MmapedSafetensors,
     },
+    /// Seeded random weights (no file): tensors are generated when asked for.
+    Random(super::random::RandomSpec),
 }
 
 const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -207,6 +211,7 @@ impl WeightSource {
         match self {
             WeightSource::Gguf { path, .. } => path,
             WeightSource::Safetensors { dir, .. } => dir,
+            WeightSource::Random(_) => Path::new("random weights"),
         }
     }
 
@@ -220,6 +225,9 @@ impl WeightSource {
         match self {
             WeightSource::Gguf { content, .. } => content.tensor_infos.contains_key(name),
             WeightSource::Safetensors { tensors, .. } => tensors.get(&hf_name(name)).is_ok(),
+            WeightSource::Random(spec) => super::random::tensor_names(&spec.config())
+                .iter()
+                .any(|n| n == name),
         }
     }
 
@@ -264,6 +272,13 @@ impl WeightSource {
                 })?;
                 Ok(RawTensor::Dense(t))
             }
+            WeightSource::Random(spec) => match spec.tensor(name, device)? {
+                Some(t) => Ok(RawTensor::Dense(t)),
+                None => Err(Error::Input(format!(
+                    "{}: no tensor '{name}' in this shape",
+                    spec.label()
+                ))),
+            },
         }
     }
 
@@ -272,211 +287,20 @@ impl WeightSource {
         let WeightSource::Gguf { path, content, .. } = self else {
             unreachable!("gguf_config is only called on GGUF sources")
         };
-        let md = &content.metadata;
-        let arch_name = md
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .ok_or_else(|| Error::model(path, "metadata has no general.architecture"))?
-            .clone();
-        let arch = Arch::parse(&arch_name).ok_or_else(|| {
-            Error::model(
-                path,
-                format!(
-                    "unsupported architecture '{arch_name}' (kvbench runs llama, qwen2, qwen3)"
-                ),
-            )
-        })?;
-        let get_u = |key: &str| -> Result<usize> {
-            let full = format!("{arch_name}.{key}");
-            md.get(&full)
-                .and_then(|v| {
-                    v.to_u32()
-                        .ok()
-                        .map(|x| x as usize)
-                        .or_else(|| v.to_u64().ok().map(|x| x as usize))
-                })
-                .ok_or_else(|| {
-                    Error::model(
-                        path,
-                        format!("metadata key '{full}' missing or not an integer"),
-                    )
-                })
-        };
-        let get_f = |key: &str| {
-            md.get(&format!("{arch_name}.{key}"))
-                .and_then(|v| v.to_f32().ok())
-        };
-        let hidden_size = get_u("embedding_length")?;
-        let num_heads = get_u("attention.head_count")?;
-        let num_kv_heads = get_u("attention.head_count_kv").unwrap_or(num_heads);
-        let head_dim = get_u("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
-        let vocab_size = match md
-            .get("tokenizer.ggml.tokens")
-            .and_then(|v| v.to_vec().ok())
-        {
-            Some(v) => v.len(),
-            None => get_u("vocab_size")?,
-        };
-        // RoPE as kvbench computes it: every dimension rotated, frequencies from the base, then Llama 3
-        // scaling (from this metadata, or as llama.cpp writes it: the `rope_freqs.weight` factors the
-        // forward pass divides by). Anything else would be computed wrong, so it is refused by name.
-        let key = |k: &str| format!("{arch_name}.{k}");
-        let scaling_type = md
-            .get(&key("rope.scaling.type"))
-            .map(|v| v.to_string().cloned().unwrap_or_else(|_| format!("{v:?}")));
-        let factor = get_f("rope.scaling.factor").or_else(|| get_f("rope.scale_linear"));
-        let rope_scaling = match (scaling_type.as_deref(), factor) {
-            (Some("llama3"), Some(factor)) => Some(Llama3RopeScaling {
-                factor,
-                low_freq_factor: get_f("rope.scaling.low_freq_factor").unwrap_or(1.0),
-                high_freq_factor: get_f("rope.scaling.high_freq_factor").unwrap_or(4.0),
-                original_max_position_embeddings: get_u("rope.scaling.original_context_length")
-                    .unwrap_or(8192),
-            }),
-            (Some("none"), _) | (None, None) => None,
-            // llama.cpp reads a factor without a type as linear scaling; 0 and 1 mean none.
-            (None, Some(f)) if f == 0.0 || f == 1.0 => None,
-            (kind, factor) => {
-                return Err(Error::model(
-                    path,
-                    format!(
-                        "RoPE scaling {} (factor {}) is not supported: kvbench computes plain RoPE and Llama 3 scaling only",
-                        kind.map_or("linear".to_string(), |k| format!("'{k}' ({})", key("rope.scaling.type"))),
-                        factor.map_or("unset".to_string(), |f| f.to_string()),
-                    ),
-                ))
-            }
-        };
-        let config = ModelConfig {
-            arch,
-            hidden_size,
-            intermediate_size: get_u("feed_forward_length")?,
-            num_layers: get_u("block_count")?,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            vocab_size,
-            rms_norm_eps: get_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64,
-            rope_theta: get_f("rope.freq_base").unwrap_or(10_000.0),
-            rope_scaling,
-            // llama.cpp permutes Llama q/k rows for the interleaved rotation; Qwen keeps the HF layout.
-            rope_interleaved: arch == Arch::Llama,
-            qkv_bias: content.tensor_infos.contains_key("blk.0.attn_q.bias"),
-            qk_norm: content
-                .tensor_infos
-                .contains_key("blk.0.attn_q_norm.weight"),
-            tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
-            max_position_embeddings: get_u("context_length").unwrap_or(4096),
-        };
-        config.validate().map_err(|e| Error::model(path, e))?;
-        let shape = |n: &str| content.tensor_infos.get(n).map(|t| t.shape.dims().to_vec());
-        check_shapes(&config, &shape, &|n: &str| n.to_string())
-            .map_err(|e| Error::model(path, e))?;
-        // After the shapes, which name the tensor when the head size itself is wrong.
-        if let Ok(n) = get_u("rope.dimension_count") {
-            if n != head_dim {
-                return Err(Error::model(
-                    path,
-                    format!("{} is {n} but the head size is {head_dim}: partial rotary embeddings are not supported", key("rope.dimension_count")),
-                ));
-            }
-        }
-        Ok(config)
+        super::gguf_config::model_config(path, content)
     }
 
     /// GGUF metadata, when the source is a GGUF file.
     pub fn gguf_metadata(&self) -> Option<&std::collections::HashMap<String, gguf_file::Value>> {
         match self {
             WeightSource::Gguf { content, .. } => Some(&content.metadata),
-            WeightSource::Safetensors { .. } => None,
+            WeightSource::Safetensors { .. } | WeightSource::Random(_) => None,
         }
     }
 }
 
-/// Checks the metadata's sizes against the tensors before anything is allocated from them: the
-/// embedding's width, then every layer's projections, norms, biases and QK-norms, and the output head.
-/// `shape` gives a tensor's `[rows, cols]` by its GGUF name (None when absent) and `file_name` the name
-/// the file uses, for the error: one check for GGUF files and Hugging Face checkpoints alike.
-fn check_shapes(
-    c: &ModelConfig,
-    shape: &dyn Fn(&str) -> Option<Vec<usize>>,
-    file_name: &dyn Fn(&str) -> String,
-) -> std::result::Result<(), String> {
-    let dims = |name: &str| -> std::result::Result<Vec<usize>, String> {
-        shape(name).ok_or_else(|| format!("tensor {} is missing", file_name(name)))
-    };
-    let expect = |name: &str, want: &[usize]| -> std::result::Result<(), String> {
-        let got = dims(name)?;
-        if got != want {
-            return Err(format!(
-                "tensor {} has shape {got:?}, the model's config says {want:?} (hidden size {}, head counts {} / {}, head size {}, feed-forward size {})",
-                file_name(name), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
-            ));
-        }
-        Ok(())
-    };
-    let embd = dims("token_embd.weight")?;
-    if embd != [c.vocab_size, c.hidden_size] {
-        return Err(format!(
-            "tensor {} has shape {embd:?}, the model's vocabulary and hidden size are [{}, {}]",
-            file_name("token_embd.weight"),
-            c.vocab_size,
-            c.hidden_size
-        ));
-    }
-    // Every layer's tensors, not only the first's: a damaged or inconsistent shape anywhere must be
-    // refused here, naming the tensor, rather than fail in the middle of a forward pass.
-    let (h, q, kv, ffn) = (
-        c.hidden_size,
-        c.num_heads * c.head_dim,
-        c.num_kv_heads * c.head_dim,
-        c.intermediate_size,
-    );
-    for l in 0..c.num_layers {
-        let name = |t: &str| format!("blk.{l}.{t}");
-        if shape(&name("attn_q.weight")).is_none() {
-            return Err(format!(
-                "the model has {} layers, but tensor {} is missing",
-                c.num_layers,
-                file_name(&name("attn_q.weight"))
-            ));
-        }
-        expect(&name("attn_q.weight"), &[q, h])?;
-        expect(&name("attn_k.weight"), &[kv, h])?;
-        expect(&name("attn_v.weight"), &[kv, h])?;
-        expect(&name("attn_output.weight"), &[h, q])?;
-        expect(&name("ffn_gate.weight"), &[ffn, h])?;
-        expect(&name("ffn_up.weight"), &[ffn, h])?;
-        expect(&name("ffn_down.weight"), &[h, ffn])?;
-        expect(&name("attn_norm.weight"), &[h])?;
-        expect(&name("ffn_norm.weight"), &[h])?;
-        for (t, want) in [
-            ("attn_q.bias", q),
-            ("attn_k.bias", kv),
-            ("attn_v.bias", kv),
-            ("attn_q_norm.weight", c.head_dim),
-            ("attn_k_norm.weight", c.head_dim),
-        ] {
-            if shape(&name(t)).is_some() {
-                expect(&name(t), &[want])?;
-            }
-        }
-    }
-    expect("output_norm.weight", &[h])?;
-    if let Some(got) = shape("output.weight") {
-        if got.len() != 2 || got[1] != h || got[0] != embd[0] {
-            return Err(format!(
-                "tensor {} has shape {got:?}, expected [{}, {h}] (the embedding's vocabulary and the hidden size)",
-                file_name("output.weight"),
-                embd[0]
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Translates a GGUF tensor name to the Hugging Face name of the same weight.
-fn hf_name(gguf: &str) -> String {
+/// Translates a GGUF tensor name to the Hugging Face name of the same weight (Llama, Qwen2, Qwen3).
+pub fn hf_name(gguf: &str) -> String {
     match gguf {
         "token_embd.weight" => return "model.embed_tokens.weight".into(),
         "output_norm.weight" => return "model.norm.weight".into(),

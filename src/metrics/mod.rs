@@ -115,15 +115,17 @@ pub fn machine() -> String {
             extra.push(has.join(" "));
         }
     }
-    extra.push(format!(
-        "kvbench kernels: {}",
-        match crate::kernels::dot::Path::best() {
-            crate::kernels::dot::Path::Avx512 => "AVX-512",
-            crate::kernels::dot::Path::Avx2 => "AVX2",
-            crate::kernels::dot::Path::Portable => "portable",
-        }
-    ));
+    extra.push(format!("kvbench kernels: {}", kernel_path()));
     format!("{cpu} ({}), {cores} logical cores", extra.join("; "))
+}
+
+/// The CPU kernel path this process chose: AVX-512, AVX2 or portable.
+pub fn kernel_path() -> &'static str {
+    match crate::kernels::dot::Path::best() {
+        crate::kernels::dot::Path::Avx512 => "AVX-512",
+        crate::kernels::dot::Path::Avx2 => "AVX2",
+        crate::kernels::dot::Path::Portable => "portable",
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ pub mod weights;
 
 use crate::error::{Error, Result};
 use crate::loading::resolve::ModelFiles;
-use crate::loading::source::WeightSource;
 use candle_core::Device;
 use chat::ChatTemplate;
 use std::path::PathBuf;
@@ -21,9 +20,6 @@ use weights::WeightFormat;
 
 pub use llama::{SeqInput, Transformer};
 pub use state::{SeqState, TraceEvent};
-
-/// The paths these modules had in kvbench 0.4 (`kvbench::model::resolve::TEST_MODEL`, ...).
-pub use crate::loading::{hub, resolve, source};
 
 /// A model ready to run: weights, tokenizer, chat template and where it came from.
 pub struct Model {
@@ -56,82 +52,19 @@ impl Default for LoadOptions {
 }
 
 impl Model {
-    /// Resolves `name` (path, built-in name or hub id) and loads it.
+    /// Resolves `name` (path, built-in name, `random:NAME`, hub id) and loads it.
     pub fn load(name: &str, opts: &LoadOptions) -> Result<Self> {
-        let files = resolve::resolve(name)?;
-        Self::load_files(files, opts)
+        crate::loading::load_model(crate::loading::resolve::resolve(name)?, opts)
     }
 
+    /// Loads a model from files already resolved (see [`crate::loading::load_model`]).
     pub fn load_files(files: ModelFiles, opts: &LoadOptions) -> Result<Self> {
-        let (mut source, config, default_tokenizer) = match &files {
-            ModelFiles::Gguf(path) => {
-                let src = WeightSource::open_gguf(path)?;
-                let cfg = src.gguf_config()?;
-                let tok = match src.gguf_metadata() {
-                    Some(md) if opts.tokenizer.is_none() => Some(Tokenizer::from_gguf(md, path)?),
-                    _ => None,
-                };
-                (src, cfg, tok)
-            }
-            ModelFiles::HfDir(dir) => {
-                let (src, cfg) = WeightSource::open_safetensors(dir)?;
-                (src, cfg, None)
-            }
-        };
-        let tokenizer = match (default_tokenizer, &opts.tokenizer, &files) {
-            (Some(t), _, _) => t,
-            (None, Some(p), _) => Tokenizer::from_file(p, EOS_NAMES)?,
-            (None, None, ModelFiles::HfDir(dir)) => {
-                Tokenizer::from_file(&dir.join("tokenizer.json"), EOS_NAMES)?
-            }
-            (None, None, ModelFiles::Gguf(p)) => {
-                return Err(Error::model(
-                    p,
-                    "no tokenizer in the file; pass --tokenizer tokenizer.json",
-                ))
-            }
-        };
-        if tokenizer.vocab_size() > config.vocab_size.saturating_add(1024) {
-            return Err(Error::model(
-                source.path(),
-                format!(
-                    "tokenizer has {} tokens but the model only {} embeddings: wrong tokenizer?",
-                    tokenizer.vocab_size(),
-                    config.vocab_size
-                ),
-            ));
-        }
-        let template = opts
-            .template
-            .unwrap_or_else(|| ChatTemplate::detect(&tokenizer));
-        let transformer = Transformer::load(&mut source, config, opts.format, &opts.device)?;
-        let name = match &files {
-            ModelFiles::Gguf(p) => p.file_stem().map(|s| s.to_string_lossy().into_owned()),
-            // A hub snapshot (`…/models--owner--name/snapshots/<rev>`) is named after its repository.
-            ModelFiles::HfDir(p) => p
-                .ancestors()
-                .filter_map(|a| {
-                    a.file_name()?
-                        .to_str()?
-                        .strip_prefix("models--")
-                        .map(|r| r.replace("--", "/"))
-                })
-                .next()
-                .or_else(|| p.file_name().map(|s| s.to_string_lossy().into_owned())),
-        }
-        .unwrap_or_else(|| "model".into());
-        Ok(Self {
-            transformer,
-            tokenizer,
-            template,
-            files,
-            name,
-        })
+        crate::loading::load_model(files, opts)
     }
 }
 
 /// End-of-turn tokens looked up in a `tokenizer.json`.
-const EOS_NAMES: &[&str] = &[
+pub(crate) const EOS_NAMES: &[&str] = &[
     "<|im_end|>",
     "<|endoftext|>",
     "<|eot_id|>",
@@ -153,18 +86,29 @@ impl Model {
         }
     }
 
-    /// Refuses a batch whose full caches, at `tokens` each, would need more than this machine's
-    /// memory (f32 keys and values), naming the numbers and `flag`; checked before anything is
-    /// allocated, where the operating system says how much memory there is.
+    /// Refuses a batch whose full caches, at `tokens` each, would need more than the memory of the
+    /// device the model runs on (this machine's, or the GPU's), naming the numbers and `flag`;
+    /// checked before anything is allocated, where the memory is known. Keys and values in f32.
     pub fn check_batch_memory(&self, batch: usize, tokens: usize, flag: &str) -> Result<()> {
-        let Some(total) = crate::metrics::total_memory_bytes() else {
+        let device = self.transformer.device();
+        let total = if device.is_cpu() {
+            crate::metrics::total_memory_bytes()
+        } else {
+            crate::device::memory_total_bytes(device)
+        };
+        let Some(total) = total else {
             return Ok(());
+        };
+        let where_ = if device.is_cpu() {
+            "this machine's"
+        } else {
+            "the GPU's"
         };
         let per_token = self.transformer.config.kv_bytes_per_token(4) as u128;
         let need = batch as u128 * tokens as u128 * per_token;
         if need > total as u128 {
             return Err(Error::Input(format!(
-                "{flag}: {batch} sequences of {tokens} tokens need {:.1} GiB of KV cache without compression, more than this machine's {:.1} GiB",
+                "{flag}: {batch} sequences of {tokens} tokens need {:.1} GiB of KV cache without compression, more than {where_} {:.1} GiB",
                 need as f64 / (1u64 << 30) as f64,
                 total as f64 / (1u64 << 30) as f64
             )));

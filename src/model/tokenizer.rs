@@ -169,6 +169,51 @@ impl Tokenizer {
         })
     }
 
+    /// A byte-level tokenizer over `vocab_size` ids, for random-weight models: ids 0 to 255 are the
+    /// 256 byte symbols (any text encodes, one token per byte), 256 is `<|endoftext|>` (the end of
+    /// a sequence) and every other id a filler `<rN>`, so whatever a random model samples decodes.
+    pub fn byte_level(vocab_size: usize) -> Result<Self> {
+        const EOS: &str = "<|endoftext|>";
+        if vocab_size < 257 {
+            return Err(Error::Tokenizer(format!(
+                "a byte-level vocabulary needs 257 ids, the model has {vocab_size}"
+            )));
+        }
+        let mut symbols: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+        symbols.sort_unstable();
+        let mut vocab: tokenizers::models::bpe::Vocab = symbols
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.to_string(), i as u32))
+            .collect();
+        vocab.insert(EOS.to_string(), 256);
+        for id in 257..vocab_size as u32 {
+            vocab.insert(format!("<r{id}>"), id);
+        }
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, Vec::new())
+            .build()
+            .map_err(|e| Error::Tokenizer(format!("cannot build a byte-level vocabulary: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+            false, true, true,
+        ))));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        inner.add_special_tokens(&[AddedToken::from(EOS, true)]);
+        Ok(Self {
+            inner,
+            eos_ids: vec![256],
+            bos_id: None,
+        })
+    }
+
+    /// Writes the tokenizer as a Hugging Face `tokenizer.json`.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.inner
+            .save(path, false)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
+    }
+
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
             .inner

@@ -245,6 +245,8 @@ pub struct PolicySpec {
     name: String,
     /// The budget as written (its value and rule identify the spec).
     requested: Budget,
+    /// The number written (the full cache's budget is ignored, but recorded as written).
+    written_budget: f64,
     /// The budget the policy runs with: `requested`, or its resolution.
     effective: Budget,
     /// The full run's mean generation length a resolution used.
@@ -295,6 +297,7 @@ impl PolicySpec {
         rule: BudgetRule,
         args: BTreeMap<String, String>,
     ) -> Result<Self> {
+        let written_budget = budget;
         let budget = Budget::from_value(budget, rule)?;
         // The baseline has no budget: whatever (valid) value was written, it is the whole cache.
         let budget = if name == "full" {
@@ -306,6 +309,7 @@ impl PolicySpec {
         Ok(Self {
             name: name.to_string(),
             requested: budget,
+            written_budget,
             effective: budget,
             full_mean_tokens: None,
             args,
@@ -336,6 +340,16 @@ impl PolicySpec {
     /// The budget as written.
     pub fn budget(&self) -> Budget {
         self.requested
+    }
+
+    /// The `--budget` number the user wrote (the full cache's is whatever was written, unused).
+    pub fn budget_as_written(&self) -> f64 {
+        self.written_budget
+    }
+
+    /// The parameters as the user gave them (not their defaults).
+    pub fn args(&self) -> &BTreeMap<String, String> {
+        &self.args
     }
 
     /// The fixed entries per layer and KV head the policy runs with, once known (absolute budgets,
@@ -477,6 +491,13 @@ impl PolicySpec {
             Config::Rocket(c) => Box::new(RocketKv::new(c.clone(), ctx)),
             Config::Kara(c) => Box::new(Kara::new(c.clone(), ctx)),
         })
+    }
+}
+
+/// Two specs are equal when they describe the same policy, parameters and (resolved) budget.
+impl PartialEq for PolicySpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.describe_resolved() == other.describe_resolved()
     }
 }
 

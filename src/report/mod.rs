@@ -16,6 +16,7 @@ pub use paired::{paired, Interval, Paired};
 use crate::error::Result;
 use crate::eval::accuracy::{accuracy, ProblemSamples};
 use crate::eval::grade::Verdict;
+use crate::generate::FinishReason;
 use crate::results::dir::{read_manifest, read_samples, Manifest, PlannedUnit};
 use crate::results::sample::SampleRecord;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -126,14 +127,15 @@ fn decoding_of(dir: &Path) -> Option<serde_json::Value> {
     let o = &cfg.options;
     let (temperature, top_p) = o.sampling();
     Some(serde_json::json!({
-        "weights": o.weights(),
-        "chat_template": o.chat_template,
+        "weights": cfg.model.weights(),
+        "chat_template": cfg.model.chat_template,
         "prompt": o.prompt(),
         "temperature": temperature,
         "top_p": top_p,
         "seed": (temperature > 0.0).then(|| o.seed()),
         "max_new_tokens": o.max_new_tokens,
-        "budget_rule": o.budget_rule(),
+        "budget_rule": cfg.budget_rule(),
+        "device": cfg.model.device().kind(),
     }))
 }
 
@@ -215,8 +217,15 @@ pub struct Row {
     pub tokens_change_vs_full: Option<f64>,
     pub tokens_change_lo: Option<f64>,
     pub tokens_change_hi: Option<f64>,
-    pub truncation_rate: f64,
+    /// Samples that stopped at the length limit (`max_new_tokens`), and samples whose thinking block
+    /// never closed (graded "truncated": no answer can follow): two different counts.
+    pub length_limit_rate: f64,
+    pub thinking_unclosed_rate: f64,
     pub no_answer_rate: f64,
+    /// The row's weights were random (`--model random:NAME`): its accuracy columns mean nothing.
+    pub random_weights: bool,
+    /// Mean over samples of the most device memory in use (on a GPU).
+    pub device_memory_peak_bytes: Option<f64>,
     /// Mean over samples (those with metrics; None when none has) of the per-sample peak (the most
     /// held at any moment), allocated capacity peak and time-averaged KV bytes, and the KV ratio in
     /// bytes: time-averaged bytes over a full cache's for the same tokens.
@@ -264,6 +273,8 @@ pub struct Summary {
     /// The machine whose records give the speed columns, and the other machines seen.
     pub speed_machine: Option<String>,
     pub other_machines: Vec<(String, usize)>,
+    /// The engines that wrote the records, with their counts (`Engine::short`, device, batch).
+    pub engines: Vec<(String, usize)>,
 }
 
 impl Summary {
@@ -365,10 +376,23 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
             .then(a.budget.unwrap_or(0.0).total_cmp(&b.budget.unwrap_or(0.0)))
             .then(a.config.cmp(&b.config))
     });
+    // Which engines wrote the records (records before kvbench 0.5 name none).
+    let mut engines: Vec<(String, usize)> = Vec::new();
+    for r in records {
+        let e = r.engine.as_ref().map_or_else(
+            || "unrecorded (kvbench before 0.5)".to_string(),
+            |e| format!("{}, {}, batch {}", e.short(), e.device, e.batch_size),
+        );
+        match engines.iter_mut().find(|(x, _)| *x == e) {
+            Some((_, n)) => *n += 1,
+            None => engines.push((e, 1)),
+        }
+    }
     Summary {
         rows,
         speed_machine,
         other_machines,
+        engines,
     }
 }
 
@@ -501,8 +525,17 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         tokens_change_vs_full: None,
         tokens_change_lo: None,
         tokens_change_hi: None,
-        truncation_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::Truncated))),
+        length_limit_rate: mean(&|r| f64::from(u8::from(r.finish == FinishReason::Length))),
+        thinking_unclosed_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::Truncated))),
         no_answer_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::NoAnswer))),
+        random_weights: rs.iter().any(|r| r.random_weights),
+        device_memory_peak_bytes: {
+            let v: Vec<f64> = measured
+                .iter()
+                .filter_map(|m| m.device_memory_peak_bytes.map(|b| b as f64))
+                .collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        },
         kv_peak_bytes: metric(&|m| m.kv_bytes_peak as f64),
         kv_capacity_peak_bytes: (!capacities.is_empty())
             .then(|| capacities.iter().sum::<f64>() / capacities.len() as f64),
@@ -624,8 +657,11 @@ mod tests {
                 policy_state_bytes_peak: 0,
                 repetition: 0.0,
                 machine: "x".into(),
+                device_memory_peak_bytes: None,
             }),
             fidelity: None,
+            random_weights: false,
+            engine: None,
         }
     }
 

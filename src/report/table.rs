@@ -63,6 +63,7 @@ pub fn markdown(s: &Summary) -> String {
         .any(|w| w[0].model != w[1].model || w[0].dataset != w[1].dataset);
     let any_cons = s.rows.iter().any(|r| r.cons.is_some());
     let any_fidelity = s.rows.iter().any(|r| r.mean_kl.is_some());
+    let any_device = s.rows.iter().any(|r| r.device_memory_peak_bytes.is_some());
     let batches = mixed_batches(s);
     let mut head = vec![
         "policy",
@@ -79,7 +80,8 @@ pub fn markdown(s: &Summary) -> String {
     head.extend([
         "tokens",
         "Δ tokens vs full [95% CI]",
-        "truncated %",
+        "at length limit %",
+        "thinking unclosed %",
         "repeated 4-grams %",
         "KV peak MiB",
         "KV mean MiB",
@@ -96,6 +98,9 @@ pub fn markdown(s: &Summary) -> String {
         "end-to-end s",
         "policy time % prefill / decode",
     ]);
+    if any_device {
+        head.push("device peak GiB");
+    }
     if any_fidelity {
         head.extend(["KL from full", "top-1 agree %", "first divergence"]);
     }
@@ -120,7 +125,11 @@ pub fn markdown(s: &Summary) -> String {
             r.policy.clone(),
             budget_label(r),
             format!("{} × {}", r.problems, r.samples),
-            format!("{} ± {}", pct(r.pass_at_1), pct(r.stderr)),
+            if r.random_weights {
+                "n/a (random weights)".into()
+            } else {
+                format!("{} ± {}", pct(r.pass_at_1), pct(r.stderr))
+            },
             opt(r.accuracy_vs_full, |x| format!("{x:.2}")),
             interval(r.delta_pass, r.delta_pass_lo, r.delta_pass_hi, ""),
             match (r.only_full, r.only_policy) {
@@ -139,7 +148,8 @@ pub fn markdown(s: &Summary) -> String {
                 r.tokens_change_hi,
                 "%",
             ),
-            pct(r.truncation_rate),
+            pct(r.length_limit_rate),
+            pct(r.thinking_unclosed_rate),
             opt(r.repetition, pct),
             opt(r.kv_peak_bytes, |x| format!("{:.2}", x / MIB)),
             opt(r.kv_mean_bytes, |x| format!("{:.2}", x / MIB)),
@@ -162,6 +172,11 @@ pub fn markdown(s: &Summary) -> String {
                 _ => "-".into(),
             },
         ]);
+        if any_device {
+            cells.push(opt(r.device_memory_peak_bytes, |x| {
+                format!("{:.2}", x / (1u64 << 30) as f64)
+            }));
+        }
         if any_fidelity {
             cells.extend([
                 opt(r.mean_kl, |x| format!("{x:.4}")),
@@ -191,8 +206,29 @@ pub fn markdown(s: &Summary) -> String {
          ms/token: median over samples of each sample's median and 90th-percentile decode step time. \
          Fidelity (when measured): teacher-forced KL(full ‖ policy) in nats and top-1 agreement \
          pooled over steps; first divergence: median output position where the policy's top-1 \
-         token first differs from full's (a greedy run leaves full's output there)."
+         token first differs from full's (a greedy run leaves full's output there). At length limit: \
+         samples that stopped at max_new_tokens; thinking unclosed: samples whose thinking block \
+         never closed (graded truncated)."
     );
+    if s.rows.iter().any(|r| r.random_weights) {
+        let _ = writeln!(
+            out,
+            "random weights (`random:NAME` models): those rows measure speed and memory only; their outputs are noise and carry no accuracy"
+        );
+    }
+    if s.engines.len() > 1 {
+        let list: Vec<String> = s
+            .engines
+            .iter()
+            .map(|(e, n)| format!("{e} ({n} samples)"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "these records come from {} engines (kvbench version@commit, device, batch size): {}; outputs of one problem may differ between engines",
+            s.engines.len(),
+            list.join("; ")
+        );
+    }
     if let Some(m) = &s.speed_machine {
         let _ = writeln!(out, "speed machine: {m}");
     }
@@ -235,6 +271,7 @@ pub fn json(s: &Summary) -> Result<String> {
         "rows": s.rows,
         "speed_machine": s.speed_machine,
         "other_machines": s.other_machines,
+        "engines": s.engines,
     }))
     .map_err(|e| Error::Input(e.to_string()))
 }

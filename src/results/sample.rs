@@ -51,6 +51,55 @@ pub struct SampleRecord {
     /// Teacher-forced divergence from the full cache (when the study asked for it).
     #[serde(default)]
     pub fidelity: Option<crate::generate::fidelity::Fidelity>,
+    /// The weights were random (`--model random:NAME`): the record measures speed and memory only,
+    /// and its grade means nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub random_weights: bool,
+    /// The engine that generated the record (records of kvbench 0.5 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Engine>,
+}
+
+/// What generated a record, as far as it can change the tokens: kvbench's version and commit, the
+/// device, the weights' format, the kernel path, the batch size and the threads. Two records of one
+/// unit with the same engine have the same tokens (greedy decoding gives a sequence the same tokens
+/// whatever its batch on the CPU kernels; the figures are kept so a reader need not take it on trust).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Engine {
+    pub kvbench: String,
+    pub commit: String,
+    /// `cpu (CPU model …)` or `cuda:N (GPU name, driver, CUDA version, memory)`.
+    pub device: String,
+    pub weights: String,
+    /// The CPU kernel path (AVX-512, AVX2, portable).
+    pub kernels: String,
+    /// Sequences decoded together, as configured.
+    pub batch_size: usize,
+    pub threads: usize,
+}
+
+impl Engine {
+    /// The engine of this process on `device`.
+    pub fn current(device: &str, weights: String, batch_size: usize) -> Self {
+        Engine {
+            kvbench: env!("CARGO_PKG_VERSION").into(),
+            commit: env!("KVBENCH_GIT_COMMIT").into(),
+            device: device.into(),
+            weights,
+            kernels: crate::metrics::kernel_path().into(),
+            batch_size,
+            threads: rayon::current_num_threads(),
+        }
+    }
+
+    /// The commit, shortened, with the version: `0.5.0@1a2b3c4`.
+    pub fn short(&self) -> String {
+        format!(
+            "{}@{}",
+            self.kvbench,
+            &self.commit[..self.commit.len().min(7)]
+        )
+    }
 }
 
 /// What one sample cost: timings, KV memory (from the cache itself) and compression.
@@ -102,6 +151,10 @@ pub struct SampleMetrics {
     pub repetition: f64,
     /// CPU model and cores (`metrics::machine`): speeds are pooled only across equal machines.
     pub machine: String,
+    /// The most device memory in use (the GPU's own counter, sampled after each step; all
+    /// processes on the device), on a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_memory_peak_bytes: Option<u64>,
 }
 
 impl SampleRecord {

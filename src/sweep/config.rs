@@ -1,40 +1,51 @@
-//! A sweep's TOML configuration: a name, the study options (the same keys as `kvbench run`'s flags,
-//! see [`StudyOptions`]), the budgets and the policies with their parameters. Unknown keys are refused
-//! with their name, and every policy is parsed (and so checked) before anything runs.
+//! A sweep's TOML configuration: a name, the model ([`ModelFlags`]) and study options (the same keys
+//! as `kvbench run`'s flags, see [`StudyOptions`]), the budgets, the budget rule and the policies with
+//! their parameters. Unknown keys are refused with their name. Every policy is parsed once, when the
+//! config is built, and its table carries the parsed [`PolicySpec`]s: nothing downstream re-reads
+//! text.
 
 use super::options::StudyOptions;
+use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
-use crate::policy::PolicySpec;
+use crate::flags::{ModelFlags, PolicyFlags};
+use crate::policy::{BudgetRule, PolicySpec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// A sweep: a name, the study options, the budgets and the policies.
+/// A sweep: a name, the model, the study options, the budgets and the policies.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SweepConfig {
     /// Names the results directory (`results/NAME` unless `out` is given).
     pub name: String,
     #[serde(flatten)]
+    pub model: ModelFlags,
+    #[serde(flatten)]
     pub options: StudyOptions,
+    /// How budgets at most 1 are read, for every policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_rule: Option<BudgetRule>,
     /// Budgets of every compressing policy that gives none of its own.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<f64>,
     #[serde(rename = "policy")]
-    pub policies: Vec<PolicyEntry>,
+    policies: Vec<PolicyEntry>,
 }
 
-/// The keys a config has besides the study options.
+/// The keys a config has besides the model's and the study options.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Head {
     name: String,
     #[serde(default)]
     budgets: Vec<f64>,
+    #[serde(default)]
+    budget_rule: Option<BudgetRule>,
     #[serde(rename = "policy", default)]
     policies: Vec<PolicyEntry>,
 }
 
-/// One `[[policy]]` table.
+/// One `[[policy]]` table as written, with the (policy, budget)s it stands for, parsed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyEntry {
@@ -44,26 +55,30 @@ pub struct PolicyEntry {
     /// Parameters, as `--policy-arg` takes them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub args: BTreeMap<String, toml::Value>,
+    /// One spec per budget, parsed when the config was built.
+    #[serde(skip)]
+    specs: Vec<PolicySpec>,
 }
 
 impl PolicyEntry {
-    /// The entry of a policy given on the command line: one budget, `--policy-arg key=value`s.
-    pub fn from_flags(name: &str, budget: f64, policy_args: &[String]) -> Self {
-        let args = policy_args
-            .iter()
-            .filter_map(|a| a.split_once('='))
-            .map(|(k, v)| {
-                (
-                    k.trim().to_string(),
-                    toml::Value::String(v.trim().to_string()),
-                )
-            })
-            .collect();
+    /// The table a parsed spec stands for: its name, its one budget (none for a baseline added
+    /// beside the policy of `run`), its parameters as written.
+    pub fn of(spec: &PolicySpec, with_budget: bool) -> Self {
         PolicyEntry {
-            name: name.to_string(),
-            budgets: Some(vec![budget]),
-            args,
+            name: spec.name().to_string(),
+            budgets: with_budget.then(|| vec![spec.budget_as_written()]),
+            args: spec
+                .args()
+                .iter()
+                .map(|(k, v)| (k.clone(), toml::Value::String(v.clone())))
+                .collect(),
+            specs: vec![spec.clone()],
         }
+    }
+
+    /// The parsed (policy, budget)s of this table.
+    pub fn specs(&self) -> &[PolicySpec] {
+        &self.specs
     }
 }
 
@@ -100,20 +115,134 @@ fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// What the command line changes in a config file: the model's flags and the study options field
+/// by field, and the grid (policies, budgets, parameters) as a whole when any policy flag is given;
+/// `--budget-rule` alone changes the rule.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub model: ModelFlags,
+    pub options: StudyOptions,
+    pub policy: PolicyFlags,
+}
+
 impl SweepConfig {
+    /// A config from its parts; every policy table is parsed here, once, and the whole is checked.
+    pub fn new(
+        name: String,
+        model: ModelFlags,
+        options: StudyOptions,
+        budget_rule: Option<BudgetRule>,
+        budgets: Vec<f64>,
+        mut policies: Vec<PolicyEntry>,
+    ) -> Result<Self> {
+        check_name(&name)?;
+        options.check().map_err(Error::Input)?;
+        if policies.is_empty() {
+            return Err(Error::Input("no [[policy]] tables".into()));
+        }
+        let rule = budget_rule.unwrap_or_default();
+        let mut seen: Vec<String> = Vec::new();
+        for p in &mut policies {
+            let args = arg_strings(&p.args);
+            let list = if p.name == "full" {
+                vec![1.0]
+            } else {
+                p.budgets.clone().unwrap_or_else(|| budgets.clone())
+            };
+            if list.is_empty() {
+                return Err(Error::Input(format!(
+                    "policy '{}' has no budgets (give `budgets` in its table or at the top)",
+                    p.name
+                )));
+            }
+            p.specs.clear();
+            for b in list {
+                let spec = PolicySpec::with_rule(&p.name, b, rule, args.clone())?;
+                // The same (policy, parameters, budget) twice would plan the same units twice.
+                let d = spec.describe();
+                if seen.contains(&d) {
+                    return Err(Error::Input(format!(
+                        "policy '{}' at budget {b} is listed twice (same parameters); remove one",
+                        p.name
+                    )));
+                }
+                seen.push(d);
+                p.specs.push(spec);
+            }
+        }
+        Ok(SweepConfig {
+            name,
+            model,
+            options,
+            budget_rule,
+            budgets,
+            policies,
+        })
+    }
+
+    /// A config of policies already parsed (`run`, `fidelity`, a sweep's policy flags): one table
+    /// per spec.
+    pub fn from_specs(
+        name: String,
+        model: ModelFlags,
+        options: StudyOptions,
+        budget_rule: Option<BudgetRule>,
+        specs: &[PolicySpec],
+    ) -> Result<Self> {
+        let tables = specs.iter().map(|s| PolicyEntry::of(s, true)).collect();
+        Self::from_tables(name, model, options, budget_rule, tables)
+    }
+
+    /// A config of tables built from parsed specs ([`PolicyEntry::of`]).
+    pub fn from_tables(
+        name: String,
+        model: ModelFlags,
+        options: StudyOptions,
+        budget_rule: Option<BudgetRule>,
+        policies: Vec<PolicyEntry>,
+    ) -> Result<Self> {
+        check_name(&name)?;
+        options.check().map_err(Error::Input)?;
+        if policies.is_empty() {
+            return Err(Error::Input("no policy to run".into()));
+        }
+        Ok(SweepConfig {
+            name,
+            model,
+            options,
+            budget_rule,
+            budgets: Vec::new(),
+            policies,
+        })
+    }
+
     /// Reads and checks a config file; errors name the file (and the key, from the TOML parser).
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_with(path, &Overrides::default())
+    }
+
+    /// Reads a config file and applies the command line's overrides before its policies are parsed.
+    pub fn load_with(path: &Path, over: &Overrides) -> Result<Self> {
         let text = crate::files::read_text(path, crate::files::CONFIG_LIMIT)?;
         let bad = |e: String| Error::Input(format!("{}: {e}", path.display()));
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        // Split the study options from the sweep's own keys; each part refuses keys it does not know.
-        let mut head = toml::Table::new();
-        for key in ["name", "budgets", "policy"] {
-            if let Some(v) = table.remove(key) {
-                head.insert(key.into(), v);
+        // Split the sweep's own keys and the model's from the study options; each part refuses keys
+        // it does not know.
+        let mut take = |keys: &[&str]| {
+            let mut part = toml::Table::new();
+            for key in keys {
+                if let Some(v) = table.remove(*key) {
+                    part.insert(key.to_string(), v);
+                }
             }
-        }
+            part
+        };
+        let head = take(&["name", "budgets", "budget_rule", "policy"]);
+        let model = take(&ModelFlags::KEYS);
         let head: Head = head
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+        let model: ModelFlags = model
             .try_into()
             .map_err(|e: toml::de::Error| bad(e.to_string()))?;
         let mut options: StudyOptions = table
@@ -124,33 +253,56 @@ impl SweepConfig {
                 options.data = Some(path.parent().unwrap_or(Path::new(".")).join(d));
             }
         }
-        let c = SweepConfig {
-            name: head.name,
-            options,
-            budgets: head.budgets,
-            policies: head.policies,
+        let model = model.overridden_by(&over.model);
+        let options = options.overridden_by(&over.options);
+        let budget_rule = over.policy.budget_rule.or(head.budget_rule);
+        let built = if over.policy.grid_given() {
+            let specs = over
+                .policy
+                .grid(&["full"], budget_rule.unwrap_or_default())?;
+            Self::from_specs(head.name, model, options, budget_rule, &specs)
+        } else {
+            Self::new(
+                head.name,
+                model,
+                options,
+                budget_rule,
+                head.budgets,
+                head.policies,
+            )
         };
-        c.check().map_err(|e| bad(e.to_string()))?;
-        Ok(c)
+        built.map_err(|e| match e {
+            Error::Input(m) => bad(m),
+            other => other,
+        })
     }
 
-    /// Checks the name, the policies and the option ranges.
-    pub fn check(&self) -> Result<()> {
-        check_name(&self.name)?;
-        self.policy_specs()?;
-        self.options.check().map_err(Error::Input)
+    /// The policy tables as written, each with its parsed specs.
+    pub fn policies(&self) -> &[PolicyEntry] {
+        &self.policies
+    }
+
+    pub fn budget_rule(&self) -> BudgetRule {
+        self.budget_rule.unwrap_or_default()
     }
 
     /// The hash a results directory records: everything that decides the results (all but the
-    /// output directory, the batch size and the data file's path), with the identities (content
-    /// hashes) of the model and data files.
+    /// output directory, the batch size, the data file's path and which GPU), with the identities
+    /// (content hashes) of the model and data files.
     pub fn hash(&self, model_id: &str, dataset_id: &str) -> String {
         let mut c = self.clone();
         c.options.out = None;
         c.options.batch_size = None;
         c.options.data = None;
+        c.model.device = None;
+        let mut config = serde_json::to_value(&c).unwrap_or_default();
+        // The device's kind decides the numbers; which GPU of a node does not (shards of one sweep
+        // run on several). The CPU is the default and writes no key, as before devices existed.
+        if let (Some(obj), DeviceSpec::Cuda(_)) = (config.as_object_mut(), self.model.device()) {
+            obj.insert("device".into(), "cuda".into());
+        }
         super::plan::content_id(&serde_json::json!({
-            "config": c,
+            "config": config,
             "model": model_id,
             "dataset": dataset_id,
             "kvbench": env!("CARGO_PKG_VERSION"),
@@ -172,19 +324,12 @@ impl SweepConfig {
     /// base hash). Budgets every table shares stay at the top, so a config extended by a superset of
     /// itself is that superset, and extending is idempotent.
     pub fn extended_by(&self, other: &SweepConfig) -> Result<SweepConfig> {
-        let rule = other.options.budget_rule();
         let mut tables: Vec<PolicyEntry> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for cfg in [self, other] {
             for p in &cfg.policies {
                 let full = p.name == "full";
-                let budgets = if full {
-                    vec![1.0]
-                } else {
-                    p.budgets.clone().unwrap_or_else(|| cfg.budgets.clone())
-                };
-                for b in budgets {
-                    let spec = PolicySpec::with_rule(&p.name, b, rule, arg_strings(&p.args))?;
+                for spec in &p.specs {
                     if !seen.insert(spec.describe()) {
                         continue;
                     }
@@ -198,12 +343,13 @@ impl SweepConfig {
                                 name: p.name.clone(),
                                 budgets: (!full).then(Vec::new),
                                 args: p.args.clone(),
+                                specs: Vec::new(),
                             });
                             tables.len() - 1
                         }
                     };
                     if let Some(list) = tables[i].budgets.as_mut() {
-                        list.push(b);
+                        list.push(spec.budget().value());
                     }
                 }
             }
@@ -222,14 +368,14 @@ impl SweepConfig {
                 t.budgets = None;
             }
         }
-        let merged = SweepConfig {
-            name: other.name.clone(),
-            options: other.options.clone(),
-            budgets: top,
-            policies: tables,
-        };
-        merged.check()?;
-        Ok(merged)
+        SweepConfig::new(
+            other.name.clone(),
+            other.model.clone(),
+            other.options.clone(),
+            other.budget_rule,
+            top,
+            tables,
+        )
     }
 
     /// The config as TOML, for the results directory.
@@ -237,39 +383,13 @@ impl SweepConfig {
         toml::to_string(self).unwrap_or_else(|e| format!("# not representable as TOML: {e}\n"))
     }
 
-    /// Every (policy, budget) of the sweep, parsed and checked. `full` runs once, without a budget.
-    pub fn policy_specs(&self) -> Result<Vec<PolicySpec>> {
-        if self.policies.is_empty() {
-            return Err(Error::Input("no [[policy]] tables".into()));
-        }
-        let mut out: Vec<PolicySpec> = Vec::new();
-        for p in &self.policies {
-            let args = arg_strings(&p.args);
-            let budgets = if p.name == "full" {
-                vec![1.0]
-            } else {
-                p.budgets.clone().unwrap_or_else(|| self.budgets.clone())
-            };
-            if budgets.is_empty() {
-                return Err(Error::Input(format!(
-                    "policy '{}' has no budgets (give `budgets` in its table or at the top)",
-                    p.name
-                )));
-            }
-            for b in budgets {
-                let spec =
-                    PolicySpec::with_rule(&p.name, b, self.options.budget_rule(), args.clone())?;
-                // The same (policy, parameters, budget) twice would plan the same units twice.
-                if out.iter().any(|o| o.describe() == spec.describe()) {
-                    return Err(Error::Input(format!(
-                        "policy '{}' at budget {b} is listed twice (same parameters); remove one",
-                        p.name
-                    )));
-                }
-                out.push(spec);
-            }
-        }
-        Ok(out)
+    /// Every (policy, budget) of the sweep, parsed when the config was built. `full` runs once,
+    /// without a budget.
+    pub fn policy_specs(&self) -> Vec<PolicySpec> {
+        self.policies
+            .iter()
+            .flat_map(|p| p.specs.iter().cloned())
+            .collect()
     }
 }
 
@@ -315,18 +435,9 @@ mod tests {
             "{HEAD}budgets = [128]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"streaming\"\n[[policy]]\nname = \"rkv\"\nargs = {{ buffer = 8 }}\nbudgets = [64, 256]\n"
         ));
         let m = a.extended_by(&b).unwrap();
-        let described: Vec<String> = m
-            .policy_specs()
-            .unwrap()
-            .iter()
-            .map(|s| s.describe())
-            .collect();
+        let described: Vec<String> = m.policy_specs().iter().map(|s| s.describe()).collect();
         let expect = |c: &SweepConfig| -> Vec<String> {
-            c.policy_specs()
-                .unwrap()
-                .iter()
-                .map(|s| s.describe())
-                .collect()
+            c.policy_specs().iter().map(|s| s.describe()).collect()
         };
         for d in expect(&a).iter().chain(expect(&b).iter()) {
             assert_eq!(
@@ -337,7 +448,7 @@ mod tests {
         }
         assert_eq!(described.len(), 4, "{described:?}"); // full, rkv 64/256, streaming 128
                                                          // rkv's budgets differ from streaming's: it keeps its own list; the top holds the union.
-        let rkv = m.policies.iter().find(|p| p.name == "rkv").unwrap();
+        let rkv = m.policies().iter().find(|p| p.name == "rkv").unwrap();
         assert_eq!(rkv.budgets, Some(vec![64.0, 256.0]));
         assert_eq!(m.budgets, vec![64.0, 256.0, 128.0]);
     }

@@ -14,7 +14,6 @@ use crate::results::sample::SampleRecord;
 use crate::results::trace::TraceWriter;
 use crate::sweep::config::SweepConfig;
 use crate::sweep::execute::{execute, ExecOptions, Failure};
-use crate::sweep::options::StudyOptions;
 use crate::sweep::plan::{content_id, Decoding, Plan, WorkUnit};
 use crate::sweep::shard::Shard;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -37,18 +36,17 @@ pub struct Planned {
 
 /// Checks the config, loads the problems, identifies the model file and expands the units.
 pub fn plan(mut cfg: SweepConfig) -> Result<Planned> {
-    cfg.check()?;
-    cfg.options.check().map_err(Error::Input)?;
     // A data path is stored absolute so that the results directory's config names the same file.
     if let Some(d) = &cfg.options.data {
         cfg.options.data = Some(std::path::absolute(d).unwrap_or_else(|_| d.clone()));
     }
-    let specs = cfg.policy_specs()?;
+    let specs = cfg.policy_specs();
     let set = load_problems(&cfg.options)?;
-    let files = resolve(cfg.options.model())?;
+    let files = resolve(cfg.model.model())?;
     let model_id = match &files {
         ModelFiles::Gguf(p) => sha256_file(p)?,
         ModelFiles::HfDir(p) => content_id(&serde_json::json!({ "dir": p.display().to_string() })),
+        ModelFiles::Random(r) => r.id(),
     };
     // The data's identity is its content, wherever the file lies.
     let problems = serde_json::to_value(&set.problems)
@@ -61,7 +59,7 @@ pub fn plan(mut cfg: SweepConfig) -> Result<Planned> {
         max_new_tokens: set.max_new_tokens,
         seed: cfg.options.seed(),
         prompt: cfg.options.prompt(),
-        weights: cfg.options.weights(),
+        weights: cfg.model.weights(),
     };
     let plan = Plan::new(
         specs,
@@ -97,7 +95,7 @@ impl Planned {
             config_hash: hash,
             base_hash: Some(ids.base_hash.clone()),
             kvbench: env!("CARGO_PKG_VERSION").into(),
-            model: cfg.options.model().into(),
+            model: cfg.model.model().into(),
             model_id: ids.model_id.clone(),
             dataset: ids.set.source.clone(),
             dataset_id: ids.dataset_id.clone(),
@@ -141,13 +139,9 @@ impl Planned {
             return Ok(None);
         }
         // The options are this run's (they share the base); only the stored grid is taken.
-        let old_cfg = SweepConfig {
-            options: self.cfg.options.clone(),
-            ..stored
-        };
-        let merged = old_cfg.extended_by(&self.cfg)?;
+        let merged = stored.extended_by(&self.cfg)?;
         let plan = Plan::new(
-            merged.policy_specs()?,
+            merged.policy_specs(),
             self.plan.problems.clone(),
             self.plan.samples,
             self.plan.decoding.clone(),
@@ -194,8 +188,8 @@ impl Planned {
             s,
             "sweep '{}': model {} ({}), data {}, {} problems × {} samples, output {}",
             self.cfg.name,
-            self.cfg.options.model(),
-            self.files.path().display(),
+            self.cfg.model.model(),
+            self.files.describe(),
             self.set.source,
             p.problems.len(),
             p.samples,
@@ -234,15 +228,17 @@ impl Planned {
     }
 }
 
-/// Loads the model a study names, as it asks.
-pub fn load_model(o: &StudyOptions, tokenizer: Option<&Path>) -> Result<Model> {
-    Model::load(
-        o.model(),
+/// Loads the model a study names, from the files its plan resolved and identified (a name is
+/// resolved once), on the device it asks for.
+pub fn load_model(p: &Planned, tokenizer: Option<&Path>) -> Result<Model> {
+    let m = &p.cfg.model;
+    Model::load_files(
+        p.files.clone(),
         &LoadOptions {
-            format: o.weights(),
-            template: o.chat_template,
+            format: m.weights(),
+            template: m.chat_template,
             tokenizer: tokenizer.map(Path::to_path_buf),
-            ..Default::default()
+            device: m.device().open("--device")?,
         },
     )
 }
@@ -298,7 +294,7 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     // Every input is validated before anything is written: the model and its tokenizer load, every
     // prompt fits the context, and ratio budgets find the full run they are resolved from.
     let load_start = std::time::Instant::now();
-    let model = load_model(&p.cfg.options, flags.tokenizer)?;
+    let model = load_model(p, flags.tokenizer)?;
     let load_secs = load_start.elapsed().as_secs_f64();
     let longest_prompt = crate::sweep::execute::check_context(&model, &p.plan)?;
     let per_set = p.plan.units.len() / p.plan.specs.len().max(1);
@@ -399,6 +395,7 @@ fn run_units(
 ) -> Result<Vec<Failure>> {
     let o = &p.cfg.options;
     let template_hash = o.prompt().template_hash(model.template);
+    let device = crate::device::describe(p.cfg.model.device(), model.transformer.device());
     dir.record_provenance(&serde_json::json!({
         "started_unix": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -407,8 +404,8 @@ fn run_units(
         "git_commit": env!("KVBENCH_GIT_COMMIT"),
         "command": std::env::args().collect::<Vec<_>>(),
         "config_hash": p.hash,
-        "model": o.model(),
-        "model_file": p.files.path().display().to_string(),
+        "model": p.cfg.model.model(),
+        "model_file": p.files.describe(),
         "model_sha256": p.model_id,
         "dataset": p.set.source,
         "dataset_id": p.dataset_id,
@@ -417,7 +414,7 @@ fn run_units(
         "template_hash": template_hash,
         "grader": crate::eval::grade::GRADER_VERSION,
         "machine": crate::metrics::machine(),
-        "device": format!("{:?}", LoadOptions::default().device),
+        "device": &device,
         "threads": rayon::current_num_threads(),
         "shard": flags.shard.map(|s| s.to_string()),
         "units": todo.len(),
@@ -474,6 +471,12 @@ fn run_units(
         dataset: p.set.source.clone(),
         fidelity: o.fidelity.unwrap_or(false),
         full_tokens,
+        ignore_eos: o.ignore_eos.unwrap_or(false),
+        engine: crate::results::sample::Engine::current(
+            &device.to_string(),
+            format!("{:?}", p.cfg.model.weights()),
+            o.batch_size(),
+        ),
     };
     let mut done = 0usize;
     let failures = execute(model, &p.plan, todo, &opts, &mut || bar.inc(1), &mut |r| {

@@ -34,7 +34,11 @@ pub fn model(format: WeightFormat) -> Arc<Model> {
 
 /// The default model's GGUF path.
 pub fn gguf_path() -> std::path::PathBuf {
-    model(WeightFormat::Native).files.path().to_path_buf()
+    model(WeightFormat::Native)
+        .files
+        .path()
+        .expect("the test model is a file")
+        .to_path_buf()
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -1,0 +1,177 @@
+//! The device flag and random-weight models (issue 39), on the CPU: `--device cuda` where CUDA is
+//! missing fails in one line with exit 2 and writes nothing; a random model's records and reports say
+//! they carry no accuracy; `--ignore-eos` decodes exactly the limit; a random model exported as a
+//! Hugging Face checkpoint runs to the same logits and tokens as the model itself; the shared policy
+//! flags refuse a list where one policy is run.
+
+mod common;
+
+use common::{kvbench, ok};
+use std::path::PathBuf;
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvbench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_on_a_build_without_it_fails_in_one_line_and_writes_nothing() {
+    let out_dir = temp("cuda-refused");
+    let out = kvbench(&[
+        "run",
+        "--model",
+        "random:tiny",
+        "--device",
+        "cuda",
+        "--limit",
+        "1",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let error_lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(error_lines.len(), 1, "{err}");
+    assert!(
+        error_lines[0].contains("--device cuda:0") && error_lines[0].contains("without CUDA"),
+        "{err}"
+    );
+    assert!(!out_dir.exists(), "nothing may be written");
+
+    // The same from a sweep config's `device` key, and for the benchmarks.
+    let dir = temp("cuda-config");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        "name = \"c\"\nmodel = \"random:tiny\"\ndevice = \"cuda:1\"\nlimit = 1\n[[policy]]\nname = \"full\"\n",
+    )
+    .unwrap();
+    let results = dir.join("results");
+    let out = kvbench(&[
+        "sweep",
+        cfg.to_str().unwrap(),
+        "--out",
+        results.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cuda:1"));
+    assert!(!results.exists());
+    for cmd in ["perf", "scaling", "forward"] {
+        let out = kvbench(&[cmd, "--model", "random:tiny", "--device", "cuda"]);
+        assert_eq!(out.status.code(), Some(2), "{cmd}");
+    }
+    let out = kvbench(&["run", "--device", "gpu0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cuda:N"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
+    let out_dir = temp("random-run");
+    let stdout = ok(&kvbench(&[
+        "run",
+        "--model",
+        "random:tiny@3",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--ignore-eos",
+        "--policy",
+        "streaming",
+        "--budget",
+        "16",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]));
+    assert!(
+        stdout.contains("accuracy: none: the weights are random"),
+        "{stdout}"
+    );
+    let records = kvbench::results::sample::read_records(&out_dir.join("samples.jsonl")).unwrap();
+    assert_eq!(records.len(), 4, "two problems, the policy and full");
+    for r in &records {
+        assert!(r.random_weights);
+        assert_eq!(r.tokens, 24, "--ignore-eos decodes to the limit");
+        let e = r.engine.as_ref().expect("records name their engine");
+        assert_eq!(e.kvbench, env!("CARGO_PKG_VERSION"));
+        assert!(e.device.starts_with("cpu"));
+        assert_eq!(e.batch_size, 8);
+    }
+    let report = ok(&kvbench(&["report", out_dir.to_str().unwrap()]));
+    assert!(report.contains("n/a (random weights)"), "{report}");
+    assert!(report.contains("carry no accuracy"), "{report}");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+fn forward(model: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "forward",
+        "--model",
+        model,
+        "--tokens",
+        "24",
+        "--token-seed",
+        "5",
+        "--generate",
+        "12",
+    ];
+    args.extend(extra);
+    serde_json::from_str(&ok(&kvbench(&args))).unwrap()
+}
+
+#[test]
+fn an_exported_random_model_runs_as_the_model_itself() {
+    let dir = temp("export");
+    ok(&kvbench(&[
+        "models",
+        "--export",
+        "random:tiny@9",
+        dir.to_str().unwrap(),
+    ]));
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(dir.join(f).is_file(), "{f}");
+    }
+    // The same weights through the safetensors loader: the same logits' argmax and greedy tokens.
+    let direct = forward("random:tiny@9", &[]);
+    let exported = forward(dir.to_str().unwrap(), &[]);
+    assert_eq!(direct["prompt"], exported["prompt"]);
+    assert_eq!(direct["argmax"], exported["argmax"]);
+    assert_eq!(direct["generated"], exported["generated"]);
+    assert_eq!(direct["random_weights"], true);
+    assert_eq!(exported["random_weights"], false);
+    // Another seed is another model.
+    let other = forward("random:tiny@10", &[]);
+    assert_ne!(direct["argmax"], other["argmax"]);
+    // Exporting into a directory that is not empty is refused, and writes nothing.
+    let out = kvbench(&["models", "--export", "random:tiny@9", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn policies_run_on_random_models_and_lists_are_refused_where_one_policy_runs() {
+    let g = forward("random:tiny", &["--policy", "h2o", "--budget", "8"]);
+    assert_eq!(g["generated"].as_array().unwrap().len(), 12);
+    assert!(g["policy"].as_str().unwrap().starts_with("h2o budget=8"));
+    for cmd in ["run", "forward"] {
+        let out = kvbench(&[
+            cmd,
+            "--model",
+            "random:tiny",
+            "--policy",
+            "rkv,h2o",
+            "--budget",
+            "64",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("one policy"));
+    }
+    let out = kvbench(&["run", "--model", "random:nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("r1-distill-qwen-7b"));
+}

@@ -99,6 +99,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             shards: args.shards,
             concurrency: args.concurrency,
             full_first: p.plan.needs_full_mean(),
+            gpu: !p.cfg.model.device().is_cpu(),
         })
         .map_err(super::UsageError)?;
         print!("{script}");

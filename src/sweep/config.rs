@@ -454,6 +454,22 @@ mod tests {
     }
 
     #[test]
+    fn the_hash_sees_the_device_kind_but_not_which_gpu() {
+        let cpu = config(&format!("{HEAD}budgets = [64]\n[[policy]]\nname = \"rkv\"\n"));
+        let explicit = config(&format!(
+            "{HEAD}device = \"cpu\"\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+        ));
+        let gpu = |n: usize| {
+            config(&format!(
+                "{HEAD}device = \"cuda:{n}\"\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+            ))
+        };
+        assert_eq!(cpu.hash("m", "d"), explicit.hash("m", "d"));
+        assert_eq!(gpu(0).hash("m", "d"), gpu(3).hash("m", "d"));
+        assert_ne!(cpu.hash("m", "d"), gpu(0).hash("m", "d"));
+    }
+
+    #[test]
     fn the_base_hash_still_sees_every_setting_but_the_grid() {
         let a = config(&format!(
             "{HEAD}budgets = [64]\n[[policy]]\nname = \"rkv\"\n"

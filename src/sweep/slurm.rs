@@ -18,6 +18,9 @@ pub struct SlurmJob<'a> {
     /// Run the full-cache units first, as their own array, and the policies' array after it
     /// succeeded (ratio budgets are resolved from the full run).
     pub full_first: bool,
+    /// The sweep runs on a GPU: each array task asks for one (`--gres=gpu:1`) and runs on the one
+    /// Slurm gives it (`--device cuda:0`: Slurm makes it the task's only visible GPU).
+    pub gpu: bool,
 }
 
 /// Quotes a string for a POSIX shell.
@@ -54,11 +57,13 @@ pub fn script(job: &SlurmJob<'_>) -> Result<String, String> {
 #!/usr/bin/env bash
 #SBATCH --job-name=kvbench-{name}{suffix}
 #SBATCH --array=1-{n}%{k}
-#SBATCH --output={out}/slurm-%A_%a.out
+#SBATCH --output={out}/slurm-%A_%a.out{gres}
 set -euo pipefail
-exec {kvbench} sweep {config} --out {out_q} --shard "${{SLURM_ARRAY_TASK_ID}}/{n}"{phase_flag}
+exec {kvbench} sweep {config} --out {out_q} --shard "${{SLURM_ARRAY_TASK_ID}}/{n}"{phase_flag}{device}
 SLURM
 )"#,
+            gres = if job.gpu { "\n#SBATCH --gres=gpu:1" } else { "" },
+            device = if job.gpu { " --device cuda:0" } else { "" },
             suffix = if phase.is_empty() {
                 String::new()
             } else {
@@ -120,6 +125,7 @@ mod tests {
             shards: 16,
             concurrency: 4,
             full_first: false,
+            gpu: false,
         };
         let s = script(&job).unwrap();
         assert!(s.contains("#SBATCH --array=1-16%4"));
@@ -143,5 +149,10 @@ mod tests {
         assert!(full < policies);
         assert!(s.contains("--dependency=\"afterok:${full_job%%;*}\""));
         assert!(s.contains("afterany:${array_job%%;*}"));
+        assert!(!s.contains("--gres"));
+        // On GPUs: one per array task, the task's only visible one.
+        let s = script(&SlurmJob { gpu: true, ..job }).unwrap();
+        assert_eq!(s.matches("#SBATCH --gres=gpu:1").count(), 1);
+        assert!(s.contains("/16\" --device cuda:0"));
     }
 }

@@ -3,6 +3,7 @@
 //! runs only those.
 
 use clap::Args;
+use kvbench::report::pairs::RowSelector;
 use kvbench::report::{collect, plot, resume_command, summarize, table};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,11 @@ pub struct ReportArgs {
     /// Tables only, no plots.
     #[arg(long)]
     pub no_plots: bool,
+    /// Compare two rows problem by problem, `A,B` with each `POLICY@BUDGET` or `full` (repeatable):
+    /// Δ pass@1 of B over A with its paired bootstrap interval, the problems only one solved, and
+    /// the exact McNemar p. Written to pairs.md, pairs.csv and pairs.json.
+    #[arg(long, value_name = "A,B")]
+    pub pair: Vec<String>,
 }
 
 fn default_dirs() -> anyhow::Result<Vec<PathBuf>> {
@@ -53,6 +59,17 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     } else {
         args.dirs.clone()
     };
+    let pairs: Vec<(RowSelector, RowSelector)> = args
+        .pair
+        .iter()
+        .map(|p| match p.split_once(',') {
+            Some((a, b)) => Ok((RowSelector::parse(a)?, RowSelector::parse(b)?)),
+            None => Err(super::UsageError(format!(
+                "--pair {p}: expected two rows, A,B (e.g. rkv@256,streaming@256)"
+            ))
+            .into()),
+        })
+        .collect::<anyhow::Result<_>>()?;
     let c = collect(&dirs)?;
     if c.records.is_empty() && c.missing.is_empty() {
         return Err(super::UsageError(format!(
@@ -67,6 +84,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let summary = summarize(&c.records);
     let md = table::markdown(&summary);
     print!("{md}");
+    let pair_rows = kvbench::report::pairs::compare(&c.records, &pairs)?;
     let out = args.out.clone().unwrap_or_else(|| match dirs.as_slice() {
         [one] => one.join("report"),
         _ => PathBuf::from("results").join("report"),
@@ -81,6 +99,24 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         out.join("report.csv"),
         out.join("report.json"),
     ];
+    if !pair_rows.is_empty() {
+        let pmd = kvbench::report::pairs::markdown(&pair_rows);
+        println!("\n{pmd}");
+        write_atomic(
+            &out.join("pairs.md"),
+            &format!("# kvbench pairs: {}\n\n{pmd}", summary.subject()),
+        )?;
+        let mut w = csv::Writer::from_writer(Vec::new());
+        for r in &pair_rows {
+            w.serialize(kvbench::report::pairs::FlatPair::from(r))?;
+        }
+        write_atomic(&out.join("pairs.csv"), &String::from_utf8(w.into_inner()?)?)?;
+        write_atomic(
+            &out.join("pairs.json"),
+            &serde_json::to_string_pretty(&pair_rows)?,
+        )?;
+        files.extend(["pairs.md", "pairs.csv", "pairs.json"].map(|f| out.join(f)));
+    }
     if !args.no_plots && !summary.rows.is_empty() {
         files.extend(plot::summary_plots(&summary, &out)?);
         let subject = summary.subject();

@@ -8,6 +8,7 @@
 //! columns use the machine with the most records and the report says so.
 
 pub mod paired;
+pub mod pairs;
 pub mod plot;
 pub mod table;
 
@@ -585,7 +586,7 @@ pub fn resume_command(dir: &Path) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::results::sample::SampleMetrics;
 
@@ -598,7 +599,7 @@ mod tests {
         assert_eq!(s.subject(), "no finished samples yet");
     }
 
-    fn record(
+    pub(crate) fn record(
         policy: &str,
         problem: &str,
         correct: bool,

@@ -455,7 +455,9 @@ mod tests {
 
     #[test]
     fn the_hash_sees_the_device_kind_but_not_which_gpu() {
-        let cpu = config(&format!("{HEAD}budgets = [64]\n[[policy]]\nname = \"rkv\"\n"));
+        let cpu = config(&format!(
+            "{HEAD}budgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+        ));
         let explicit = config(&format!(
             "{HEAD}device = \"cpu\"\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n"
         ));

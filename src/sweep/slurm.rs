@@ -62,7 +62,11 @@ set -euo pipefail
 exec {kvbench} sweep {config} --out {out_q} --shard "${{SLURM_ARRAY_TASK_ID}}/{n}"{phase_flag}{device}
 SLURM
 )"#,
-            gres = if job.gpu { "\n#SBATCH --gres=gpu:1" } else { "" },
+            gres = if job.gpu {
+                "\n#SBATCH --gres=gpu:1"
+            } else {
+                ""
+            },
             device = if job.gpu { " --device cuda:0" } else { "" },
             suffix = if phase.is_empty() {
                 String::new()

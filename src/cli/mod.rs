@@ -35,7 +35,7 @@ enum Command {
     /// speed and KV memory, stored in a results directory.
     Run(Box<run::RunArgs>),
     /// Benchmark the engine: prefill and decode throughput at several batch sizes, and peak RSS.
-    Perf(perf::PerfArgs),
+    Perf(Box<perf::PerfArgs>),
     /// Memory scaling: KV bytes, policy state and resident memory against generated length, per policy.
     Scaling(Box<scaling::ScalingArgs>),
     /// List the compression policies with every parameter and its default.
@@ -97,7 +97,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         }
         Command::Perf(args) => {
             kvbench::init_threads(args.runtime.threads);
-            perf::run(args)
+            perf::run(*args)
         }
         Command::Scaling(args) => {
             kvbench::init_threads(args.runtime.threads);

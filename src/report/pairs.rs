@@ -137,6 +137,9 @@ pub fn mcnemar_exact(b: usize, c: usize) -> f64 {
     (2.0 * tail).min(1.0)
 }
 
+/// The records of each side of a pair.
+type Sides<'a> = (Vec<&'a SampleRecord>, Vec<&'a SampleRecord>);
+
 /// Compares every pair of selected rows, per model and dataset that has both; a selector that matches
 /// no record, or two rows of different parameters, is an error naming it.
 pub fn compare(
@@ -146,8 +149,7 @@ pub fn compare(
     let mut out = Vec::new();
     for (a, b) in pairs {
         // Per (model, dataset): the records of each side.
-        let mut sides: BTreeMap<(String, String), (Vec<&SampleRecord>, Vec<&SampleRecord>)> =
-            BTreeMap::new();
+        let mut sides: BTreeMap<(String, String), Sides<'_>> = BTreeMap::new();
         for r in records {
             let key = (r.model.clone(), dataset_identity(&r.dataset));
             if a.matches(r) {

@@ -102,6 +102,15 @@ fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
         assert!(e.device.starts_with("cpu"));
         assert_eq!(e.batch_size, 8);
     }
+    // The config this stage ran with is kept verbatim, and the provenance line names it.
+    let prov = std::fs::read_to_string(out_dir.join("provenance.jsonl")).unwrap();
+    let line: serde_json::Value = serde_json::from_str(prov.lines().last().unwrap()).unwrap();
+    let kept = out_dir.join(line["stage_config"].as_str().unwrap());
+    let text = std::fs::read_to_string(&kept).unwrap();
+    assert!(
+        text.contains("random:tiny@3") && text.contains("ignore_eos = true"),
+        "{text}"
+    );
     let report = ok(&kvbench(&["report", out_dir.to_str().unwrap()]));
     assert!(report.contains("n/a (random weights)"), "{report}");
     assert!(report.contains("carry no accuracy"), "{report}");

@@ -214,6 +214,23 @@ impl ResultsDir {
         append_line(&self.path.join("provenance.jsonl"), &value.to_string())
     }
 
+    /// Keeps the config a run wrote into this directory with, verbatim, as `configs/HASH.toml`
+    /// (once per config hash): `config.toml` is the union a directory grew into; these are the
+    /// stages it grew by. Returns the file's path relative to the directory.
+    pub fn keep_stage_config(&self, hash: &str, toml: &str) -> Result<String> {
+        let rel = format!("configs/{hash}.toml");
+        let path = self.path.join(&rel);
+        if !path.exists() {
+            let dir = self.path.join("configs");
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            let mut f = AtomicFile::create(&path)?;
+            f.write_all(toml.as_bytes())
+                .map_err(|e| Error::io(&path, e))?;
+            f.commit()?;
+        }
+        Ok(rel)
+    }
+
     /// This process's samples file.
     pub fn samples_path(&self) -> PathBuf {
         match self.shard {

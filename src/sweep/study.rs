@@ -396,6 +396,7 @@ fn run_units(
     let o = &p.cfg.options;
     let template_hash = o.prompt().template_hash(model.template);
     let device = crate::device::describe(p.cfg.model.device(), model.transformer.device());
+    let stage_config = dir.keep_stage_config(&p.hash, &p.config_toml())?;
     dir.record_provenance(&serde_json::json!({
         "started_unix": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -404,6 +405,7 @@ fn run_units(
         "git_commit": env!("KVBENCH_GIT_COMMIT"),
         "command": std::env::args().collect::<Vec<_>>(),
         "config_hash": p.hash,
+        "stage_config": stage_config,
         "model": p.cfg.model.model(),
         "model_file": p.files.describe(),
         "model_sha256": p.model_id,

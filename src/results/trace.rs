@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(back.len(), events.len());
         // Lines come back grouped by step (whole lists, then changes); compare as sets of events.
         let mut back = back;
-        let mut events = events;
+
         back.sort_by_key(|l| (l.generated, l.layer, l.head));
         events.sort_by_key(|e| (e.generated, e.layer, e.head));
         for (l, e) in back.iter().zip(&events) {

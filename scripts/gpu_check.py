@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""kvbench's GPU checks in one prepared run (issue 39), for a machine with an H100, no network and
+no Rust: a `cuda` build of kvbench (scripts/build_cuda.sh, carried there), PyTorch and transformers.
+
+Writes OUT/gpu_check.json after every step, so a run cut short keeps what it measured:
+
+1. env: the GPU, driver, library versions, and what the kvbench binary links.
+2. cpu_vs_gpu: one random-weight model (same seed) on both devices: teacher-forced logits over 256
+   tokens (max and mean absolute difference, top-1 agreement) and greedy tokens under full, rkv,
+   snapkv and h2o (first divergence).
+3. vs_transformers: a random Qwen2 model at DeepSeek-R1-Distill-Qwen-1.5B's shapes, exported once as
+   safetensors by kvbench and loaded by both kvbench and transformers (bf16, sdpa): teacher-forced
+   logits over 256 tokens and the first greedy divergence.
+4. speed_kvbench / speed_transformers: R1-Distill-Qwen-7B shapes (random weights, bf16): prefill of
+   1,024 tokens; decoding after a 1,024-token prompt at batch 1, 8 and 32 (full; rkv and snapkv at
+   B = 1,024 at batch 32); device memory; transformers' generate at the same shapes and batches.
+5. long_outputs: at an 8K-token context, full against rkv at B = 1,024: the largest batch whose KV
+   cache fits the GPU and its decode throughput.
+
+Each step has a time allowance; what would run past the deadline is recorded as skipped. Scratch
+files (logits, exported weights) go to a scratch folder, never to OUT (its files travel back).
+
+`--quick` shrinks every shape and length for a dry run on a CPU machine (`--device cpu`): the same
+code paths, in a minute or two.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.time()
+
+
+def now():
+    return time.time() - STARTED
+
+
+class Check:
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(args.scratch)
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.results = {
+            "device": args.device,
+            "quick": args.quick,
+            "deadline_s": args.deadline,
+            "steps": {},
+        }
+
+    def save(self):
+        path = self.out / "gpu_check.json"
+        tmp = path.with_suffix(".partial")
+        tmp.write_text(json.dumps(self.results, indent=2, default=str))
+        tmp.replace(path)
+
+    def kv(self, *argv, timeout=None, check=True):
+        """Runs kvbench; returns its standard output."""
+        cmd = [self.args.kvbench, *map(str, argv)]
+        left = self.args.deadline - now()
+        timeout = min(timeout or left, max(left, 1))
+        t = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        log = self.results.setdefault("commands", [])
+        log.append({"cmd": " ".join(cmd), "rc": p.returncode, "secs": round(time.time() - t, 1)})
+        if check and p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-2000:]}")
+        return p.stdout
+
+    def step(self, name, allowance, fn):
+        """Runs one step if `allowance` seconds are left before the deadline."""
+        left = self.args.deadline - now()
+        if left < allowance:
+            self.results["steps"][name] = {"skipped": f"{left:.0f} s left, the step needs about {allowance}"}
+            self.save()
+            return
+        t = time.time()
+        try:
+            self.results["steps"][name] = fn()
+        except Exception as e:  # record and go on: later steps are independent
+            self.results["steps"][name] = {"error": f"{type(e).__name__}: {e}"[-3000:]}
+        self.results["steps"][name]["secs"] = round(time.time() - t, 1)
+        print(f"[{now():6.0f} s] {name}: {json.dumps(self.results['steps'][name])[:400]}", flush=True)
+        self.save()
+
+
+def compare_logits(a_path, b_path):
+    """Max and mean absolute difference of two `logits` tensors, their scale, top-1 agreement."""
+    import torch
+    from safetensors.torch import load_file
+
+    a = load_file(str(a_path))["logits"].float()
+    b = load_file(str(b_path))["logits"].float() if isinstance(b_path, (str, Path)) else b_path.float().cpu()
+    diff = (a - b).abs()
+    top1 = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    return {
+        "positions": a.shape[0],
+        "vocab": a.shape[1],
+        "max_abs_diff": diff.max().item(),
+        "mean_abs_diff": diff.mean().item(),
+        "logit_std": a.std().item(),
+        "top1_agreement": top1,
+        "first_top1_disagreement": next(
+            (i for i, (x, y) in enumerate(zip(a.argmax(-1).tolist(), b.argmax(-1).tolist())) if x != y), None
+        ),
+    }
+
+
+def first_divergence(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def env(c):
+    info = {"python": sys.version.split()[0]}
+    try:
+        info["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        ).stdout.strip()
+    except Exception as e:
+        info["nvidia_smi"] = f"unavailable: {e}"
+    for mod in ["torch", "transformers", "safetensors"]:
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception as e:
+            info[mod] = f"missing: {e}"
+    info["kvbench"] = c.kv("--version").strip()
+    ldd = subprocess.run(["ldd", c.args.kvbench], capture_output=True, text=True).stdout
+    info["missing_libraries"] = [l.strip() for l in ldd.splitlines() if "not found" in l]
+    info["cpu"] = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo"], capture_output=True, text=True).stdout.strip()
+    return info
+
+
+def cpu_vs_gpu(c):
+    q = c.args.quick
+    model = "random:tiny" if q else "random:qwen2.5-coder-0.5b"
+    threads = str(min(os.cpu_count() or 1, 16))
+    # On a CPU-only dry run the second "device" is the same CPU with f32 weights: the code path runs.
+    other = ["--device", c.args.device] if c.args.device != "cpu" else ["--device", "cpu", "--weights", "f32"]
+    res = {"model": model, "tokens": 256}
+    files = {}
+    for name, dev in [("cpu", ["--device", "cpu", "--threads", threads]), ("gpu", other)]:
+        files[name] = c.scratch / f"logits-{name}.safetensors"
+        c.kv("forward", "--model", model, *dev, "--tokens", 256, "--token-seed", 1,
+             "--logits", files[name], "--json", c.scratch / f"fwd-{name}.json")
+    res["logits"] = compare_logits(files["cpu"], files["gpu"])
+    res["top1_ok"] = res["logits"]["top1_agreement"] >= 0.99
+    greedy = {}
+    new = 32 if q else 96
+    for policy in ["full", "rkv", "snapkv", "h2o"]:
+        budget = [] if policy == "full" else ["--budget", 64]
+        outs = {}
+        for name, dev in [("cpu", ["--device", "cpu", "--threads", threads]), ("gpu", other)]:
+            path = c.scratch / f"greedy-{policy}-{name}.json"
+            c.kv("forward", "--model", model, *dev, "--tokens", 128, "--token-seed", 3, "--generate", new,
+                 "--policy", policy, *budget, "--json", path)
+            outs[name] = json.loads(path.read_text())["generated"]
+        greedy[policy] = {"tokens": new, "first_divergence": first_divergence(outs["cpu"], outs["gpu"])}
+    res["greedy"] = greedy
+    for f in files.values():
+        f.unlink(missing_ok=True)
+    return res
+
+
+def transformers_device(c):
+    return "cuda" if c.args.device.startswith("cuda") else "cpu"
+
+
+def vs_transformers(c):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    q = c.args.quick
+    name = "random:tiny" if q else "random:r1-distill-qwen-1.5b"
+    ckpt = c.scratch / "hf-checkpoint"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    c.kv("models", "--export", name, ckpt)
+    kv_logits = c.scratch / "logits-kv.safetensors"
+    kv_json = c.scratch / "fwd-kv.json"
+    new = 16 if q else 64
+    c.kv("forward", "--model", ckpt, "--device", c.args.device, "--tokens", 256, "--token-seed", 2,
+         "--generate", new, "--logits", kv_logits, "--json", kv_json)
+    fwd = json.loads(kv_json.read_text())
+    dev = transformers_device(c)
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.bfloat16, attn_implementation="sdpa").to(dev)
+    model.eval()
+    ids = torch.tensor([fwd["prompt"]], device=dev)
+    with torch.no_grad():
+        hf_logits = model(ids).logits[0]
+    res = {"model": name, "checkpoint": "exported by kvbench models --export (bf16 safetensors)"}
+    res["logits"] = compare_logits(kv_logits, hf_logits)
+    with torch.no_grad():
+        gen = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, num_beams=1)
+    hf_new = gen[0, ids.shape[1]:].tolist()
+    res["greedy"] = {"tokens": new, "first_divergence": first_divergence(fwd["generated"], hf_new)}
+    del model
+    kv_logits.unlink(missing_ok=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return res
+
+
+def speed_shapes(c):
+    q = c.args.quick
+    return {
+        "model": "random:tiny" if q else "random:r1-distill-qwen-7b",
+        "prompt": 64 if q else 1024,
+        "decode": 16 if q else c.args.decode_tokens,
+        "batches": [1, 2] if q else [1, 8, 32],
+        "budget": 32 if q else 1024,
+    }
+
+
+def speed_kvbench(c):
+    s = speed_shapes(c)
+    res = {"shapes": s}
+    full = c.out / "perf_full.json"
+    c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
+         "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch",
+         ",".join(map(str, s["batches"])), "--policy", "full", "--warmup", 1, "--warmup-tokens", 16, "--repeats", 1,
+         "--export-json", full)
+    res["full"] = json.loads(full.read_text())
+    comp = c.out / "perf_compressed.json"
+    c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
+         "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch",
+         s["batches"][-1], "--policy", "rkv,snapkv", "--budget", s["budget"], "--warmup", 1,
+         "--warmup-tokens", 16, "--repeats", 1, "--export-json", comp)
+    res["compressed"] = json.loads(comp.read_text())
+    return res
+
+
+def hf_config(c):
+    """The config of the speed shapes, as transformers reads it (R1-Distill-Qwen-7B's config.json)."""
+    from transformers import Qwen2Config
+
+    if c.args.quick:
+        return Qwen2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=4096, max_position_embeddings=4096)
+    return Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=131072,
+                       rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
+
+
+def speed_transformers(c):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    s = speed_shapes(c)
+    dev = transformers_device(c)
+    cfg = hf_config(c)
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.eval()
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    res = {"shapes": s, "attention": "sdpa", "dtype": "bfloat16", "rows": []}
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for b in s["batches"]:
+        ids = torch.randint(0, cfg.vocab_size, (b, s["prompt"]), generator=gen).to(dev)
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm-up
+            if dev == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            sync()
+            t = time.time()
+            model(ids)
+            sync()
+            prefill = time.time() - t
+            t = time.time()
+            model.generate(ids, max_new_tokens=s["decode"], min_new_tokens=s["decode"], do_sample=False)
+            sync()
+            total = time.time() - t
+        decode = max(total - prefill, 1e-9)
+        res["rows"].append({
+            "batch": b,
+            "prefill_tokens_per_s": b * s["prompt"] / prefill,
+            "decode_tokens_per_s": b * (s["decode"] - 1) / decode,
+            "end_to_end_s": total,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated() if dev == "cuda" else None,
+        })
+        print(f"  transformers batch {b}: {res['rows'][-1]}", flush=True)
+    del model
+    return res
+
+
+def long_outputs(c):
+    q = c.args.quick
+    context = 256 if q else 8192
+    budget = 32 if q else 1024
+    if c.args.device == "cpu":
+        limit_mib = 256
+    else:
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        weights = 15.2 * 2**30  # R1-Distill-Qwen-7B in bf16
+        limit_mib = max((free - weights - 6 * 2**30) / 2**20, 1024)
+    path = c.out / "perf_long.json"
+    c.kv("perf", "--model", speed_shapes(c)["model"], "--device", c.args.device, "--prompt-tokens", 16,
+         "--decode-prompt-tokens", context, "--decode-tokens", 16 if q else 64, "--batch", 1,
+         "--policy", "full,rkv", "--budget", budget, "--mem-limit", f"{limit_mib:.0f}", "--warmup", 1,
+         "--warmup-tokens", 4, "--repeats", 1, "--no-bandwidth", "--export-json", path)
+    doc = json.loads(path.read_text())
+    fits = [r for r in doc["rows"] if r["measurement"].get("fits_mem_limit")]
+    res = {"context": context, "budget": budget, "kv_limit_mib": limit_mib, "largest_batches": fits}
+    rate = {r["measurement"]["policy"].split()[0]: r["tokens_per_s_median"] for r in fits}
+    if rate.get("full") and rate.get("rkv"):
+        res["rkv_over_full_throughput"] = rate["rkv"] / rate["full"]
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kvbench", default="target/cuda/kvbench")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-check"))
+    ap.add_argument("--scratch", default="/tmp/gpu-check-scratch")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--deadline", type=float, default=450, help="seconds for all steps")
+    ap.add_argument("--decode-tokens", type=int, default=256, help="decode length of the speed steps")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes: a dry run on a CPU machine")
+    ap.add_argument("--steps", default="env,cpu_vs_gpu,vs_transformers,speed_kvbench,speed_transformers,long_outputs")
+    args = ap.parse_args()
+    c = Check(args)
+    plan = {
+        "env": (5, env),
+        "cpu_vs_gpu": (60, cpu_vs_gpu),
+        "vs_transformers": (60, vs_transformers),
+        "speed_kvbench": (90, speed_kvbench),
+        "speed_transformers": (60, speed_transformers),
+        "long_outputs": (45, long_outputs),
+    }
+    for name in args.steps.split(","):
+        allowance, fn = plan[name]
+        c.step(name, 2 if args.quick else allowance, lambda fn=fn: fn(c))
+    c.results["total_s"] = round(now(), 1)
+    c.save()
+    shutil.rmtree(c.scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -101,13 +101,11 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
             super::check_output_dir(flag, p)?;
         }
     }
-    let spec = args
-        .policy
-        .single("full", "forward")?
-        .resolve(args.generate.max(1) as f64)?;
+    let spec = args.policy.single("full", "forward")?;
     let model = super::load_model(&args.model, &args.runtime)?;
     let t = &model.transformer;
     let ids = prompt(&args, t.config.vocab_size)?;
+    let spec = spec.resolve(args.generate.max(1) as f64, ids.len() as f64)?;
     model.check_fits(ids.len(), args.generate, "--tokens and --generate")?;
     let device = kvbench::device::describe(args.model.device(), t.device());
     let (logits, logits_secs) = logits(t, &ids)?;

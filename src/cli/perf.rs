@@ -192,7 +192,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         .policy
         .grid(&["full"], args.policy.rule())?
         .iter()
-        .map(|s| s.resolve(args.decode_tokens as f64))
+        .map(|s| s.resolve(args.decode_tokens as f64, args.decode_prompt_tokens as f64))
         .collect::<kvbench::Result<Vec<PolicySpec>>>()?;
     let load_start = Instant::now();
     let model = super::load_model(&args.model, &args.runtime)?;

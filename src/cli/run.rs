@@ -266,6 +266,10 @@ fn print_kv(records: &[&SampleRecord], spec: &PolicySpec) {
             .find_map(|r| r.budget_entries.zip(r.full_mean_tokens));
         if let Some((b, full_mean)) = resolved {
             println!("resolved: B = {b} entries per layer and KV head (the full run's mean generation length: {full_mean:.1} tokens)");
+        } else if let (kvbench::policy::Budget::Held(_), Some(b)) =
+            (spec.budget(), records.iter().find_map(|r| r.budget_entries))
+        {
+            println!("the policy's own budget for that: B = {b} entries per layer and KV head after a compression");
         }
     }
     println!(

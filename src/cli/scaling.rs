@@ -91,7 +91,7 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     specs.sort_by_key(|s| s.name() == "full");
     let longest_length = *lengths.last().unwrap_or(&1);
     for s in specs.iter_mut() {
-        *s = s.resolve(longest_length as f64)?;
+        *s = s.resolve(longest_length as f64, args.prompt_tokens as f64)?;
     }
     let model = super::load_model(&args.model, &args.runtime)?;
     model.check_fits(

@@ -11,6 +11,13 @@
 //!   compression at most `⌈r × tokens seen so far⌉` entries. Its curves are not comparable with the
 //!   papers'.
 //!
+//! - Under the rule `held` a budget `B > 1` is the number of entries a layer and KV head holds on
+//!   average over the generation (time-averaged), so that policies with different holding patterns
+//!   compare at equal memory: each policy translates it into its own nominal budget from its known
+//!   pattern (a policy that compresses every `buffer` tokens holds between its nominal budget and that
+//!   plus `buffer`, so its nominal budget is `B − buffer/2`; Kara, whose holding grows with the output,
+//!   takes `ρ` from the full run's mean lengths), see [`crate::policy::PolicySpec`].
+//!
 //! Either way a policy never goes below its always-kept set (its observation window, its sink
 //! tokens): that floor is part of the policy's declared bound, and so is its buffer. The engine checks
 //! the bound after every step and fails loudly when a policy holds more.
@@ -41,6 +48,8 @@ pub enum BudgetRule {
     Ratio,
     /// At most `⌈r × tokens seen⌉` after each compression: the cache grows with the trace.
     Seen,
+    /// `B` entries held per layer and KV head on average over the generation (equal memory).
+    Held,
 }
 
 /// A KV budget as the user wrote it, or resolved.
@@ -52,6 +61,8 @@ pub enum Budget {
     Ratio(f64),
     /// A fraction of the tokens seen so far (rule `seen`).
     Seen(f64),
+    /// Entries held on average (rule `held`), before the policy translates it to its own budget.
+    Held(usize),
 }
 
 impl Budget {
@@ -63,10 +74,13 @@ impl Budget {
             )));
         }
         if value <= 1.0 {
-            return Ok(match rule {
-                BudgetRule::Ratio => Budget::Ratio(value),
-                BudgetRule::Seen => Budget::Seen(value),
-            });
+            return match rule {
+                BudgetRule::Ratio => Ok(Budget::Ratio(value)),
+                BudgetRule::Seen => Ok(Budget::Seen(value)),
+                BudgetRule::Held => Err(Error::Input(format!(
+                    "--budget {value}: under --budget-rule held the budget is the number of entries held on average per layer and KV head (above 1)"
+                ))),
+            };
         }
         if value.fract() != 0.0 {
             return Err(Error::Input(format!(
@@ -78,7 +92,10 @@ impl Budget {
                 "--budget {value}: at most {MAX_ENTRIES} entries per layer and KV head"
             )));
         }
-        Ok(Budget::Entries(value as usize))
+        Ok(match rule {
+            BudgetRule::Held => Budget::Held(value as usize),
+            _ => Budget::Entries(value as usize),
+        })
     }
 
     /// Entries a policy may keep after compressing a sequence that has seen `seen` tokens. An
@@ -88,7 +105,7 @@ impl Budget {
         match *self {
             Budget::Seen(f) => ((f * seen as f64).ceil() as usize).min(MAX_ENTRIES),
             Budget::Entries(n) => n,
-            Budget::Ratio(_) => MAX_ENTRIES,
+            Budget::Ratio(_) | Budget::Held(_) => MAX_ENTRIES,
         }
     }
 
@@ -113,7 +130,7 @@ impl Budget {
     pub fn value(&self) -> f64 {
         match *self {
             Budget::Ratio(f) | Budget::Seen(f) => f,
-            Budget::Entries(n) => n as f64,
+            Budget::Entries(n) | Budget::Held(n) => n as f64,
         }
     }
 
@@ -129,6 +146,9 @@ impl Budget {
             Budget::Entries(n) => format!(
                 "absolute: at most {n} entries per layer and KV head after a compression, plus the policy's buffer"
             ),
+            Budget::Held(n) => format!(
+                "held {n}: {n} entries per layer and KV head held on average over the generation, each policy's nominal budget derived from its holding pattern"
+            ),
         }
     }
 }
@@ -137,6 +157,7 @@ impl fmt::Display for Budget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Budget::Seen(v) => write!(f, "{v} budget_rule=seen"),
+            Budget::Held(n) => write!(f, "{n} budget_rule=held"),
             other => write!(f, "{}", other.value()),
         }
     }

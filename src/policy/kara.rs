@@ -38,7 +38,7 @@ impl Config {
         // (`PolicySpec::resolve`); until then ρ is a placeholder that is never run.
         let rho = match budget {
             Budget::Ratio(r) | Budget::Seen(r) => r,
-            Budget::Entries(_) => 1.0,
+            Budget::Entries(_) | Budget::Held(_) => 1.0,
         };
         let window = p.positive("window", 128)?;
         let gamma = p.get("gamma", 0.5f64)?;
@@ -53,6 +53,11 @@ impl Config {
             tau: p.get("tau", 0.5f32)?,
             max_chunk,
         })
+    }
+
+    /// The window size (its active part averages half of it).
+    pub fn window(&self) -> usize {
+        self.window
     }
 
     /// Entries a full window keeps.

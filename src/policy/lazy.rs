@@ -59,6 +59,11 @@ impl Config {
         })
     }
 
+    /// Entries held above the budget between evictions at most: the `window` steps between them.
+    pub fn slack(&self) -> usize {
+        self.window
+    }
+
     /// The fewest entries kept: the window.
     pub fn floor(&self) -> usize {
         self.window

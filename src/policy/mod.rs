@@ -298,6 +298,12 @@ impl PolicySpec {
         args: BTreeMap<String, String>,
     ) -> Result<Self> {
         let written_budget = budget;
+        // The full cache takes no budget: a value written for it is only checked to be a number.
+        let rule = if name == "full" {
+            BudgetRule::Ratio
+        } else {
+            rule
+        };
         let budget = Budget::from_value(budget, rule)?;
         // The baseline has no budget: whatever (valid) value was written, it is the whole cache.
         let budget = if name == "full" {
@@ -306,7 +312,7 @@ impl PolicySpec {
             budget
         };
         let (config, resolved) = parse_config(name, budget, args.clone())?;
-        Ok(Self {
+        let spec = Self {
             name: name.to_string(),
             requested: budget,
             written_budget,
@@ -315,6 +321,45 @@ impl PolicySpec {
             args,
             config,
             resolved,
+        };
+        match budget {
+            Budget::Held(b) => spec.held_to_nominal(b),
+            _ => Ok(spec),
+        }
+    }
+
+    /// Under `--budget-rule held`: the nominal budget with which this policy holds `b` entries on
+    /// average. A policy that compresses every `slack` tokens holds between its nominal budget and
+    /// that plus `slack`, `slack / 2` more than its nominal budget on average, so its nominal budget
+    /// is `b − slack/2`; H2O holds exactly its budget. Kara waits for the full run's mean lengths
+    /// ([`Self::resolve`]); a policy whose holding has no bound (RocketKV keeps every entry and saves
+    /// reads; a window policy in `mode=prefill` keeps every generated entry) is refused.
+    fn held_to_nominal(self, b: usize) -> Result<Self> {
+        let refuse = |why: &str| {
+            Err(Error::Input(format!(
+                "policy '{}' at --budget {b} --budget-rule held: {why}",
+                self.name
+            )))
+        };
+        let slack = match &self.config {
+            Config::Full | Config::Kara(_) => return Ok(self),
+            Config::Streaming(c) => c.slack(),
+            Config::H2o(_) => 0,
+            Config::Lazy(c) => c.slack(),
+            Config::Window(c) => match c.slack() {
+                Some(s) => s,
+                None => return refuse("mode=prefill keeps every generated entry, so what it holds grows with the output and no budget sets it"),
+            },
+            Config::Rocket(_) => return refuse("RocketKV keeps every entry (it saves attention reads, not memory), so what it holds is the full cache's"),
+        };
+        let nominal = b.saturating_sub(slack / 2).max(self.floor()).max(1);
+        let effective = Budget::Entries(nominal);
+        let (config, resolved) = parse_config(&self.name, effective, self.args.clone())?;
+        Ok(Self {
+            effective,
+            config,
+            resolved,
+            ..self
         })
     }
 
@@ -375,7 +420,7 @@ impl PolicySpec {
         }
         match self.config {
             Config::Full => false,
-            Config::Kara(_) => matches!(self.requested, Budget::Entries(_)),
+            Config::Kara(_) => matches!(self.requested, Budget::Entries(_) | Budget::Held(_)),
             _ => self.requested.is_ratio(),
         }
     }
@@ -387,6 +432,7 @@ impl PolicySpec {
             (Config::Kara(_), Budget::Entries(n)) => format!(
                 "give Kara's retention ratio ρ directly as a budget at most 1 (ρ = {n} / the full run's mean generation length)"
             ),
+            (Config::Kara(_), Budget::Held(_)) => "give Kara's retention ratio ρ directly as a budget at most 1 under --budget-rule ratio".to_string(),
             _ => "give an absolute budget (entries, above 1) or --budget-rule seen".to_string(),
         }
     }
@@ -403,9 +449,9 @@ impl PolicySpec {
         }
     }
 
-    /// This spec with its budget resolved from the full run's mean generation length (the same spec
-    /// when it needs none).
-    pub fn resolve(&self, full_mean_tokens: f64) -> Result<Self> {
+    /// This spec with its budget resolved from the full run's mean generation length, and for
+    /// Kara under `held` the mean prompt length too (the same spec when it needs none).
+    pub fn resolve(&self, full_mean_tokens: f64, mean_prompt_tokens: f64) -> Result<Self> {
         if !self.needs_full_mean() {
             return Ok(self.clone());
         }
@@ -418,6 +464,13 @@ impl PolicySpec {
         let budget = match (&self.config, self.requested) {
             (Config::Kara(_), Budget::Entries(n)) => {
                 Budget::Ratio((n as f64 / full_mean_tokens).min(1.0))
+            }
+            // Kara holds the prompt, ρ of the compressed windows and the active window (half of
+            // `window` on average): over a generation of G tokens, P + ρ·G/2 + window/2 on average.
+            (Config::Kara(c), Budget::Held(n)) => {
+                let held_history = n as f64 - mean_prompt_tokens - c.window() as f64 / 2.0;
+                let rho = 2.0 * held_history / full_mean_tokens;
+                Budget::Ratio(rho.clamp(1.0 / c.window() as f64, 1.0))
             }
             (_, b) => b.resolve(full_mean_tokens, self.floor()),
         };

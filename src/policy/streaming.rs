@@ -32,6 +32,15 @@ impl Config {
         })
     }
 
+    /// Entries held above the budget between compressions at most (the buffer, or none when it
+    /// trims every step): a held budget's nominal budget is the held one minus half of it.
+    pub fn slack(&self) -> usize {
+        match self.trigger {
+            Trigger::EveryStep => 0,
+            Trigger::EveryN => self.buffer,
+        }
+    }
+
     /// The fewest entries kept: the sinks plus one recent entry.
     pub fn floor(&self) -> usize {
         self.sinks + 1

@@ -118,6 +118,15 @@ impl Config {
     }
 
     /// The fewest entries kept: the observation window.
+    /// Entries held above the budget between compressions at most: the buffer; `None` for
+    /// `mode=prefill`, which never evicts a generated entry (its holding grows with the output).
+    pub fn slack(&self) -> Option<usize> {
+        match self.mode {
+            WindowMode::Decode => Some(self.buffer),
+            WindowMode::Prefill => None,
+        }
+    }
+
     pub fn floor(&self) -> usize {
         self.window
     }

@@ -234,6 +234,11 @@ pub struct Row {
     pub kv_capacity_peak_bytes: Option<f64>,
     pub kv_mean_bytes: Option<f64>,
     pub kv_ratio: Option<f64>,
+    /// Mean over samples of the entries held per layer and cache head, time-averaged (the papers'
+    /// measure of a budget), and whether a cache head is a query head (per-query-head storage: each
+    /// entry then costs the GQA group's size in bytes, as the KV columns show).
+    pub held_entries: Option<f64>,
+    pub per_query_head: bool,
     /// Mean over samples of the peak bytes of policy side state (not in the KV figures).
     pub policy_state_peak_bytes: Option<f64>,
     pub events: Option<f64>,
@@ -542,6 +547,8 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
             .then(|| capacities.iter().sum::<f64>() / capacities.len() as f64),
         kv_mean_bytes: kv_mean,
         kv_ratio: kv_mean.zip(kv_full_mean).map(|(a, b)| a / b.max(1e-9)),
+        held_entries: metric(&|m| m.entries_mean),
+        per_query_head: first.policy.contains("per-query-head"),
         events: metric(&|m| m.events as f64),
         policy_state_peak_bytes: metric(&|m| m.policy_state_bytes_peak as f64),
         decode_tokens_per_s: (decode_secs > 0.0).then(|| speed_tokens / decode_secs),

@@ -83,6 +83,7 @@ pub fn markdown(s: &Summary) -> String {
         "at length limit %",
         "thinking unclosed %",
         "repeated 4-grams %",
+        "held entries",
         "KV peak MiB",
         "KV mean MiB",
         "KV ratio",
@@ -151,6 +152,13 @@ pub fn markdown(s: &Summary) -> String {
             pct(r.length_limit_rate),
             pct(r.thinking_unclosed_rate),
             opt(r.repetition, pct),
+            opt(r.held_entries, |x| {
+                if r.per_query_head {
+                    format!("{x:.0} per query head")
+                } else {
+                    format!("{x:.0}")
+                }
+            }),
             opt(r.kv_peak_bytes, |x| format!("{:.2}", x / MIB)),
             opt(r.kv_mean_bytes, |x| format!("{:.2}", x / MIB)),
             opt(r.kv_ratio, |x| format!("{x:.3}")),
@@ -199,7 +207,9 @@ pub fn markdown(s: &Summary) -> String {
          vs full (pass@1 over full's), Δ pass@1 and Δ tokens: over the problems both rows have, \
          paired by problem, with 95% paired bootstrap intervals (10,000 seeded resamples of the \
          problems); ≈ marks an interval that contains 0 (no difference shown). Only full / only \
-         policy: problems where that side's pass@1 is higher (with one sample: only it solved). KV: bytes held per sequence (peak: \
+         policy: problems where that side's pass@1 is higher (with one sample: only it solved). Held entries: \
+         per layer and cache head, time-averaged (a cache head is a query head under per-query-head \
+         storage, each entry then costing the GQA group's size). KV: bytes held per sequence (peak: \
          the most at any moment; mean: time-averaged), ratio = time-averaged bytes over a full \
          cache's for the same tokens. Policy time: its prefill work over prefill time / its decode \
          work over decode time. Speeds: aggregate decode tokens/s over each row's batches; \

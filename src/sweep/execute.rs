@@ -29,6 +29,8 @@ pub struct ExecOptions {
     pub full_tokens: HashMap<String, usize>,
     /// Decode every sequence to the length limit, whatever it samples (random-weight models).
     pub ignore_eos: bool,
+    /// The plan's mean prompt length in tokens (Kara's held budget is resolved with it).
+    pub mean_prompt_tokens: f64,
     /// The engine every record names.
     pub engine: Engine,
 }
@@ -56,9 +58,11 @@ pub struct Failure {
 const MAX_BYTES_PER_TOKEN: usize = 64;
 
 /// Checks, before anything runs, that every problem's prompt plus `max_new_tokens` fits the model's
-/// context; the error names the problem and both numbers. Returns the longest prompt, in tokens.
-pub fn check_context(model: &Model, plan: &Plan) -> Result<usize> {
+/// context; the error names the problem and both numbers. Returns the longest prompt and the mean,
+/// in tokens.
+pub fn check_context(model: &Model, plan: &Plan) -> Result<(usize, f64)> {
     let mut longest = 0;
+    let mut total = 0usize;
     let context = model.transformer.config.max_position_embeddings;
     let max_new = plan.decoding.max_new_tokens;
     if max_new >= context {
@@ -77,6 +81,7 @@ pub fn check_context(model: &Model, plan: &Plan) -> Result<usize> {
         }
         let prompt = model.tokenizer.encode(&text)?.len();
         longest = longest.max(prompt);
+        total += prompt;
         if prompt + max_new > context {
             return Err(crate::Error::Input(format!(
                 "problem '{}': a prompt of {prompt} tokens plus max_new_tokens {max_new} is {} tokens, more than the model's context of {context}",
@@ -85,7 +90,7 @@ pub fn check_context(model: &Model, plan: &Plan) -> Result<usize> {
             )));
         }
     }
-    Ok(longest)
+    Ok((longest, total as f64 / plan.problems.len().max(1) as f64))
 }
 
 /// Runs `units` (all from `plan`, in plan order) on `model`. `on_token` is called for every generated
@@ -121,7 +126,7 @@ pub fn execute<'p>(
             if let std::collections::hash_map::Entry::Vacant(slot) = resolved.entry(first.policy) {
                 match plan
                     .full_mean_tokens(&full_tokens)
-                    .and_then(|mean| spec.resolve(mean))
+                    .and_then(|mean| spec.resolve(mean, opts.mean_prompt_tokens))
                 {
                     Ok(s) => {
                         slot.insert(s);

@@ -296,7 +296,7 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     let load_start = std::time::Instant::now();
     let model = load_model(p, flags.tokenizer)?;
     let load_secs = load_start.elapsed().as_secs_f64();
-    let longest_prompt = crate::sweep::execute::check_context(&model, &p.plan)?;
+    let (longest_prompt, mean_prompt) = crate::sweep::execute::check_context(&model, &p.plan)?;
     let per_set = p.plan.units.len() / p.plan.specs.len().max(1);
     model.check_batch_memory(
         p.cfg.options.batch_size().min(per_set.max(1)),
@@ -372,7 +372,15 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     }
     let mut failures = Vec::new();
     if !todo.is_empty() {
-        failures = run_units(p, &dir, &todo, flags, full_tokens, &model, load_secs)?;
+        failures = run_units(
+            p,
+            &dir,
+            &todo,
+            flags,
+            full_tokens,
+            &model,
+            (load_secs, mean_prompt),
+        )?;
     }
     let records = crate::results::dir::read_samples(&flags.out)?.records;
     Ok(Executed {
@@ -391,7 +399,7 @@ fn run_units(
     flags: &ExecFlags<'_>,
     full_tokens: std::collections::HashMap<String, usize>,
     model: &Model,
-    load_secs: f64,
+    (load_secs, mean_prompt_tokens): (f64, f64),
 ) -> Result<Vec<Failure>> {
     let o = &p.cfg.options;
     let template_hash = o.prompt().template_hash(model.template);
@@ -474,6 +482,7 @@ fn run_units(
         fidelity: o.fidelity.unwrap_or(false),
         full_tokens,
         ignore_eos: o.ignore_eos.unwrap_or(false),
+        mean_prompt_tokens,
         engine: crate::results::sample::Engine::current(
             &device.to_string(),
             format!("{:?}", p.cfg.model.weights()),

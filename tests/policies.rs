@@ -357,7 +357,7 @@ fn bad_policy_parameters_are_refused_with_the_key_named() {
     // Kara's own budget is a ratio: an absolute one waits for the full run's mean length.
     let kara = PolicySpec::from_args("kara", 512.0, &[]).unwrap();
     assert!(kara.needs_full_mean());
-    let resolved = kara.resolve(1024.0).unwrap();
+    let resolved = kara.resolve(1024.0, 64.0).unwrap();
     assert!(!resolved.needs_full_mean());
     assert!(resolved.describe_resolved().contains("ρ = 0.5000"));
     assert!(PolicySpec::from_args("rkv", 0.0, &[]).is_err());

@@ -1,4 +1,4 @@
-"""Writes the small Parquet files that tests/dataset_parquet.rs reads.
+"""Writes the small Parquet files that tests/datasets.rs reads.
 
 They copy the layouts of the hub's AIME and AMC copies (see datasets/*.toml): pyarrow's default
 writer (snappy pages), as Hugging Face `datasets` uses; integer ids, string or float answers, several
@@ -46,6 +46,17 @@ def main(out: Path) -> None:
         }
     )
     pq.write_table(bad, out / "null-answer.parquet")
+    # The compressions the hub's datasets use besides snappy, one file each (issue 43): the same rows,
+    # two row groups.
+    rows = pa.table(
+        {
+            "id": pa.array(["c1", "c2", "c3"], pa.string()),
+            "problem": ["What is $3+4$?", "What is $10-1$?", "What is $6 \\times 7$?"],
+            "answer": ["7", "9", "42"],
+        }
+    )
+    for codec in ["zstd", "gzip", "brotli", "lz4"]:
+        pq.write_table(rows, out / f"compressed-{codec}.parquet", compression=codec, row_group_size=2)
 
 
 if __name__ == "__main__":

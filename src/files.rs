@@ -12,11 +12,43 @@ pub const CONFIG_LIMIT: u64 = 16 << 20;
 /// The most a problem set, a grading-case file, a tokenizer or a results file may hold.
 pub const DATA_LIMIT: u64 = 4 << 30;
 
-/// The bytes of `path`, refusing directories, devices and anything over `limit` bytes.
-pub fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+/// Opens `path` for reading, refusing directories, devices and sockets. A FIFO is opened without
+/// waiting for a writer (a named pipe nobody writes to would otherwise block the open forever); reads
+/// then wait for data as usual, and end at once when no writer has the pipe open.
+pub fn open(path: &Path) -> Result<(std::fs::File, std::fs::Metadata)> {
+    let file = open_nonblocking(path).map_err(|e| Error::io(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     check_kind(path, &meta)?;
+    Ok((file, meta))
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    // SAFETY: fcntl on a descriptor this function owns, with flags read from it just before.
+    unsafe {
+        let fd = file.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(file)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::open(path)
+}
+
+/// The bytes of `path`, refusing directories, devices and anything over `limit` bytes.
+pub fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let (file, meta) = open(path)?;
     let too_large = || {
         Error::Input(format!(
             "{}: larger than {} MiB, the most kvbench reads from such a file",

@@ -51,6 +51,54 @@ fn parquet_rows_keep_their_fields_across_row_groups() {
     );
 }
 
+/// The compressions the hub's datasets use (zstd, gzip, brotli, lz4; snappy above) all read
+/// (issue 43: zstd and gzip were refused as "Disabled feature at compile time").
+#[test]
+fn parquet_files_of_every_common_compression_read() {
+    for codec in ["zstd", "gzip", "brotli", "lz4"] {
+        let file = fixture(&format!("compressed-{codec}.parquet"));
+        let ps =
+            dataset::load(&file, &Fields::default()).unwrap_or_else(|e| panic!("{codec}: {e}"));
+        let got: Vec<(&str, &str)> = ps
+            .iter()
+            .map(|p| (p.id.as_str(), p.answer.as_str()))
+            .collect();
+        assert_eq!(got, [("c1", "7"), ("c2", "9"), ("c3", "42")], "{codec}");
+    }
+}
+
+/// Only the rows a selection needs are read: with `--limit` the rest of the file is counted and
+/// hashed but not parsed (a damaged tail does not matter), and with `--ids` only those rows are kept.
+#[test]
+fn a_limited_read_stops_parsing_at_the_limit_and_hashes_the_whole_file() {
+    use kvbench::eval::rows::{read, Want};
+    let dir = std::env::temp_dir().join(format!("kvbench-want-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("big.jsonl");
+    let mut text: String = (0..1000)
+        .map(|i| format!("{{\"id\": \"p{i}\", \"problem\": \"What is {i}?\", \"answer\": {i}}}\n"))
+        .collect();
+    text.push_str("not json at all\n");
+    std::fs::write(&path, &text).unwrap();
+    let r = read(&path, &Fields::default(), &Want::First(2)).unwrap();
+    assert_eq!(r.problems.len(), 2);
+    assert_eq!(r.rows, 1001, "every line counted");
+    assert_eq!(
+        r.sha256,
+        kvbench::loading::verify::sha256_file(&path).unwrap()
+    );
+    let ids: std::collections::HashSet<String> = ["p7".to_string(), "p3".to_string()].into();
+    let r = read(&path, &Fields::default(), &Want::Ids(ids)).unwrap();
+    let got: Vec<&str> = r.problems.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(got, ["p3", "p7"], "file order");
+    // Reading everything still finds the damaged line, by number.
+    let e = read(&path, &Fields::default(), &Want::All)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 1001"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Lays out `bytes` as hf-hub caches a dataset file: `datasets--owner--name/blobs/<sha256>`, a
 /// snapshot that links to it, and `refs/main` naming the snapshot.
 fn cache_dataset_file(hf_home: &Path, repo: &str, file: &str, bytes: &[u8]) -> PathBuf {
@@ -86,7 +134,7 @@ fn built_in_names_resolve_through_the_hub_cache_in_the_manifest_layout() {
     let h = m.hub.as_ref().unwrap();
     let aime = std::fs::read(fixture("aime-layout.parquet")).unwrap();
     cache_dataset_file(&home, &h.repo, &h.file, &aime);
-    let d = dataset::resolve("aime24", None, &Fields::default()).unwrap();
+    let d = dataset::resolve("aime24", None, &Fields::default(), &dataset::Want::All).unwrap();
     assert_eq!(d.problems.len(), 3);
     assert_eq!(d.problems[0].id, "60");
     assert_eq!(
@@ -100,13 +148,13 @@ fn built_in_names_resolve_through_the_hub_cache_in_the_manifest_layout() {
     let h = dataset::manifest("amc23").unwrap().hub.unwrap();
     let amc = std::fs::read(fixture("amc-layout.parquet")).unwrap();
     cache_dataset_file(&home, &h.repo, &h.file, &amc);
-    let d = dataset::resolve("amc23", None, &Fields::default()).unwrap();
+    let d = dataset::resolve("amc23", None, &Fields::default(), &dataset::Want::All).unwrap();
     assert_eq!(d.problems[3].answer, "27");
 
     let h = dataset::manifest("aime25").unwrap().hub.unwrap();
     let rows = "{\"id\": 1, \"problem\": \"What is $1+1$?\", \"answer\": \"2\"}\n{\"problem\": \"What is $3 \\\\cdot 3$?\", \"answer\": 9}\n";
     cache_dataset_file(&home, &h.repo, &h.file, rows.as_bytes());
-    let d = dataset::resolve("aime25", None, &Fields::default()).unwrap();
+    let d = dataset::resolve("aime25", None, &Fields::default(), &dataset::Want::All).unwrap();
     let got: Vec<(&str, &str)> = d
         .problems
         .iter()
@@ -117,7 +165,7 @@ fn built_in_names_resolve_through_the_hub_cache_in_the_manifest_layout() {
     // A cached blob whose content does not match its name is refused, naming the file.
     let blob = cache_dataset_file(&home, &h.repo, &h.file, rows.as_bytes());
     std::fs::write(&blob, "{\"problem\": \"tampered\", \"answer\": 1}\n").unwrap();
-    let err = dataset::resolve("aime25", None, &Fields::default())
+    let err = dataset::resolve("aime25", None, &Fields::default(), &dataset::Want::All)
         .unwrap_err()
         .to_string();
     assert!(

@@ -74,6 +74,19 @@ pub fn load(path: &Path, fields: &Fields) -> Result<Vec<Problem>> {
     super::rows::load(path, fields)
 }
 
+pub use super::rows::Want;
+
+/// The rows a selection needs from a file: the listed ids, or the first `limit`, or (with a
+/// shuffle, which needs every row) all of them.
+pub fn want(ids: &[String], shuffle_seed: Option<u64>, limit: Option<usize>) -> Want {
+    match (shuffle_seed, ids.is_empty(), limit) {
+        (Some(_), _, _) => Want::All,
+        (None, false, _) => Want::Ids(ids.iter().cloned().collect()),
+        (None, true, Some(n)) if n > 0 => Want::First(n),
+        _ => Want::All,
+    }
+}
+
 /// kvbench's dataset cache: `$KVBENCH_CACHE/datasets` or `~/.cache/kvbench/datasets`.
 pub fn cache_dir() -> PathBuf {
     crate::loading::resolve::cache_dir().join("datasets")
@@ -81,10 +94,10 @@ pub fn cache_dir() -> PathBuf {
 
 /// Resolves a dataset: `data` when given (with `fields`), else the built-in `name` from the hub
 /// (hf-hub, which reads its own cache first) or kvbench's cache.
-pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields) -> Result<Dataset> {
+pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields, want: &Want) -> Result<Dataset> {
     let manifest = manifest(name);
-    let (path, problems, own_layout) = match data {
-        Some(p) => (p.to_path_buf(), load(p, fields)?, true),
+    let (path, read, own_layout) = match data {
+        Some(p) => (p.to_path_buf(), super::rows::read(p, fields, want)?, true),
         None => {
             let m = manifest.as_ref().ok_or_else(|| {
                 Error::Input(format!(
@@ -92,17 +105,19 @@ pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields) -> Result<Datas
                     names().join(", ")
                 ))
             })?;
-            fetch(m)?
+            fetch(m, want)?
         }
     };
-    let sha256 = crate::loading::verify::sha256_file(&path)?;
+    // The digest of the bytes read (a stream cannot be read twice).
+    let sha256 = read.sha256;
+    let problems = read.problems;
     let mut warnings = Vec::new();
     if let Some(m) = &manifest {
-        if problems.len() != m.rows {
+        if read.rows != m.rows {
             warnings.push(format!(
                 "{}: {} rows, the {} manifest expects {}",
                 path.display(),
-                problems.len(),
+                read.rows,
                 m.name,
                 m.rows
             ));
@@ -128,7 +143,7 @@ pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields) -> Result<Datas
 
 /// The hub first (when the manifest names a source), then kvbench's cache. The flag says
 /// whether the file is in kvbench's layout (the cache) rather than the upstream one (the hub).
-fn fetch(m: &Manifest) -> Result<(PathBuf, Vec<Problem>, bool)> {
+fn fetch(m: &Manifest, want: &Want) -> Result<(PathBuf, super::rows::Read, bool)> {
     let cached = cache_dir().join(format!("{}.jsonl", m.name));
     let hub_error = match &m.hub {
         Some(h) => match fetch_hub(h) {
@@ -138,16 +153,16 @@ fn fetch(m: &Manifest) -> Result<(PathBuf, Vec<Problem>, bool)> {
                     problem: h.problem_field.clone(),
                     answer: h.answer_field.clone(),
                 };
-                let problems = load(&path, &fields)?;
-                return Ok((path, problems, false));
+                let read = super::rows::read(&path, &fields, want)?;
+                return Ok((path, read, false));
             }
             Err(e) => e.to_string(),
         },
         None => "the manifest names no hub source".to_string(),
     };
     if cached.is_file() {
-        let problems = load(&cached, &Fields::default())?;
-        return Ok((cached, problems, true));
+        let read = super::rows::read(&cached, &Fields::default(), want)?;
+        return Ok((cached, read, true));
     }
     Err(Error::Input(format!(
         "dataset '{}': hub: {hub_error}; not in kvbench's cache ({}); pass --data FILE (.jsonl or .parquet; fields id, problem, answer)",

@@ -28,48 +28,144 @@ impl Default for Fields {
     }
 }
 
+/// Which rows of a file a study needs, known before the file is read: reading stops early where
+/// the order allows, and only the rows kept are held (the file may hold millions).
+#[derive(Debug, Clone, Default)]
+pub enum Want {
+    /// Every row (a shuffle needs them all).
+    #[default]
+    All,
+    /// The first `n` rows.
+    First(usize),
+    /// The rows with these ids (every other row is dropped once its id is read).
+    Ids(std::collections::HashSet<String>),
+}
+
+impl Want {
+    /// Whether a row read so far may still be wanted, given the rows kept.
+    fn done(&self, kept: &[Problem]) -> bool {
+        match self {
+            Want::All => false,
+            Want::First(n) => kept.len() >= *n,
+            Want::Ids(ids) => kept.len() >= ids.len(),
+        }
+    }
+
+    fn keeps(&self, p: &Problem) -> bool {
+        match self {
+            Want::Ids(ids) => ids.contains(&p.id),
+            _ => true,
+        }
+    }
+}
+
+/// What a read gave: the rows kept, in file order, how many rows the file has, and the sha256 of
+/// the bytes read (of a stream too, which cannot be read twice).
+#[derive(Debug, Clone)]
+pub struct Read {
+    pub problems: Vec<Problem>,
+    pub rows: usize,
+    pub sha256: String,
+}
+
+/// The longest line (one problem) a JSON Lines problem file may have: 64 MiB. A longer one is refused
+/// naming its line before it is held.
+pub const MAX_LINE: usize = 64 << 20;
+
 /// Reads the problems of `path`: Parquet when its name ends in `.parquet`, else JSON Lines.
 pub fn load(path: &Path, fields: &Fields) -> Result<Vec<Problem>> {
+    Ok(read(path, fields, &Want::All)?.problems)
+}
+
+/// Reads the rows `want` names from `path` (Parquet when its name ends in `.parquet`, else JSON
+/// Lines), streamed: memory follows the rows kept, not the file.
+pub fn read(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
     let parquet = path.extension().is_some_and(|e| e == "parquet");
-    let rows = if parquet {
-        parquet_rows(path)?
+    let r = if parquet {
+        parquet_rows(path, fields, want)?
     } else {
-        jsonl_rows(path)?
+        jsonl_rows(path, fields, want)?
     };
-    let unit = if parquet { "row" } else { "line" };
-    let mut out = Vec::with_capacity(rows.len());
-    for (n, row) in rows {
-        out.push(problem_of(&row, fields, path, unit, n)?);
-    }
-    if out.is_empty() {
+    if r.rows == 0 {
         return Err(Error::Input(format!("{}: no problems", path.display())));
     }
-    Ok(out)
+    Ok(r)
 }
 
-/// The non-blank lines of a JSON Lines file, numbered from 1 as an editor numbers them.
-fn jsonl_rows(path: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
-    let text = crate::files::read_text(path, crate::files::DATA_LIMIT)?;
-    let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
+/// JSON Lines, line by line: lines are parsed until `want` is satisfied, the rest only counted and
+/// hashed.
+fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
+    use sha2::Digest;
+    use std::io::BufRead;
+    let (file, meta) = crate::files::open(path)?;
+    if meta.is_file() && meta.len() > crate::files::DATA_LIMIT {
+        return Err(Error::Input(format!(
+            "{}: larger than {} MiB, the most kvbench reads from a problem file",
+            path.display(),
+            crate::files::DATA_LIMIT >> 20
+        )));
+    }
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut hasher = sha2::Sha256::new();
+    let (mut problems, mut rows, mut n, mut total) = (Vec::new(), 0usize, 0usize, 0u64);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let got = std::io::Read::take(&mut reader, MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| Error::io(path, e))?;
+        if got == 0 {
+            break;
+        }
+        n += 1;
+        total += got as u64;
+        if total > crate::files::DATA_LIMIT {
+            return Err(Error::Input(format!(
+                "{}: more than {} MiB, the most kvbench reads from a problem file",
+                path.display(),
+                crate::files::DATA_LIMIT >> 20
+            )));
+        }
+        if line.len() > MAX_LINE && !line.ends_with(b"\n") {
+            return Err(Error::Input(format!(
+                "{}: line {n} is longer than {} MiB, more than any problem",
+                path.display(),
+                MAX_LINE >> 20
+            )));
+        }
+        hasher.update(&line);
+        let text = std::str::from_utf8(&line)
+            .map_err(|_| Error::Input(format!("{}:{n}: not UTF-8 text", path.display())))?;
+        if text.trim().is_empty() {
             continue;
         }
-        let row = serde_json::from_str(line).map_err(|e| {
+        rows += 1;
+        if want.done(&problems) {
+            continue;
+        }
+        let row: serde_json::Value = serde_json::from_str(text).map_err(|e| {
             Error::Input(format!(
-                "{}: line {}: not a JSON object: {e}",
-                path.display(),
-                i + 1
+                "{}: line {n}: not a JSON object: {e}",
+                path.display()
             ))
         })?;
-        rows.push((i + 1, row));
+        let p = problem_of(&row, fields, path, "line", n)?;
+        if want.keeps(&p) {
+            problems.push(p);
+        }
     }
-    Ok(rows)
+    Ok(Read {
+        problems,
+        rows,
+        sha256: format!("{:x}", hasher.finalize()),
+    })
 }
 
-/// The rows of a Parquet file (every row group), numbered from 1.
-fn parquet_rows(path: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
+/// A Parquet file, row group by row group, reading only the three fields' columns: rows are
+/// converted until `want` is satisfied; the row count comes from the file's metadata.
+fn parquet_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::schema::types::Type;
     let bad = |e: parquet::errors::ParquetError| {
         Error::Input(format!(
             "{}: not a readable Parquet file: {e}",
@@ -77,13 +173,49 @@ fn parquet_rows(path: &Path) -> Result<Vec<(usize, serde_json::Value)>> {
         ))
     };
     crate::files::check_readable(path, crate::files::DATA_LIMIT)?;
+    let sha256 = crate::loading::verify::sha256_file(path)?;
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let reader = SerializedFileReader::new(file).map_err(bad)?;
-    let mut rows = Vec::new();
-    for (i, row) in reader.get_row_iter(None).map_err(bad)?.enumerate() {
-        rows.push((i + 1, row.map_err(bad)?.to_json_value()));
+    let meta = reader.metadata().file_metadata();
+    let rows = usize::try_from(meta.num_rows()).unwrap_or(0);
+    // Only the columns of the three fields (those the file has): a wide file costs what they cost.
+    let schema = meta.schema_descr().root_schema();
+    let wanted = [&fields.id, &fields.problem, &fields.answer];
+    let columns: Vec<std::sync::Arc<Type>> = schema
+        .get_fields()
+        .iter()
+        .filter(|f| wanted.iter().any(|w| *w == f.name()))
+        .cloned()
+        .collect();
+    let projection = Type::group_type_builder(schema.name())
+        .with_fields(columns)
+        .build()
+        .map_err(bad)?;
+    let mut problems = Vec::new();
+    for (i, row) in reader
+        .get_row_iter(Some(projection))
+        .map_err(bad)?
+        .enumerate()
+    {
+        if want.done(&problems) {
+            break;
+        }
+        let p = problem_of(
+            &row.map_err(bad)?.to_json_value(),
+            fields,
+            path,
+            "row",
+            i + 1,
+        )?;
+        if want.keeps(&p) {
+            problems.push(p);
+        }
     }
-    Ok(rows)
+    Ok(Read {
+        problems,
+        rows,
+        sha256,
+    })
 }
 
 /// Row (or line) `n` of `path` as a problem.

@@ -32,7 +32,9 @@ pub fn load_problems(o: &StudyOptions) -> Result<ProblemSet> {
             problem: field(&o.problem_field, "problem"),
             answer: field(&o.answer_field, "answer"),
         };
-        let d = dataset::resolve(o.dataset(), o.data.as_deref(), &fields)?;
+        // Only the rows the selection needs are read and held (a file may hold millions).
+        let want = dataset::want(&o.ids, o.shuffle_seed, o.limit);
+        let d = dataset::resolve(o.dataset(), o.data.as_deref(), &fields, &want)?;
         for w in &d.warnings {
             eprintln!("warning: {w}");
         }

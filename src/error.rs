@@ -95,6 +95,20 @@ pub fn terminal_safe(text: &str) -> String {
     escape_controls(text, true, usize::MAX)
 }
 
+/// A string from input (a problem id, an answer, a file name) as one table cell or line: control
+/// characters, line breaks and the bidirectional controls that reorder what a terminal shows
+/// (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C) escaped, so that it cannot move the
+/// cursor, retitle the terminal, add a row to a table or print right to left.
+pub fn cell(text: &str) -> String {
+    escape_controls(text, false, usize::MAX)
+}
+
+/// Characters a terminal acts on rather than shows.
+fn acts_on_terminal(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
+}
+
 fn escape_controls(text: &str, keep_lines: bool, limit: usize) -> String {
     let mut out = String::with_capacity(text.len().min(limit.saturating_add(16)));
     for (n, c) in text.chars().enumerate() {
@@ -102,7 +116,7 @@ fn escape_controls(text: &str, keep_lines: bool, limit: usize) -> String {
             out.push_str("… (cut)");
             break;
         }
-        if c.is_control() && !(keep_lines && matches!(c, '\n' | '\t')) {
+        if acts_on_terminal(c) && !(keep_lines && matches!(c, '\n' | '\t')) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -142,5 +156,10 @@ mod tests {
         let long = Error::model("m.gguf", "é".repeat(5000)).to_string();
         assert!(long.ends_with("… (cut)") && long.chars().count() < REASON_LIMIT + 30);
         assert_eq!(terminal_safe("a\n\tb\x1b[2J\r"), "a\n\tb\\u{1b}[2J\\r");
+        assert_eq!(
+            cell("id\nrow\u{202e}x\x1b]0;t\x07"),
+            "id\\nrow\\u{202e}x\\u{1b}]0;t\\u{7}"
+        );
+        assert_eq!(terminal_safe("a\u{2066}b"), "a\\u{2066}b");
     }
 }

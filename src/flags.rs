@@ -158,6 +158,7 @@ impl PolicyFlags {
         }
         let mut used = vec![false; self.policy_args.len()];
         let mut specs: Vec<PolicySpec> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for name in &names {
             let mine: Vec<String> = if names.len() == 1 {
                 used.iter_mut().for_each(|u| *u = true);
@@ -186,10 +187,9 @@ impl PolicyFlags {
             };
             for b in budgets {
                 let spec = PolicySpec::from_args_with_rule(name, b, rule, &mine)?;
-                if specs.iter().any(|s| s.describe() == spec.describe()) {
-                    continue;
+                if seen.insert(spec.describe()) {
+                    specs.push(spec);
                 }
-                specs.push(spec);
             }
         }
         if let Some(i) = used.iter().position(|u| !u) {

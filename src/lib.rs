@@ -43,15 +43,23 @@ pub fn parse_threads(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
-/// Sets candle's thread count once at start-up unless the user did: without `RAYON_NUM_THREADS`
-/// candle re-reads /proc/cpuinfo on every matrix product (about a fifth of decode time).
-pub fn init_threads(threads: Option<usize>) {
-    if let Some(n) = threads {
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    } else if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism()
+/// Sets the thread count once at start-up, by one rule whatever its source: `--threads`, else
+/// `RAYON_NUM_THREADS`, else every logical core; a value outside 1 to [`max_threads`] is an error
+/// naming its source (`RAYON_NUM_THREADS=100000` would start a hundred thousand threads). Without
+/// `RAYON_NUM_THREADS` candle re-reads /proc/cpuinfo on every matrix product (about a fifth of
+/// decode time), so it is always set.
+pub fn init_threads(threads: Option<usize>) -> Result<()> {
+    let n = match (threads, std::env::var_os("RAYON_NUM_THREADS")) {
+        (Some(n), _) => n,
+        (None, Some(v)) => {
+            let text = v.to_string_lossy();
+            parse_threads(text.trim())
+                .map_err(|e| Error::Input(format!("RAYON_NUM_THREADS={text}: {e}")))?
+        }
+        (None, None) => std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(1);
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    }
+            .unwrap_or(1),
+    };
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    Ok(())
 }

@@ -7,6 +7,7 @@ mod cli;
 
 fn main() -> ExitCode {
     tune_malloc();
+    process_edges::install();
     // Read deep inside the kernels, so checked here, before any command runs.
     let env = [
         kvbench::kernels::dot::prefetch_from_env().map(|_| ()),
@@ -40,6 +41,67 @@ fn main() -> ExitCode {
             ExitCode::from(if input { 2 } else { 1 })
         }
     }
+}
+
+/// The edges of the process: what happens when standard output cannot be written, or a signal ends
+/// the run.
+mod process_edges {
+    /// Installs the handlers below, before anything runs.
+    pub fn install() {
+        quiet_stdout_failures();
+        signals();
+    }
+
+    /// `println!` panics when standard output fails (`> /dev/full`, a closed descriptor): the
+    /// panic is turned into one line and exit code 1. A closed pipe (`kvbench grade … | head`) is the
+    /// reader's choice: exit 0, as before. Every other panic keeps the default report.
+    fn quiet_stdout_failures() {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if let Some(why) = msg.strip_prefix("failed printing to stdout: ") {
+                if why.contains("Broken pipe") {
+                    std::process::exit(0);
+                }
+                eprintln!("error: cannot write to standard output: {why}");
+                std::process::exit(1);
+            }
+            default(info);
+        }));
+    }
+
+    /// SIGXFSZ (a file-size limit, `ulimit -f`) would kill the process silently: it is ignored, so
+    /// the write fails with an error that names the file and the run ends with a message. SIGTERM
+    /// ends the process with a line saying what is kept: results are written a unit at a time and
+    /// synced, so the directory resumes where it stopped.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn signals() {
+        extern "C" fn on_term(_: libc::c_int) {
+            const MSG: &[u8] = b"\nkvbench: terminated (SIGTERM); every finished unit is kept: rerun the same command to resume\n";
+            // SAFETY: write(2) and _exit(2) are async-signal-safe; MSG is a static buffer.
+            unsafe {
+                libc::write(2, MSG.as_ptr().cast(), MSG.len());
+                libc::_exit(143);
+            }
+        }
+        // SAFETY: installing dispositions before any other thread exists; the handler only calls
+        // async-signal-safe functions.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            libc::signal(
+                libc::SIGTERM,
+                on_term as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+    }
+
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    fn signals() {}
 }
 
 /// glibc's allocator, set for a process that allocates tensors of megabytes many times a second.

@@ -153,7 +153,7 @@ fn qwen_logits_match_candle_quantized_qwen2() {
     // kernels against candle's k-quant kernels. Both round activations to 8 bits (candle per 256 with
     // Q8_K, kvbench per 256 as well for k-quant matrices, but with its own rounding rule), so logits
     // differ by quantization noise; greedy tokens must agree over 40 steps.
-    kvbench::init_threads(None);
+    kvbench::init_threads(None).expect("a valid RAYON_NUM_THREADS");
     let m = kvbench::model::Model::load(
         common::builtin_gguf("qwen2.5-coder-1.5b").to_str().unwrap(),
         &kvbench::model::LoadOptions::default(),

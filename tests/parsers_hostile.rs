@@ -189,6 +189,27 @@ fn gguf_tokenizers_that_cannot_encode_or_stop_are_refused() {
             Value::String("x".into()),
             "not a token id",
         ),
+        // Issue 43: metadata that contradicts the vocabulary is refused naming the key.
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(vec![Value::I32(1); 10]),
+            "'tokenizer.ggml.token_type' has 10 entries for 257 tokens",
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(vec![Value::String("x".into()); 257]),
+            "not an integer",
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            Value::U32(4_000_000_000),
+            "'tokenizer.ggml.bos_token_id' is U32(4000000000), not a token id",
+        ),
+        (
+            "llama.vocab_size",
+            Value::U32(10),
+            "llama.vocab_size is 10 but tokenizer.ggml.tokens lists 257 tokens",
+        ),
     ] {
         let (bytes, _) = common::tiny_gguf_with(vec![(key, value)], Vec::new());
         let dir = temp_dir("tok");

@@ -92,30 +92,30 @@ pub fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
-            kvbench::init_threads(args.runtime.threads);
+            kvbench::init_threads(args.runtime.threads)?;
             run::run(*args)
         }
         Command::Perf(args) => {
-            kvbench::init_threads(args.runtime.threads);
+            kvbench::init_threads(args.runtime.threads)?;
             perf::run(*args)
         }
         Command::Scaling(args) => {
-            kvbench::init_threads(args.runtime.threads);
+            kvbench::init_threads(args.runtime.threads)?;
             scaling::run(*args)
         }
         Command::Grade(args) => grade::run(args),
         Command::Regrade(args) => regrade::run(args),
         Command::Sweep(args) => {
-            kvbench::init_threads(args.runtime.threads);
+            kvbench::init_threads(args.runtime.threads)?;
             sweep::run(*args)
         }
         Command::Report(args) => report::run(args),
         Command::Fidelity(args) => {
-            kvbench::init_threads(args.runtime.threads);
+            kvbench::init_threads(args.runtime.threads)?;
             fidelity::run(*args)
         }
         Command::Forward(args) => {
-            kvbench::init_threads(args.runtime.threads);
+            kvbench::init_threads(args.runtime.threads)?;
             forward::run(*args)
         }
         Command::Models(args) => models::run(args),

@@ -22,8 +22,32 @@ pub struct RegradeArgs {
     pub lenient: bool,
 }
 
+/// The results directory a samples file belongs to (one with a `sweep.json`), if any.
+fn results_dir_of(file: &std::path::Path) -> Option<PathBuf> {
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty())?;
+    dir.join("sweep.json").is_file().then(|| dir.to_path_buf())
+}
+
 pub fn run(args: RegradeArgs) -> anyhow::Result<ExitCode> {
+    // Rewriting a results directory's file while a sweep appends to it would lose its new lines:
+    // the directory is taken exclusively, or the rewrite refused naming who holds it.
+    let target = match (&args.out, args.in_place) {
+        (Some(p), _) => Some(p.clone()),
+        (None, true) => Some(args.samples.clone()),
+        (None, false) => None,
+    };
+    let _exclusive = match target.as_deref().and_then(results_dir_of) {
+        Some(dir) => Some(kvbench::results::dir::lock_exclusive(&dir)?),
+        None => None,
+    };
     let mut records = read_records(&args.samples)?;
+    if records.is_empty() {
+        return Err(UsageError(format!(
+            "{}: no sample records to regrade; nothing was written",
+            args.samples.display()
+        ))
+        .into());
+    }
     let before: Vec<_> = records.iter().map(|r| r.verdict.clone()).collect();
     let old_correct = records.iter().filter(|r| r.correct).count();
     for r in records.iter_mut() {
@@ -34,8 +58,14 @@ pub fn run(args: RegradeArgs) -> anyhow::Result<ExitCode> {
         if r.verdict != *old {
             changed += 1;
             println!(
-                "{} #{}: {old:?} -> {:?} (extracted {:?}, gold {:?})",
-                r.problem_id, r.sample, r.verdict, r.extracted, r.gold
+                "{} #{}: {old:?} -> {:?} (extracted {}, gold {})",
+                kvbench::error::cell(&r.problem_id),
+                r.sample,
+                r.verdict,
+                r.extracted
+                    .as_deref()
+                    .map_or("none".into(), |e| format!("{:?}", kvbench::error::cell(e))),
+                kvbench::error::cell(&format!("{:?}", r.gold))
             );
         }
     }
@@ -45,11 +75,6 @@ pub fn run(args: RegradeArgs) -> anyhow::Result<ExitCode> {
         records.len(),
         kvbench::eval::grade::GRADER_VERSION
     );
-    let target = match (&args.out, args.in_place) {
-        (Some(p), _) => Some(p.clone()),
-        (None, true) => Some(args.samples.clone()),
-        (None, false) => None,
-    };
     match target {
         Some(p) => {
             write_records(&p, &records)?;

@@ -90,6 +90,8 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         _ => PathBuf::from("results").join("report"),
     });
     std::fs::create_dir_all(&out).map_err(|e| kvbench::Error::io(&out, e))?;
+    // One report writes a folder at a time (its files are each written atomically).
+    let _writing = kvbench::results::dir::lock_exclusive(&out)?;
     let title = format!("# kvbench report: {}\n\n", summary.subject());
     write_atomic(&out.join("report.md"), &format!("{title}{md}"))?;
     write_atomic(&out.join("report.csv"), &table::csv(&summary)?)?;
@@ -163,7 +165,13 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
                 None => by_dir.push((dir, 1)),
             }
             if c.missing.len() <= 20 {
-                println!("  {} {} {} #{}", u.id, u.policy, u.problem_id, u.sample);
+                println!(
+                    "  {} {} {} #{}",
+                    u.id,
+                    kvbench::error::cell(&u.policy),
+                    kvbench::error::cell(&u.problem_id),
+                    u.sample
+                );
             }
         }
         for (dir, n) in by_dir {

@@ -3,6 +3,7 @@
 //! same results layout (so rerunning the same command resumes).
 
 use clap::Args;
+use kvbench::error::cell;
 use kvbench::eval::accuracy::{accuracy, mean_pass_at_k};
 use kvbench::eval::grade::Verdict;
 use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
@@ -94,9 +95,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         p.cfg.model.model(),
         p.plan.problems.len(),
         p.plan.samples,
-        p.set.source,
+        cell(&p.set.source),
         p.plan.decoding.prompt,
-        spec.describe(),
+        cell(&spec.describe()),
         if p.plan.specs.len() > 1 { " (and the full-cache baseline)" } else { "" },
         p.plan.decoding.temperature,
         p.plan.decoding.top_p,
@@ -144,12 +145,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         println!("\nagainst the full-cache baseline:\n");
         print!("{}", table::markdown(&summarize(&ours)));
     }
+    let shown = cell(&out.display().to_string());
     println!(
-        "\nresults: {} ({} units run now, {} reused); `kvbench report {}` writes CSV, JSON and plots",
-        out.display(),
-        done.ran,
-        done.already,
-        out.display()
+        "\nresults: {shown} ({} units run now, {} reused); `kvbench report {shown}` writes CSV, JSON and plots",
+        done.ran, done.already,
     );
     if done.failures.is_empty() {
         Ok(ExitCode::SUCCESS)
@@ -173,10 +172,11 @@ fn print_samples(records: &[&SampleRecord]) {
             .unwrap_or("(none)")
             .replace('|', "\\|");
         println!(
-            "| {} #{} | {answer} | {} | {} | {} | {finish} |",
-            r.problem_id,
+            "| {} #{} | {} | {} | {} | {} | {finish} |",
+            cell(&r.problem_id),
             r.sample,
-            r.gold,
+            cell(&answer),
+            cell(&r.gold.replace('|', "\\|")),
             if r.correct { "yes" } else { "no" },
             r.tokens
         );

@@ -45,12 +45,26 @@ pub fn model_config(path: &Path, content: &gguf_file::Content) -> Result<ModelCo
     let num_heads = get_u("attention.head_count")?;
     let num_kv_heads = get_u("attention.head_count_kv").unwrap_or(num_heads);
     let head_dim = get_u("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
-    let vocab_size = match md
+    let tokens = md
         .get("tokenizer.ggml.tokens")
         .and_then(|v| v.to_vec().ok())
-    {
-        Some(v) => v.len(),
-        None => get_u("vocab_size")?,
+        .map(|v| v.len());
+    let declared = md
+        .get(&format!("{arch_name}.vocab_size"))
+        .map(|_| get_u("vocab_size"));
+    let vocab_size = match (tokens, declared) {
+        // A declared size must agree with the token list (the embedding's rows are checked against
+        // the vocabulary below): a contradiction marks a damaged or hand-edited file.
+        (Some(n), Some(Ok(d))) if d != n => {
+            return Err(Error::model(
+                path,
+                format!("{arch_name}.vocab_size is {d} but tokenizer.ggml.tokens lists {n} tokens"),
+            ))
+        }
+        (_, Some(Err(e))) => return Err(e),
+        (Some(n), _) => n,
+        (None, Some(Ok(d))) => d,
+        (None, None) => get_u("vocab_size")?,
     };
     // RoPE as kvbench computes it: every dimension rotated, frequencies from the base, then Llama 3
     // scaling (from this metadata, or as llama.cpp writes it: the `rope_freqs.weight` factors the

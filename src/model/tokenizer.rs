@@ -75,12 +75,36 @@ impl Tokenizer {
         };
         let tokens = strings("tokenizer.ggml.tokens")?;
         let merges = strings("tokenizer.ggml.merges")?;
-        let types: Vec<i32> = match md
-            .get("tokenizer.ggml.token_type")
-            .and_then(|v| v.to_vec().ok())
-        {
-            Some(v) => v.iter().map(|x| x.to_i32().unwrap_or(1)).collect(),
+        // One type per token, each an integer: a list of another length (or of strings) marks a
+        // damaged file, and reading it leniently would make special tokens plain text.
+        let types: Vec<i32> = match md.get("tokenizer.ggml.token_type") {
             None => vec![1; tokens.len()],
+            Some(v) => {
+                let items = v
+                    .to_vec()
+                    .map_err(|_| err("'tokenizer.ggml.token_type' is not an array".into()))?;
+                if items.len() != tokens.len() {
+                    return Err(err(format!(
+                        "'tokenizer.ggml.token_type' has {} entries for {} tokens",
+                        items.len(),
+                        tokens.len()
+                    )));
+                }
+                items
+                    .iter()
+                    .map(|x| {
+                        integer(x)
+                            .or_else(|| x.to_i32().ok().map(|i| i as u64))
+                            .map(|i| i as i32)
+                    })
+                    .collect::<Option<Vec<i32>>>()
+                    .ok_or_else(|| {
+                        err(
+                            "'tokenizer.ggml.token_type' holds a value that is not an integer"
+                                .into(),
+                        )
+                    })?
+            }
         };
         let vocab: tokenizers::models::bpe::Vocab = tokens
             .iter()
@@ -133,7 +157,6 @@ impl Tokenizer {
             .map(|(s, _)| AddedToken::from(s.clone(), true))
             .collect();
         inner.add_special_tokens(&special);
-        let id = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
         // The end-of-sequence id decides where a generation stops: one that is not a token of the
         // vocabulary (or not an integer) marks a damaged file, not a model that never ends.
         let eos = match md.get("tokenizer.ggml.eos_token_id") {
@@ -162,10 +185,23 @@ impl Tokenizer {
                 }
             }
         }
+        // The beginning-of-sequence id, when given, must be a token too (a template may write it).
+        let bos_id = match md.get("tokenizer.ggml.bos_token_id") {
+            None => None,
+            Some(v) => match integer(v) {
+                Some(i) if i < tokens.len() as u64 => Some(i as u32),
+                _ => {
+                    return Err(err(format!(
+                        "'tokenizer.ggml.bos_token_id' is {v:?}, not a token id (the vocabulary has {} tokens)",
+                        tokens.len()
+                    )))
+                }
+            },
+        };
         Ok(Self {
             inner,
             eos_ids,
-            bos_id: id("tokenizer.ggml.bos_token_id"),
+            bos_id,
         })
     }
 

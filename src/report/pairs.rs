@@ -238,8 +238,8 @@ pub fn markdown(rows: &[PairRow]) -> String {
         let _ = writeln!(
             s,
             "| {} | {} | {} | {:.1} | {:.1} | {delta} | {} / {} | {:.3} |",
-            r.a,
-            r.b,
+            crate::error::cell(&r.a),
+            crate::error::cell(&r.b),
             r.problems,
             100.0 * r.pass_a,
             100.0 * r.pass_b,

@@ -198,7 +198,10 @@ pub fn markdown(s: &Summary) -> String {
                 format!("{} / {}", r.model, super::short_dataset(&r.dataset)),
             );
         }
-        let _ = writeln!(out, "| {} |", cells.join(" | ").replace('\n', " "));
+        // Cells come from records (model names, ids, parameters): one row per record, whatever
+        // they hold.
+        let row = cells.join(" | ").replace('\n', " ");
+        let _ = writeln!(out, "| {} |", crate::error::cell(&row));
     }
     let _ = writeln!(
         out,

@@ -7,13 +7,16 @@
 //! DIR/samples.jsonl               one line per finished unit (samples.shard-I-of-N.jsonl per shard)
 //! DIR/traces/UNIT.jsonl           compression events of traced units
 //! DIR/.lock, DIR/.lock.shard-…    advisory locks of running processes
+//! DIR/.lock.holder-PID            who holds them: a running process's command line
 //! ```
 //!
 //! Samples are appended one line per unit, flushed and synced as written, so `kill -9` loses at most
 //! the units in flight; a half-written last line is dropped when the file is opened again. A process
 //! holds an exclusive lock on `.lock` (unsharded) or a shared lock on it plus an exclusive lock on its
 //! shard's lock file, so two processes on one directory are refused unless they run different shards.
-//! The operating system releases the locks when a process dies, however it dies.
+//! The operating system releases the locks when a process dies, however it dies. Every command that
+//! rewrites a directory's files (`regrade --in-place`) takes `.lock` exclusively, so it is refused
+//! while a sweep or run writes there, naming the processes that do.
 
 use super::sample::SampleRecord;
 use super::AtomicFile;
@@ -78,15 +81,72 @@ fn lock(path: &Path, shared: bool, dir: &Path) -> Result<File> {
     match got {
         Ok(()) => Ok(f),
         Err(TryLockError::WouldBlock) => Err(Error::Input(format!(
-            "{} is in use by another kvbench process (lock {}): wait for it, or run different shards with --shard i/n",
+            "{} is in use by another kvbench process{} (lock {}): wait for it, or run different shards with --shard i/n",
             dir.display(),
+            holders(dir),
             path.display()
         ))),
         Err(TryLockError::Error(e)) => Err(Error::io(path, e)),
     }
 }
 
+/// The running processes that hold a directory's locks, as their holder files name them
+/// (`: pid 123 (kvbench sweep …)`), or nothing when none is known.
+fn holders(dir: &Path) -> String {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return String::new();
+    };
+    let mut found: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let pid = name.strip_prefix(".lock.holder-")?.parse::<u32>().ok()?;
+            // A process that died leaves its file behind; only live ones are named.
+            Path::new(&format!("/proc/{pid}")).exists().then(|| {
+                let cmd = std::fs::read_to_string(e.path()).unwrap_or_default();
+                format!(
+                    "pid {pid} ({})",
+                    crate::error::terminal_safe(cmd.trim())
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
+                )
+            })
+        })
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", found.join("; "))
+    }
+}
+
+/// An exclusive hold on a results directory for a command that rewrites its files: refused while
+/// any sweep or run (sharded or not) holds it; released when dropped.
+pub struct Exclusive {
+    _lock: File,
+}
+
+/// Takes `dir`'s `.lock` exclusively, or refuses naming the processes that hold it.
+pub fn lock_exclusive(dir: &Path) -> Result<Exclusive> {
+    Ok(Exclusive {
+        _lock: lock(&dir.join(".lock"), false, dir)?,
+    })
+}
+
+impl Drop for ResultsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.holder_file());
+    }
+}
+
 impl ResultsDir {
+    fn holder_file(&self) -> PathBuf {
+        self.path
+            .join(format!(".lock.holder-{}", std::process::id()))
+    }
+
     /// Creates (if needed) and locks `path` for this process.
     pub fn open(path: &Path, shard: Option<Shard>) -> Result<Self> {
         std::fs::create_dir_all(path).map_err(|e| Error::io(path, e))?;
@@ -104,12 +164,16 @@ impl ResultsDir {
         for (p, shared) in names.iter().take(names.len() - 1) {
             locks.push(lock(p, *shared, path)?);
         }
-        Ok(Self {
+        let dir = Self {
             path: path.to_path_buf(),
             shard,
             _locks: locks,
             created,
-        })
+        };
+        // Who holds the locks, for the message that refuses another process.
+        let command: Vec<String> = std::env::args().collect();
+        let _ = std::fs::write(dir.holder_file(), command.join(" "));
+        Ok(dir)
     }
 
     /// Writes the manifest and config on first use; afterwards refuses a different config.
@@ -166,7 +230,7 @@ impl ResultsDir {
             .find(|n| !n.starts_with(".lock") && !is_own_unbound_file(n));
         if let Some(name) = foreign {
             // Leave the foreign directory as it was: no lock files of ours behind.
-            for p in &self.created {
+            for p in self.created.iter().chain([&self.holder_file()]) {
                 let _ = std::fs::remove_file(p);
             }
             return Err(Error::Input(format!(
@@ -362,36 +426,11 @@ pub fn read_samples(dir: &Path) -> Result<DirSamples> {
         partial_lines: Vec::new(),
     };
     for path in files {
-        // Bytes, not text: a torn last line may end inside a multi-byte character.
-        crate::files::check_readable(&path, crate::files::DATA_LIMIT)?;
-        let bytes = crate::files::read_bytes(&path, crate::files::DATA_LIMIT)?;
-        let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        if end < bytes.len() {
+        let f = super::sample::read_file(&path, true)?;
+        if f.torn_last_line {
             out.partial_lines.push(path.clone());
         }
-        let complete = std::str::from_utf8(&bytes[..end]).map_err(|e| {
-            let line = 1 + bytes[..e.valid_up_to()]
-                .iter()
-                .filter(|&&b| b == b'\n')
-                .count();
-            Error::Input(format!(
-                "{}:{line}: not UTF-8 text (a sample record is one line of JSON)",
-                path.display()
-            ))
-        })?;
-        for (i, line) in complete.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let r: SampleRecord = serde_json::from_str(line).map_err(|e| {
-                Error::Input(format!(
-                    "{}:{}: not a sample record: {e}",
-                    path.display(),
-                    i + 1
-                ))
-            })?;
-            out.records.push(r);
-        }
+        out.records.extend(f.records);
     }
     Ok(out)
 }

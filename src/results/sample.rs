@@ -174,22 +174,79 @@ impl SampleRecord {
     }
 }
 
+/// The longest line a sample record may take (its output and fidelity curves included): 64 MiB.
+pub const MAX_RECORD: usize = 64 << 20;
+
+/// Records of one samples file, read a line at a time.
+pub struct FileRecords {
+    pub records: Vec<SampleRecord>,
+    /// The file ends in a partial record (a process is writing it, or was killed writing it).
+    pub torn_last_line: bool,
+}
+
+/// Reads a JSON Lines samples file, streamed: a line at a time, each at most [`MAX_RECORD`] bytes.
+/// With `allow_torn`, a last line without its newline that begins as a record does (`{`) is a record
+/// being written, or cut by a kill: it is left out and reported. Anything else that is not a record
+/// (NUL bytes, text, a line too long) is an error naming the file and line.
+pub fn read_file(path: &std::path::Path, allow_torn: bool) -> crate::Result<FileRecords> {
+    use std::io::BufRead;
+    let bad =
+        |line: usize, why: String| crate::Error::Input(format!("{}:{line}: {why}", path.display()));
+    crate::files::check_readable(path, crate::files::DATA_LIMIT)?;
+    let (file, _) = crate::files::open(path)?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut out = FileRecords {
+        records: Vec::new(),
+        torn_last_line: false,
+    };
+    let mut buf = Vec::new();
+    let mut n = 0;
+    loop {
+        buf.clear();
+        let got = std::io::Read::take(&mut reader, MAX_RECORD as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| crate::Error::io(path, e))?;
+        if got == 0 {
+            break;
+        }
+        n += 1;
+        let complete = buf.ends_with(b"\n");
+        if !complete && buf.len() > MAX_RECORD {
+            return Err(bad(
+                n,
+                format!(
+                    "a line longer than {} MiB is not a sample record",
+                    MAX_RECORD >> 20
+                ),
+            ));
+        }
+        let starts_as_record = buf
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&b| b == b'{');
+        if !complete && allow_torn && starts_as_record && !buf.contains(&0) {
+            out.torn_last_line = true;
+            break;
+        }
+        let text = std::str::from_utf8(&buf).map_err(|_| {
+            bad(
+                n,
+                "not UTF-8 text (a sample record is one line of JSON)".into(),
+            )
+        })?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let r: SampleRecord =
+            serde_json::from_str(text).map_err(|e| bad(n, format!("not a sample record: {e}")))?;
+        out.records.push(r);
+    }
+    Ok(out)
+}
+
 /// Reads a JSON Lines file of records; a bad line is an error naming the file and line.
 pub fn read_records(path: &std::path::Path) -> crate::Result<Vec<SampleRecord>> {
-    let text = crate::files::read_text(path, crate::files::DATA_LIMIT)?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| {
-                crate::Error::Input(format!(
-                    "{}:{}: not a sample record: {e}",
-                    path.display(),
-                    i + 1
-                ))
-            })
-        })
-        .collect()
+    Ok(read_file(path, false)?.records)
 }
 
 /// Writes records as JSON Lines, atomically.

@@ -141,7 +141,7 @@ impl SweepConfig {
             return Err(Error::Input("no [[policy]] tables".into()));
         }
         let rule = budget_rule.unwrap_or_default();
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
         for p in &mut policies {
             let args = arg_strings(&p.args);
             let list = if p.name == "full" {
@@ -159,14 +159,12 @@ impl SweepConfig {
             for b in list {
                 let spec = PolicySpec::with_rule(&p.name, b, rule, args.clone())?;
                 // The same (policy, parameters, budget) twice would plan the same units twice.
-                let d = spec.describe();
-                if seen.contains(&d) {
+                if !seen.insert(spec.describe()) {
                     return Err(Error::Input(format!(
                         "policy '{}' at budget {b} is listed twice (same parameters); remove one",
                         p.name
                     )));
                 }
-                seen.push(d);
                 p.specs.push(spec);
             }
         }

@@ -188,12 +188,12 @@ impl Planned {
             s,
             "sweep '{}': model {} ({}), data {}, {} problems × {} samples, output {}",
             self.cfg.name,
-            self.cfg.model.model(),
-            self.files.describe(),
-            self.set.source,
+            crate::error::cell(self.cfg.model.model()),
+            crate::error::cell(&self.files.describe()),
+            crate::error::cell(&self.set.source),
             p.problems.len(),
             p.samples,
-            out.display()
+            crate::error::cell(&out.display().to_string())
         );
         let _ = writeln!(
             s,
@@ -208,14 +208,19 @@ impl Planned {
         );
         let _ = writeln!(s, "\n| policy | units | first unit id |");
         let _ = writeln!(s, "|---|---:|---|");
-        for (i, spec) in p.specs.iter().enumerate() {
-            let units: Vec<_> = p.units_of(i).collect();
+        // One pass over the units (a plan may hold 10^5 of them and thousands of policies).
+        let mut per_policy: Vec<(usize, Option<&str>)> = vec![(0, None); p.specs.len()];
+        for u in &p.units {
+            let e = &mut per_policy[u.policy];
+            e.0 += 1;
+            e.1.get_or_insert(u.id.as_str());
+        }
+        for (spec, (count, first)) in p.specs.iter().zip(per_policy) {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} |",
-                spec.describe(),
-                units.len(),
-                units.first().map_or("-", |u| u.id.as_str())
+                "| {} | {count} | {} |",
+                crate::error::cell(&spec.describe()),
+                first.unwrap_or("-")
             );
         }
         let _ = write!(
@@ -515,8 +520,10 @@ fn run_units(
         if flags.show_output {
             bar.suspend(|| {
                 println!(
-                    "--- {label} ({}) ---\n{}\n",
-                    r.record.policy, r.record.output
+                    "--- {} ({}) ---\n{}\n",
+                    crate::error::cell(&label),
+                    crate::error::cell(&r.record.policy),
+                    crate::error::terminal_safe(&r.record.output)
                 )
             });
         }
@@ -524,7 +531,11 @@ fn run_units(
     })?;
     bar.finish_and_clear();
     for f in &failures {
-        eprintln!("error: unit {} failed: {}", f.unit, f.error);
+        eprintln!(
+            "error: unit {} failed: {}",
+            f.unit,
+            crate::error::terminal_safe(&f.error)
+        );
     }
     if let (Some(w), Some((path, _))) = (trace_file, &flags.trace_file) {
         let events = w.finish()?;

@@ -20,7 +20,7 @@ pub fn model(format: WeightFormat) -> Arc<Model> {
     if let Some((_, m)) = list.iter().find(|(f, _)| *f == format) {
         return m.clone();
     }
-    kvbench::init_threads(None);
+    kvbench::init_threads(None).expect("a valid RAYON_NUM_THREADS");
     let opts = LoadOptions {
         format,
         ..Default::default()

@@ -1,0 +1,361 @@
+//! The edges issue 43's hostile-input battery found, one test each: two commands on one results
+//! directory, thread counts from the environment, unreadable results, pipes and streams, signals and
+//! file-size limits, terminal injection from data files, planning large sweeps, empty regrades. They
+//! run on a random-weight model (`random:tiny`), so they need no download.
+
+mod common;
+
+use common::{kvbench, ok};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvbench-rel-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A sweep of `units` units that takes a few seconds: one sequence at a time, to the length limit.
+fn slow_config(dir: &Path, units: usize) -> PathBuf {
+    let cfg = dir.join("slow.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = \"slow\"\nmodel = \"random:tiny\"\nlimit = {units}\nprompt = \"plain\"\nmax_new_tokens = 1200\nignore_eos = true\nbatch_size = 1\n[[policy]]\nname = \"full\"\n"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn sweep(cfg: &Path, out: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvbench"));
+    c.args([
+        "sweep",
+        cfg.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .env("RAYON_NUM_THREADS", "1")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    c
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+/// Waits until `path` has at least `n` lines (or panics after a minute).
+fn wait_for_lines(path: &Path, n: usize) {
+    let started = Instant::now();
+    while lines(path) < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no progress in {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn regrade_in_place_is_refused_while_a_sweep_writes_and_every_unit_survives() {
+    let dir = temp("lock");
+    let cfg = slow_config(&dir, 6);
+    let out = dir.join("results");
+    let mut running = sweep(&cfg, &out).spawn().unwrap();
+    let samples = out.join("samples.jsonl");
+    wait_for_lines(&samples, 1);
+    let r = kvbench(&["regrade", samples.to_str().unwrap(), "--in-place"]);
+    assert_eq!(r.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        err.contains("in use by another kvbench process")
+            && err.contains("pid ")
+            && err.contains("sweep"),
+        "{err}"
+    );
+    assert!(running.wait().unwrap().success());
+    assert_eq!(lines(&samples), 6, "every unit kept");
+    // Once the sweep has ended, the rewrite goes ahead.
+    ok(&kvbench(&[
+        "regrade",
+        samples.to_str().unwrap(),
+        "--in-place",
+    ]));
+    assert_eq!(lines(&samples), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_ends_a_sweep_with_a_message_and_it_resumes() {
+    let dir = temp("term");
+    let cfg = slow_config(&dir, 4);
+    let out = dir.join("results");
+    let running = sweep(&cfg, &out).spawn().unwrap();
+    let samples = out.join("samples.jsonl");
+    wait_for_lines(&samples, 1);
+    Command::new("kill")
+        .args(["-TERM", &running.id().to_string()])
+        .status()
+        .unwrap();
+    let done = running.wait_with_output().unwrap();
+    assert_eq!(done.status.code(), Some(143));
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        err.contains("terminated (SIGTERM)") && err.contains("resume"),
+        "{err}"
+    );
+    let kept = lines(&samples);
+    assert!((1..4).contains(&kept), "{kept}");
+    let resumed = sweep(&cfg, &out).output().unwrap();
+    assert!(resumed.status.success());
+    assert!(String::from_utf8_lossy(&resumed.stderr)
+        .contains(&format!("{kept} of 4 units already finished")));
+    assert_eq!(lines(&samples), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_size_limit_ends_a_sweep_with_a_message_not_a_signal() {
+    let dir = temp("fsize");
+    let cfg = slow_config(&dir, 3);
+    let out = dir.join("results");
+    let limited = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f 8; exec '{}' sweep '{}' --out '{}'",
+            env!("CARGO_BIN_EXE_kvbench"),
+            cfg.display(),
+            out.display()
+        ))
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    // An error exit with a message, not death by SIGXFSZ.
+    assert!(matches!(limited.status.code(), Some(1 | 2)), "{limited:?}");
+    let err = String::from_utf8_lossy(&limited.stderr);
+    assert!(err.contains("File too large"), "{err}");
+    let resumed = sweep(&cfg, &out).output().unwrap();
+    assert!(resumed.status.success());
+    assert_eq!(lines(&out.join("samples.jsonl")), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn thread_counts_from_the_environment_obey_the_flag_s_bounds() {
+    for bad in ["100000", "0", "many"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args(["forward", "--model", "random:tiny", "--tokens", "2"])
+            .env("RAYON_NUM_THREADS", bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("RAYON_NUM_THREADS={bad}")), "{err}");
+    }
+}
+
+#[test]
+fn results_that_are_not_records_are_errors_naming_file_and_line() {
+    let dir = temp("nul");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("results/study-math500/sweep.json"),
+        dir.join("sweep.json"),
+    )
+    .unwrap();
+    // Megabytes of NUL bytes and no newline: not a record being written, an unreadable file.
+    std::fs::write(dir.join("samples.jsonl"), vec![0u8; 4 << 20]).unwrap();
+    let out = kvbench(&["report", dir.to_str().unwrap(), "--no-plots"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("samples.jsonl:1"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn regrading_nothing_is_an_error_and_writes_nothing() {
+    let dir = temp("empty");
+    let empty = dir.join("samples.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let target = dir.join("out.jsonl");
+    let out = kvbench(&[
+        "regrade",
+        empty.to_str().unwrap(),
+        "--out",
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("samples.jsonl: no sample records"));
+    assert!(!target.exists());
+    let out = kvbench(&["regrade", dir.join("missing.jsonl").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.jsonl"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn streams_are_read_once_and_a_pipe_with_no_writer_does_not_hang() {
+    let dir = temp("streams");
+    let fifo = dir.join("fifo.jsonl");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let started = Instant::now();
+    let out = kvbench(&[
+        "run",
+        "--model",
+        "random:tiny",
+        "--data",
+        fifo.to_str().unwrap(),
+        "--limit",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the FIFO was waited on"
+    );
+    // Data on standard input: the recorded hash is of the bytes read.
+    let line = "{\"id\":\"s1\",\"problem\":\"What is 1+1?\",\"answer\":\"2\"}\n";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args([
+            "run",
+            "--model",
+            "random:tiny",
+            "--data",
+            "/dev/stdin",
+            "--max-new-tokens",
+            "1",
+        ])
+        .args(["--no-baseline", "--out", dir.join("r").to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(line.as_bytes())
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let digest = {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(line.as_bytes()))
+    };
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(err.contains(&digest[..16]), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failed_write_to_standard_output_is_one_line_and_exit_1() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .arg("policies")
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot write to standard output"), "{err}");
+}
+
+#[test]
+fn ids_and_text_from_a_data_file_cannot_drive_the_terminal() {
+    let dir = temp("inject");
+    let data = dir.join("evil.jsonl");
+    std::fs::write(
+        &data,
+        "{\"id\":\"evil\\u001b[2J\\nrow\\u202e\",\"problem\":\"What is \\u001b]0;pwned\\u0007 1+1?\",\"answer\":\"2\\u001b[31m\"}\n",
+    )
+    .unwrap();
+    let out = kvbench(&[
+        "run",
+        "--model",
+        "random:tiny",
+        "--data",
+        data.to_str().unwrap(),
+        "--max-new-tokens",
+        "2",
+        "--no-baseline",
+        "--show-output",
+        "--out",
+        dir.join("r").to_str().unwrap(),
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for raw in ['\u{1b}', '\u{7}', '\u{202e}'] {
+        assert!(!text.contains(raw), "{raw:?} reached the terminal: {text}");
+    }
+    let row = text.lines().find(|l| l.contains("evil")).unwrap();
+    assert!(row.contains("evil\\u{1b}[2J\\nrow\\u{202e}"), "{row}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_sweep_of_a_hundred_thousand_units_plans_in_seconds() {
+    let dir = temp("plan");
+    let data = dir.join("rows.jsonl");
+    let rows: String = (0..100)
+        .map(|i| format!("{{\"id\":\"p{i}\",\"problem\":\"What is {i}?\",\"answer\":\"{i}\"}}\n"))
+        .collect();
+    std::fs::write(&data, rows).unwrap();
+    let budgets: Vec<String> = (0..1000).map(|i| (64 + i).to_string()).collect();
+    let cfg = dir.join("big.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = \"big\"\nmodel = \"random:tiny\"\ndata = \"{}\"\nbudgets = [{}]\n[[policy]]\nname = \"rkv\"\n",
+            data.display(),
+            budgets.join(", ")
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = ok(&kvbench(&["sweep", cfg.to_str().unwrap(), "--dry-run"]));
+    assert!(out.contains("100000 work units"), "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    // Past the bound, refused before anything is allocated.
+    let huge: Vec<String> = (0..20_000).map(|i| (64 + i).to_string()).collect();
+    std::fs::write(
+        &cfg,
+        format!(
+            "name = \"big\"\nmodel = \"random:tiny\"\ndata = \"{}\"\nsamples = 1000\nbudgets = [{}]\n[[policy]]\nname = \"rkv\"\n",
+            data.display(),
+            huge.join(", ")
+        ),
+    )
+    .unwrap();
+    let out = kvbench(&["sweep", cfg.to_str().unwrap(), "--dry-run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the most one sweep plans"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

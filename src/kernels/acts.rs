@@ -6,33 +6,47 @@
 use super::aligned::AlignedBytes;
 use super::HALF;
 
-/// `m` rows of `k` quantized activations.
+/// `m` rows of `k` quantized activations. The fields are the kernels' own (visible inside
+/// [`crate::kernels`] only): built by [`Acts::quantize`], their lengths always agree with `m`, `k` and
+/// `block`, which the kernels' unchecked reads rely on.
 pub struct Acts {
-    pub m: usize,
-    pub k: usize,
+    pub(super) m: usize,
+    pub(super) k: usize,
     /// Values per scale: 32 or 256.
-    pub block: usize,
+    pub(super) block: usize,
     /// `q[r * k + i]`, from a 64-byte boundary (every row from a 32-byte one).
-    pub q: AlignedBytes<i8>,
+    pub(super) q: AlignedBytes<i8>,
     /// `d[r * (k / block) + b]`.
-    pub d: Vec<f32>,
+    pub(super) d: Vec<f32>,
     /// `sums[r * (k / 16) + h]`: `Σ q` over the 16 values `16h … 16h + 15`.
-    pub sums: Vec<i16>,
+    pub(super) sums: Vec<i16>,
     /// `sums32[r * (k / 32) + j]`: `Σ q` over the 32 values `32j … 32j + 31` (what a k-quant
     /// group's minimum multiplies); empty for 32-wide blocks, whose kernels do not read it.
-    pub sums32: Vec<i16>,
+    pub(super) sums32: Vec<i16>,
     /// `scaled[r * (k / block) + b]`: `d · Σ q` over block `b` (what a 32-wide block's minimum
     /// multiplies).
-    pub scaled: Vec<f32>,
+    pub(super) scaled: Vec<f32>,
 }
 
 impl Acts {
+    /// Rows, values per row, values per scale.
+    pub fn shape(&self) -> (usize, usize, usize) {
+        (self.m, self.k, self.block)
+    }
+
     /// Quantizes `m` rows of `k` values (`x`, row-major) in blocks of `block`. Rows are independent,
     /// so large inputs (prefill, large batches) are split across the thread pool by rows: the same
     /// values as one thread. On one thread it was 8% of a 256-row Q4_K product's profile (README,
     /// speed).
+    /// # Panics
+    /// When `k` is not a whole number of blocks or `x` does not hold `m` rows of `k`: the lengths
+    /// every kernel relies on come from here.
     pub fn quantize(x: &[f32], m: usize, k: usize, block: usize) -> Self {
-        debug_assert!(k.is_multiple_of(block) && x.len() == m * k);
+        assert!(
+            matches!(block, 32 | 256) && k.is_multiple_of(block) && x.len() == m * k,
+            "Acts::quantize: {} values are not {m} rows of {k} in blocks of {block}",
+            x.len()
+        );
         let (kb, kh) = (k / block, k / HALF);
         let mut q = AlignedBytes::<i8>::zeroed(m * k);
         let mut d = vec![0f32; m * kb];

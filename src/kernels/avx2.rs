@@ -186,6 +186,8 @@ pub unsafe fn prepare(format: BlockFormat, w: &[u8], k: usize, out: &mut Prepare
 /// The CPU must support AVX2, FMA and F16C; `p` must be prepared for `x.k` weights and `x` hold the
 /// rows asked for, quantized in the format's activation block (32, or 256 for k-quants).
 pub unsafe fn dot_rows(p: &Prepared, x: &Acts, r0: usize, rows: usize, acc: &mut [f32; ROWS]) {
+    #[cfg(test)]
+    super::ran::mark(super::ran::Kernel::Avx2);
     let format = p.format.expect("a prepared row");
     macro_rules! by_rows {
         ($kernel:ident $(, $flag:expr)?) => {

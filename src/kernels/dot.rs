@@ -160,6 +160,8 @@ fn min_term(mins: &[f32], x: &Acts, r: usize) -> f32 {
 /// Products of one unpacked weight row `w` with activation rows `r0 .. r0 + rows` into
 /// `acc[..rows]`, portable. `has_min` says whether `w`'s format has a minimum.
 pub fn portable(w: &Unpacked, has_min: bool, x: &Acts, r0: usize, rows: usize, acc: &mut [f32]) {
+    #[cfg(test)]
+    super::ran::mark(super::ran::Kernel::Portable);
     let per_block = x.block / GROUP;
     for (i, a) in acc.iter_mut().take(rows).enumerate() {
         let (xq, xd) = (x.row(r0 + i), x.scales(r0 + i));

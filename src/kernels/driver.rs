@@ -62,7 +62,8 @@ fn gemm_rows() -> usize {
     }
 }
 
-pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
+pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Result<Vec<f32>, ShapeError> {
+    check(w, x)?;
     let (n, m, k) = (w.rows(), x.m, w.cols());
     let mut out = vec![0f32; m * n];
     let dst = Out(out.as_mut_ptr(), n);
@@ -160,7 +161,45 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Vec<f32> {
             task(scratch, start..(start + per_task).min(run.end));
         }
     });
-    out
+    Ok(out)
+}
+
+/// Inputs a product was given that do not fit each other: `run` is safe and public, and its kernels
+/// read the activations and weights without bounds checks, so a mismatch is refused before any read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("kernels: {0}")]
+pub struct ShapeError(String);
+
+/// The checks `run` makes (a constant cost per call): the activations have the matrix's width, in
+/// the activation block its format reads, and every buffer has the length its shape implies.
+fn check(w: &QMatrix, x: &Acts) -> Result<(), ShapeError> {
+    let (m, k, block) = x.shape();
+    let bad = |why: String| Err(ShapeError(why));
+    if k != w.cols() {
+        return bad(format!(
+            "activations of {k} values for a matrix of {} columns",
+            w.cols()
+        ));
+    }
+    if block != w.act_block() {
+        return bad(format!(
+            "activations in blocks of {block} for a matrix whose format reads blocks of {}",
+            w.act_block()
+        ));
+    }
+    let kb = k / block;
+    let sums32 = if block == 256 { m * (k / 32) } else { 0 };
+    if x.q.len() != m * k
+        || x.d.len() != m * kb
+        || x.scaled.len() != m * kb
+        || x.sums.len() != m * (k / 16)
+        || x.sums32.len() != sums32
+    {
+        return bad(format!(
+            "activation buffers that do not hold {m} rows of {k}"
+        ));
+    }
+    Ok(())
 }
 
 /// Calls with fewer activation rows use the kernels that decode blocks in registers (decoding); from

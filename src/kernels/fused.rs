@@ -30,6 +30,8 @@ pub unsafe fn dot_rows(
     rows: usize,
     acc: &mut [f32; 4],
 ) {
+    #[cfg(test)]
+    super::ran::mark(super::ran::Kernel::Avx2);
     let mut out = [[0f32; 4]];
     dot_rows_w::<1>(format, [w.as_ptr()], x, r0, rows, &mut out);
     *acc = out[0];
@@ -49,6 +51,8 @@ pub unsafe fn dot_rows2(
     rows: usize,
     acc: &mut [[f32; 4]; 2],
 ) {
+    #[cfg(test)]
+    super::ran::mark(super::ran::Kernel::Avx2);
     if format.is_k_quant() {
         // Two k-quant rows at once run out of registers (measured 14% slower): one at a time.
         for c in 0..2 {

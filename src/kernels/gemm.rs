@@ -707,6 +707,8 @@ unsafe fn kquant_vnni<S: Quad, const RR: usize>(
     r0: usize,
     acc: &mut [[f32; KR]; NW],
 ) {
+    #[cfg(test)]
+    super::ran::mark(super::ran::Kernel::Vnni);
     debug_assert_eq!(x.block, 256);
     let at = RowsAt::new(x, r0);
     let RowsAt { xq, k, kb, .. } = at;
@@ -1025,6 +1027,8 @@ unsafe fn legacy_vnni<const RR: usize, const SIGNED: bool>(
     r0: usize,
     acc: &mut [[f32; KR]; NW],
 ) {
+    #[cfg(test)]
+    super::ran::mark(super::ran::Kernel::Vnni);
     debug_assert_eq!(x.block, 32);
     let (k, kb) = (x.k, x.k / 32);
     let xq = x.row(r0).as_ptr();

@@ -34,6 +34,13 @@ pub type Acc = [[[f32; KR]; NW]; 2];
 /// The CPU must support AVX-512F and AVX-512BW as well as AVX2, FMA and F16C; both blocks must be
 /// built for `x.k` weights and `x` hold the rows asked for, in 256-wide activation blocks.
 pub unsafe fn dot_pair(mut p: [&Interleaved; 2], x: &Acts, r0: usize, rows: usize, acc: &mut Acc) {
+    #[cfg(test)]
+    {
+        super::ran::mark(super::ran::Kernel::Avx512);
+        if has_vnni() {
+            super::ran::mark(super::ran::Kernel::Vnni);
+        }
+    }
     debug_assert_eq!(p[0].by_16, p[1].by_16);
     debug_assert!(rows <= KR);
     dot_quads(&mut p, x, r0, rows, std::slice::from_mut(acc), has_vnni())
@@ -54,6 +61,13 @@ pub unsafe fn dot_packed_pair(
     rows: usize,
     acc: &mut [Acc],
 ) {
+    #[cfg(test)]
+    {
+        super::ran::mark(super::ran::Kernel::Avx512);
+        if has_vnni() {
+            super::ran::mark(super::ran::Kernel::Vnni);
+        }
+    }
     debug_assert!(rows <= MAX_ROWS && acc.len() >= rows.div_ceil(KR));
     let g = groups.map(|g| g.as_ptr());
     let vnni = has_vnni();

@@ -51,6 +51,13 @@ pub(super) unsafe fn dot<F: KQuant>(
     acc: &mut [[f32; KR]; NW],
 ) {
     debug_assert!(!F::BY_16);
+    #[cfg(test)]
+    {
+        super::ran::mark(super::ran::Kernel::Vnni);
+        if has_gfni() {
+            super::ran::mark(super::ran::Kernel::Gfni);
+        }
+    }
     if has_gfni() {
         match rows {
             1 => with_gfni::<F, 1>(group, x, r0, acc),
@@ -333,10 +340,13 @@ mod tests {
     /// super-blocks.
     #[test]
     fn both_variants_give_the_bits_of_the_other_kernels() {
-        if !super::super::gemm512::has_vnni() || !super::super::dot::has_avx512() {
-            eprintln!("no AVX-512 VNNI on this CPU: this kernel cannot run here");
+        if !super::super::tests::needs(
+            super::super::ran::Kernel::Vnni,
+            super::super::gemm512::has_vnni() && super::super::dot::has_avx512(),
+        ) {
             return;
         }
+        let with_gfni = super::super::tests::needs(super::super::ran::Kernel::Gfni, has_gfni());
         let (n, k) = (8, 768);
         for format in [BlockFormat::Q4K, BlockFormat::Q5K] {
             let bytes = quantized(format, n, k, 60);
@@ -347,8 +357,7 @@ mod tests {
                 let want = file.matmul_with(&x, m, Path::Avx512);
                 let acts = Acts::quantize(&x, m, k, 256);
                 for gfni in [false, true] {
-                    if gfni && !has_gfni() {
-                        eprintln!("no GFNI on this CPU: its variant cannot run here");
+                    if gfni && !with_gfni {
                         continue;
                     }
                     for j in [0, NW] {

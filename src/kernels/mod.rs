@@ -42,6 +42,8 @@ pub mod k45_vnni;
 pub mod kquants;
 pub mod legacy;
 pub mod packed;
+#[cfg(test)]
+pub(crate) mod ran;
 pub mod weight_bytes;
 
 pub use format::BlockFormat;
@@ -377,7 +379,7 @@ impl QMatrix {
     pub fn matmul_with(&self, x: &[f32], m: usize, path: dot::Path) -> Vec<f32> {
         assert_eq!(x.len(), m * self.k, "QMatrix::matmul: bad input length");
         let acts = acts::Acts::quantize(x, m, self.k, self.act_block());
-        driver::run(self, &acts, path)
+        driver::run(self, &acts, path).expect("activations quantized for this matrix")
     }
 }
 

@@ -1,11 +1,70 @@
 //! Every format's kernel against candle's dequantization, the AVX2 path against the portable one, and
 //! a row's result against its batch.
+//!
+//! A test of a path needs that path's instructions: on a CPU without them it says so and does not run
+//! (`KVBENCH_REQUIRE=avx2,avx512,vnni,gfni` makes that a failure), and where it runs it asserts that
+//! the path's kernels ran ([`super::ran`]), so a dispatch that fell back to another path fails it.
 
 use super::dot::{has_avx2, has_avx512, Path};
+use super::ran::Kernel;
 use super::*;
 use candle_core::quantized::{QStorage, QTensor};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
+
+/// Whether a test of `kernel`'s path can run on this CPU (`has`). When it cannot, it is skipped with a
+/// line on standard error, unless `KVBENCH_REQUIRE` (a comma list of `avx2`, `avx512`, `vnni`,
+/// `gfni`) names it: then the test fails, so a machine meant to check every path cannot pass by
+/// skipping.
+pub(crate) fn needs(kernel: Kernel, has: bool) -> bool {
+    if has {
+        return true;
+    }
+    let required = std::env::var("KVBENCH_REQUIRE").unwrap_or_default();
+    if required.split(',').any(|r| r.trim() == kernel.name()) {
+        panic!(
+            "KVBENCH_REQUIRE={required} names {} but this CPU does not run it: the test of that path cannot run",
+            kernel.name()
+        );
+    }
+    eprintln!(
+        "skipped: this CPU does not run the {} kernels",
+        kernel.name()
+    );
+    false
+}
+
+/// Runs `f` on a pool of one thread (kernels run on the calling pool) and returns its result with
+/// the kernel families that ran meanwhile.
+fn counting<R: Send>(f: impl FnOnce() -> R + Send) -> (R, [usize; 5]) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a pool of one thread");
+    pool.install(super::ran::take);
+    let r = pool.install(f);
+    (r, pool.install(super::ran::take))
+}
+
+/// Asserts `kernel` ran (`counts` from [`counting`]).
+fn assert_ran(counts: &[usize; 5], kernel: Kernel, what: &str) {
+    assert!(
+        counts[kernel as usize] > 0,
+        "{what}: the {} kernels did not run (counts {counts:?})",
+        kernel.name()
+    );
+}
+
+fn has_gfni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("gfni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// `len` values uniform in [-1, 1) from `seed`.
 pub(crate) fn random(len: usize, seed: u64) -> Vec<f32> {
@@ -100,8 +159,7 @@ fn every_format_multiplies_within_the_activation_rounding() {
 
 #[test]
 fn simd_and_portable_paths_agree() {
-    if !has_avx2() {
-        eprintln!("no AVX2 on this CPU: only the portable path runs");
+    if !needs(Kernel::Avx2, has_avx2()) {
         return;
     }
     for format in BlockFormat::ALL {
@@ -110,8 +168,14 @@ fn simd_and_portable_paths_agree() {
         // 6 rows take the kernels that decode in registers, 40 the tiled ones.
         for m in [6, 40] {
             let x = random(m * k, 5);
-            let a = q.matmul_with(&x, m, Path::Portable);
-            let b = q.matmul_with(&x, m, Path::Avx2);
+            let (a, ran) = counting(|| q.matmul_with(&x, m, Path::Portable));
+            assert_ran(&ran, Kernel::Portable, &format!("{format:?}, {m} rows"));
+            let (b, ran) = counting(|| q.matmul_with(&x, m, Path::Avx2));
+            assert_eq!(
+                ran[Kernel::Portable as usize],
+                0,
+                "{format:?}: AVX2 fell back"
+            );
             for (p, s) in a.iter().zip(&b) {
                 assert!(
                     (p - s).abs() <= 1e-4 * p.abs().max(1.0),
@@ -150,8 +214,7 @@ fn a_row_is_independent_of_its_batch() {
 /// (16 to 19 rows: calls of one to four) through `gemm::legacy_vnni`, two through AVX2's kernel.
 #[test]
 fn avx512_and_avx2_paths_give_the_same_bits() {
-    if !has_avx512() {
-        eprintln!("no AVX-512 on this CPU: its kernel cannot run here");
+    if !needs(Kernel::Avx512, has_avx512()) {
         return;
     }
     let k = 512;
@@ -170,12 +233,49 @@ fn avx512_and_avx2_paths_give_the_same_bits() {
         (BlockFormat::Q4K, 10),
     ];
     mats.push((format!("{parts:?}"), stacked_parts(&parts, k, 31).1));
+    let mut ran = [0usize; 5];
     for (name, q) in &mats {
         for m in [8, 11, 16, 17, 18, 19, 40, 70] {
             let x = random(m * k, 32 + m as u64);
-            let wide = q.matmul_with(&x, m, Path::Avx512);
+            let (wide, r) = counting(|| q.matmul_with(&x, m, Path::Avx512));
+            ran.iter_mut().zip(r).for_each(|(a, b)| *a += b);
             let narrow = q.matmul_with(&x, m, Path::Avx2);
             assert_eq!(wide, narrow, "{name}, {m} rows");
+        }
+    }
+    assert_ran(
+        &ran,
+        Kernel::Avx512,
+        "the k-quant matrices on the AVX-512 path",
+    );
+    if needs(Kernel::Vnni, super::gemm512::has_vnni()) {
+        assert_ran(&ran, Kernel::Vnni, "the AVX-512 path on a CPU with VNNI");
+    }
+}
+
+/// Q4_K and Q5_K rows repacked at load, at one to five activation rows on the AVX-512 path: the
+/// 256-bit VNNI kernel (`k45_vnni`, with GFNI where the CPU has it) runs and gives the AVX2 path's bits.
+#[test]
+fn vnni_and_gfni_kernels_run_and_give_the_avx2_bits() {
+    if !needs(Kernel::Vnni, has_avx512() && super::gemm512::has_vnni()) {
+        return;
+    }
+    let gfni = needs(Kernel::Gfni, has_gfni());
+    let k = 512;
+    for format in [BlockFormat::Q4K, BlockFormat::Q5K] {
+        let q = QMatrix::with_layout(format, quantized(format, 40, k, 50), 40, k, true).unwrap();
+        for m in 1..=5 {
+            let x = random(m * k, 51 + m as u64);
+            let (wide, ran) = counting(|| q.matmul_with(&x, m, Path::Avx512));
+            assert_ran(&ran, Kernel::Vnni, &format!("{format:?}, {m} rows"));
+            if gfni {
+                assert_ran(&ran, Kernel::Gfni, &format!("{format:?}, {m} rows"));
+            }
+            assert_eq!(
+                wide,
+                q.matmul_with(&x, m, Path::Avx2),
+                "{format:?}, {m} rows"
+            );
         }
     }
 }
@@ -318,4 +418,33 @@ fn wrong_sizes_are_refused() {
     let kquant = QMatrix::new(BlockFormat::Q4K, vec![0; 144], 1, 256).unwrap();
     assert!(!legacy.stacks_with(&kquant));
     assert!(QMatrix::stack(vec![legacy, kquant]).is_err());
+}
+
+/// The public kernel entry checks that activations fit the matrix before any unchecked read:
+/// another width, or activations quantized in another block, are an error naming both.
+#[test]
+fn mismatched_activations_are_an_error_not_a_read() {
+    let (n, k) = (8, 512);
+    let q4 = QMatrix::new(
+        BlockFormat::Q4_0,
+        quantized(BlockFormat::Q4_0, n, k, 70),
+        n,
+        k,
+    )
+    .unwrap();
+    let narrow = acts::Acts::quantize(&random(256, 71), 1, 256, 32);
+    let e = driver::run(&q4, &narrow, Path::best())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("256 values") && e.contains("512 columns"), "{e}");
+    let wide_blocks = acts::Acts::quantize(&random(k, 72), 1, k, 256);
+    let e = driver::run(&q4, &wide_blocks, Path::best())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("blocks of 256") && e.contains("blocks of 32"),
+        "{e}"
+    );
+    let fits = acts::Acts::quantize(&random(2 * k, 73), 2, k, 32);
+    assert_eq!(driver::run(&q4, &fits, Path::best()).unwrap().len(), 2 * n);
 }

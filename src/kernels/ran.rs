@@ -15,14 +15,6 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 5] = [
-        Kernel::Portable,
-        Kernel::Avx2,
-        Kernel::Avx512,
-        Kernel::Vnni,
-        Kernel::Gfni,
-    ];
-
     /// The name `KVBENCH_REQUIRE` uses.
     pub fn name(self) -> &'static str {
         match self {
@@ -48,7 +40,7 @@ pub fn mark(kernel: Kernel) {
     });
 }
 
-/// This thread's counts since the last call, by [`Kernel::ALL`]'s order.
+/// This thread's counts since the last call, indexed by `Kernel as usize`.
 pub fn take() -> [usize; 5] {
     COUNTS.with(|c| c.replace([0; 5]))
 }

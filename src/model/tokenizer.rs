@@ -159,18 +159,20 @@ impl Tokenizer {
         inner.add_special_tokens(&special);
         // The end-of-sequence id decides where a generation stops: one that is not a token of the
         // vocabulary (or not an integer) marks a damaged file, not a model that never ends.
-        let eos = match md.get("tokenizer.ggml.eos_token_id") {
-            None => None,
-            Some(v) => match integer(v) {
-                Some(i) if i < tokens.len() as u64 => Some(i as u32),
-                _ => {
-                    return Err(err(format!(
-                        "'tokenizer.ggml.eos_token_id' is {v:?}, not a token id (the vocabulary has {} tokens)",
+        // A special token's id, when given: an integer of any width naming a token of the vocabulary.
+        let token_id = |key: &str| -> Result<Option<u32>> {
+            match md.get(key) {
+                None => Ok(None),
+                Some(v) => match integer(v) {
+                    Some(i) if i < tokens.len() as u64 => Ok(Some(i as u32)),
+                    _ => Err(err(format!(
+                        "'{key}' is {v:?}, not a token id (the vocabulary has {} tokens)",
                         tokens.len()
-                    )))
-                }
-            },
+                    ))),
+                },
+            }
         };
+        let eos = token_id("tokenizer.ggml.eos_token_id")?;
         let mut eos_ids: Vec<u32> = eos.into_iter().collect();
         // ChatML models end a turn with <|im_end|>; Llama 3 with <|eot_id|>.
         for name in [
@@ -186,18 +188,7 @@ impl Tokenizer {
             }
         }
         // The beginning-of-sequence id, when given, must be a token too (a template may write it).
-        let bos_id = match md.get("tokenizer.ggml.bos_token_id") {
-            None => None,
-            Some(v) => match integer(v) {
-                Some(i) if i < tokens.len() as u64 => Some(i as u32),
-                _ => {
-                    return Err(err(format!(
-                        "'tokenizer.ggml.bos_token_id' is {v:?}, not a token id (the vocabulary has {} tokens)",
-                        tokens.len()
-                    )))
-                }
-            },
-        };
+        let bos_id = token_id("tokenizer.ggml.bos_token_id")?;
         Ok(Self {
             inner,
             eos_ids,

@@ -115,6 +115,41 @@ impl Acts {
     }
 }
 
+/// Pointers for the kernels' unchecked reads, which step from a row into the rows after it: each is
+/// derived from the buffer's tail starting at row `r` (a pointer taken from one row's slice may not
+/// be advanced into the next rows).
+impl Acts {
+    /// Rows `r ..` of quantized values.
+    #[inline(always)]
+    pub fn rows_from(&self, r: usize) -> &[i8] {
+        &self.q[r * self.k..]
+    }
+
+    /// Rows `r ..` of block scales.
+    #[inline(always)]
+    pub fn scales_from(&self, r: usize) -> &[f32] {
+        &self.d[r * (self.k / self.block)..]
+    }
+
+    /// Rows `r ..` of `d · Σ q` per block.
+    #[inline(always)]
+    pub fn scaled_from(&self, r: usize) -> &[f32] {
+        &self.scaled[r * (self.k / self.block)..]
+    }
+
+    /// Rows `r ..` of sums per 16 values.
+    #[inline(always)]
+    pub fn sums_from(&self, r: usize) -> &[i16] {
+        &self.sums[r * (self.k / HALF)..]
+    }
+
+    /// Rows `r ..` of sums per 32 values (256-wide blocks only).
+    #[inline(always)]
+    pub fn sums32_from(&self, r: usize) -> &[i16] {
+        &self.sums32[r * (self.k / 32)..]
+    }
+}
+
 /// Values per task of [`Acts::quantize`] (below this, the hand-off costs more than it saves: a decoding
 /// step's rows are a few thousand values and stay on one thread).
 const PARALLEL_FROM: usize = 1 << 16;

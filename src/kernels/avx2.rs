@@ -313,9 +313,9 @@ unsafe fn legacy<const R: usize, const SIGNED: bool>(
     debug_assert_eq!(x.block, 32);
     let (k, kb) = (x.k, x.k / 32);
     let ones = _mm256_set1_epi16(1);
-    let xq = x.row(r0).as_ptr();
-    let xd = x.scales(r0).as_ptr();
-    let xs = x.row_scaled(r0).as_ptr();
+    let xq = x.rows_from(r0).as_ptr();
+    let xd = x.scales_from(r0).as_ptr();
+    let xs = x.scaled_from(r0).as_ptr();
     let mut total = [_mm256_setzero_ps(); R];
     let mut extra = [0f32; R];
     let q = p.q.as_ptr();
@@ -349,9 +349,9 @@ unsafe fn legacy<const R: usize, const SIGNED: bool>(
 unsafe fn kquant<const R: usize>(p: &Prepared, x: &Acts, r0: usize, acc: &mut [f32; ROWS]) {
     debug_assert_eq!(x.block, 256);
     let (k, kb) = (x.k, x.k / 256);
-    let xq = x.row(r0).as_ptr();
-    let xd = x.scales(r0).as_ptr();
-    let xs = x.row_sums(r0).as_ptr();
+    let xq = x.rows_from(r0).as_ptr();
+    let xd = x.scales_from(r0).as_ptr();
+    let xs = x.sums_from(r0).as_ptr();
     let mut total = [0f32; R];
     let q = p.q.as_ptr();
     for b in 0..kb {

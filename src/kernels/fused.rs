@@ -181,9 +181,9 @@ unsafe fn legacy<F: Legacy, const R: usize, const W: usize>(
     let mut xd = [std::ptr::null::<f32>(); R];
     let mut xs = [std::ptr::null::<f32>(); R];
     for i in 0..R {
-        xq[i] = x.row(r0 + i).as_ptr();
-        xd[i] = x.scales(r0 + i).as_ptr();
-        xs[i] = x.row_scaled(r0 + i).as_ptr();
+        xq[i] = x.rows_from(r0 + i).as_ptr();
+        xd[i] = x.scales_from(r0 + i).as_ptr();
+        xs[i] = x.scaled_from(r0 + i).as_ptr();
     }
     let mut total = [[_mm256_setzero_ps(); R]; W];
     let mut extra = [[0f32; R]; W];
@@ -498,9 +498,9 @@ unsafe fn kquant<F: KQuant, const R: usize, const W: usize>(
     let mut xd = [std::ptr::null::<f32>(); R];
     let mut xs = [std::ptr::null::<i16>(); R];
     for i in 0..R {
-        xq[i] = x.row(r0 + i).as_ptr();
-        xd[i] = x.scales(r0 + i).as_ptr();
-        xs[i] = x.row_sums(r0 + i).as_ptr();
+        xq[i] = x.rows_from(r0 + i).as_ptr();
+        xd[i] = x.scales_from(r0 + i).as_ptr();
+        xs[i] = x.sums_from(r0 + i).as_ptr();
     }
     let mut total = [[0f32; R]; W];
     let dist = super::dot::prefetch_distance();

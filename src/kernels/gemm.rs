@@ -881,10 +881,10 @@ impl RowsAt {
     pub(super) fn new(x: &Acts, r0: usize) -> Self {
         debug_assert_eq!(x.block, 256);
         Self {
-            xq: x.row(r0).as_ptr(),
-            xd: x.scales(r0).as_ptr(),
-            xs: x.row_sums(r0).as_ptr(),
-            xs32: x.row_sums32(r0).as_ptr(),
+            xq: x.rows_from(r0).as_ptr(),
+            xd: x.scales_from(r0).as_ptr(),
+            xs: x.sums_from(r0).as_ptr(),
+            xs32: x.sums32_from(r0).as_ptr(),
             k: x.k,
             kb: x.k / 256,
         }
@@ -1031,8 +1031,8 @@ unsafe fn legacy_vnni<const RR: usize, const SIGNED: bool>(
     super::ran::mark(super::ran::Kernel::Vnni);
     debug_assert_eq!(x.block, 32);
     let (k, kb) = (x.k, x.k / 32);
-    let xq = x.row(r0).as_ptr();
-    let xd = x.scales(r0).as_ptr();
+    let xq = x.rows_from(r0).as_ptr();
+    let xd = x.scales_from(r0).as_ptr();
     let q: [*const u8; NW] = std::array::from_fn(|w| p[w].q.as_ptr());
     let d: [*const f32; NW] = std::array::from_fn(|w| p[w].d.as_ptr());
     let mut total = [[_mm256_setzero_ps(); RR]; NW];
@@ -1074,8 +1074,8 @@ unsafe fn legacy_part<const RR: usize, const SIGNED: bool>(
     debug_assert_eq!(x.block, 32);
     let (k, kb) = (x.k, x.k / 32);
     let ones = _mm256_set1_epi16(1);
-    let xq = x.row(r0).as_ptr();
-    let xd = x.scales(r0).as_ptr();
+    let xq = x.rows_from(r0).as_ptr();
+    let xd = x.scales_from(r0).as_ptr();
     let q: [*const u8; LEGACY_NW] = std::array::from_fn(|w| p[w0 + w].q.as_ptr());
     let d: [*const f32; LEGACY_NW] = std::array::from_fn(|w| p[w0 + w].d.as_ptr());
     let mut total = [[_mm256_setzero_ps(); RR]; LEGACY_NW];
@@ -1121,7 +1121,7 @@ unsafe fn legacy_finish<const RR: usize, const N: usize, const SIGNED: bool>(
     let mut extra = [[0f32; RR]; N];
     if !SIGNED {
         let m: [*const f32; N] = std::array::from_fn(|w| p[w0 + w].m.as_ptr());
-        let xs = x.row_scaled(r0).as_ptr();
+        let xs = x.scaled_from(r0).as_ptr();
         for b in 0..kb {
             for w in 0..N {
                 let mw = *m[w].add(b);

@@ -120,11 +120,6 @@ pub struct PolicyFlags {
 }
 
 impl PolicyFlags {
-    /// Whether any policy flag was given (a sweep then runs the flags' grid instead of its file's).
-    pub fn grid_given(&self) -> bool {
-        !self.policy.is_empty() || !self.budget.is_empty() || !self.policy_args.is_empty()
-    }
-
     /// The budgets given, or the default.
     pub fn budgets(&self) -> Vec<f64> {
         if self.budget.is_empty() {

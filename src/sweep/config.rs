@@ -116,8 +116,9 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 /// What the command line changes in a config file: the model's flags and the study options field
-/// by field, and the grid (policies, budgets, parameters) as a whole when any policy flag is given;
-/// `--budget-rule` alone changes the rule.
+/// by field; `--policy` replaces the policies (at `--budget`, else the file's budgets, with
+/// `--policy-arg`); `--budget` alone gives the file's compressing policies new budgets;
+/// `--budget-rule` changes the rule.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub model: ModelFlags,
@@ -254,20 +255,34 @@ impl SweepConfig {
         let model = model.overridden_by(&over.model);
         let options = options.overridden_by(&over.options);
         let budget_rule = over.policy.budget_rule.or(head.budget_rule);
-        let built = if over.policy.grid_given() {
-            let specs = over
-                .policy
-                .grid(&["full"], budget_rule.unwrap_or_default())?;
+        let flags = &over.policy;
+        let built = if !flags.policy.is_empty() {
+            // Policies named on the command line replace the file's, at the flags' budgets or else
+            // the file's own.
+            let mut flags = flags.clone();
+            if flags.budget.is_empty() {
+                flags.budget = head.budgets.clone();
+            }
+            let specs = flags.grid(&[], budget_rule.unwrap_or_default())?;
             Self::from_specs(head.name, model, options, budget_rule, &specs)
         } else {
-            Self::new(
-                head.name,
-                model,
-                options,
-                budget_rule,
-                head.budgets,
-                head.policies,
-            )
+            if !flags.policy_args.is_empty() {
+                return Err(bad(
+                    "--policy-arg on a sweep goes with --policy (the policies it parameterises)"
+                        .into(),
+                ));
+            }
+            // `--budget` alone: the file's policies, every compressing one at the flags' budgets.
+            let (budgets, mut policies) = (head.budgets, head.policies);
+            let budgets = if flags.budget.is_empty() {
+                budgets
+            } else {
+                for p in policies.iter_mut().filter(|p| p.name != "full") {
+                    p.budgets = None;
+                }
+                flags.budget.clone()
+            };
+            Self::new(head.name, model, options, budget_rule, budgets, policies)
         };
         built.map_err(|e| match e {
             Error::Input(m) => bad(m),
@@ -449,6 +464,56 @@ mod tests {
         let rkv = m.policies().iter().find(|p| p.name == "rkv").unwrap();
         assert_eq!(rkv.budgets, Some(vec![64.0, 256.0]));
         assert_eq!(m.budgets, vec![64.0, 256.0, 128.0]);
+    }
+
+    #[test]
+    fn policy_flags_on_a_sweep_replace_its_policies_or_its_budgets() {
+        let dir = std::env::temp_dir().join(format!("kvbench-over-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            format!("{HEAD}budgets = [64, 128]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"rkv\"\nargs = {{ buffer = 8 }}\n"),
+        )
+        .unwrap();
+        let load = |f: PolicyFlags| {
+            SweepConfig::load_with(
+                &path,
+                &Overrides {
+                    policy: f,
+                    ..Default::default()
+                },
+            )
+        };
+        let names = |c: &SweepConfig| -> Vec<String> {
+            c.policy_specs()
+                .iter()
+                .map(|s| format!("{}@{}", s.name(), s.budget_as_written()))
+                .collect()
+        };
+        // --budget alone: the file's policies (and their parameters) at the new budgets.
+        let c = load(PolicyFlags {
+            budget: vec![32.0],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(names(&c), ["full@1", "rkv@32"]);
+        assert_eq!(c.policy_specs()[1].resolved()["buffer"], "8");
+        // --policy: those policies, at the file's budgets when no --budget is given.
+        let c = load(PolicyFlags {
+            policy: vec!["h2o".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(names(&c), ["h2o@64", "h2o@128"]);
+        // --policy-arg alone names no policy to take it.
+        let e = load(PolicyFlags {
+            policy_args: vec!["buffer=4".into()],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("--policy-arg"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct Transformer {
     inv_freq: Vec<f32>,
     device: Device,
     weight_bytes: usize,
+    /// Attention through candle's operations even on the CPU: the path other devices take, so that
+    /// tests can check it against the CPU's own loop without a GPU.
+    generic_attention: bool,
 }
 
 /// One sequence's part of a forward call.
@@ -160,11 +163,23 @@ impl Transformer {
             inv_freq,
             device: device.clone(),
             weight_bytes,
+            generic_attention: false,
         })
     }
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Runs attention through candle's operations on every device, as a GPU does (the CPU's own
+    /// decoding loop otherwise): for checking the device path's semantics on a machine without one.
+    pub fn set_generic_attention(&mut self, on: bool) {
+        self.generic_attention = on;
+    }
+
+    /// Whether this model attends with the CPU's own loop.
+    fn cpu_loop(&self) -> bool {
+        self.device.is_cpu() && !self.generic_attention
     }
 
     /// The rotary frequencies in use, one per pair of a head's dimensions, after any scaling.
@@ -292,7 +307,7 @@ impl Transformer {
         let mut x = self.embed.lookup(&ids, &self.device)?;
         // Decoding on the CPU takes a path with fewer, larger steps (see `decode_attention_cpu`); the
         // generic path needs the tables as tensors.
-        let decode_cpu = self.device.is_cpu() && !cfg.qk_norm && spans.iter().all(|&(_, t)| t == 1);
+        let decode_cpu = self.cpu_loop() && !cfg.qk_norm && spans.iter().all(|&(_, t)| t == 1);
         let tables = match decode_cpu {
             true => None,
             false => Some((
@@ -435,7 +450,7 @@ impl Transformer {
         st.cache.layer_mut(l).append(&k_s, &v_s, step.seen_before)?;
         let want_probs = st.caps.attention_probs;
         // A host copy of the query only for the CPU loop or a sparse-attention policy.
-        let q_vec = if t == 1 && (self.device.is_cpu() || st.caps.sparse_attention) {
+        let q_vec = if t == 1 && (self.cpu_loop() || st.caps.sparse_attention) {
             Some(q_s.flatten_all()?.to_vec1::<f32>()?)
         } else {
             None
@@ -451,7 +466,7 @@ impl Transformer {
         let n = layer.len();
         // Decoding on the CPU reads the cache in place; everything else goes through candle ops.
         let fast = match &q_vec {
-            Some(q) if self.device.is_cpu() => {
+            Some(q) if self.cpu_loop() => {
                 attention::attend_one(layer, q, g, scale as f32, want_probs, subset.as_deref())
             }
             _ => None,

@@ -140,13 +140,8 @@ fn boxed(region: &str) -> BoxResult {
         next_start = start;
     }
     parts.reverse();
-    let mut seen: Vec<String> = Vec::with_capacity(parts.len());
-    parts.retain(|p| {
-        let key = super::normalize::normalize(&tidy(p));
-        let fresh = !seen.contains(&key);
-        seen.push(key);
-        fresh
-    });
+    let mut seen = std::collections::HashSet::with_capacity(parts.len());
+    parts.retain(|p| seen.insert(super::normalize::normalize(&tidy(p))));
     BoxResult::Found(parts.join(","))
 }
 

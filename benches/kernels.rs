@@ -8,7 +8,7 @@
 
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
-use kvbench::kernels::dot::Path;
+use kvbench::kernels::dispatch::Path;
 use kvbench::kernels::{BlockFormat, QMatrix};
 use std::time::Instant;
 

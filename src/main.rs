@@ -10,9 +10,9 @@ fn main() -> ExitCode {
     process_edges::install();
     // Read deep inside the kernels, so checked here, before any command runs.
     let env = [
-        kvbench::kernels::dot::prefetch_from_env().map(|_| ()),
-        kvbench::kernels::repack_from_env().map(|_| ()),
-        kvbench::kernels::vnni_from_env().map(|_| ()),
+        kvbench::kernels::dispatch::prefetch_from_env().map(|_| ()),
+        kvbench::kernels::dispatch::repack_from_env().map(|_| ()),
+        kvbench::kernels::dispatch::vnni_from_env().map(|_| ()),
     ];
     if let Some(Err(e)) = env.into_iter().find(Result::is_err) {
         eprintln!("error: {e}");

@@ -4,7 +4,7 @@
 //! (ggml's `bsums`).
 
 use super::aligned::AlignedBytes;
-use super::HALF;
+use super::unpacked::HALF;
 
 /// `m` rows of `k` quantized activations. The fields are the kernels' own (visible inside
 /// [`crate::kernels`] only): built by [`Acts::quantize`], their lengths always agree with `m`, `k` and

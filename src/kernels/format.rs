@@ -1,7 +1,8 @@
-//! The block formats kvbench multiplies in place, their sizes, and the one dispatch from a format to
-//! its unpacking code ([`crate::kernels::legacy`], [`crate::kernels::kquants`]).
+//! The block formats kvbench multiplies in place, as one table: a format is one row of [`TABLE`] (its
+//! ggml type, block layout and unpacker) plus, for the x86 kernels, one arm of `x86::with_format!`.
 
-use super::{KernelError, Unpacked};
+use super::unpacked::Unpacked;
+use super::{kquants, legacy};
 use candle_core::quantized::GgmlDType;
 
 /// A GGUF block format with a kvbench kernel.
@@ -17,6 +18,88 @@ pub enum BlockFormat {
     Q6K,
 }
 
+/// What the kernels need to know of a format.
+struct Layout {
+    format: BlockFormat,
+    ggml: GgmlDType,
+    /// Weights per block.
+    elems: usize,
+    /// Bytes per block, as in the file.
+    bytes: usize,
+    /// Whether weights carry an additive minimum (`d·q + m`); the others are symmetric (`d·q`).
+    has_min: bool,
+    /// Unpacks block `b` (its bytes) into the common form.
+    unpack: fn(&[u8], usize, &mut Unpacked),
+}
+
+/// Every format, in [`BlockFormat::ALL`]'s order.
+const TABLE: [Layout; 8] = [
+    Layout {
+        format: BlockFormat::Q4_0,
+        ggml: GgmlDType::Q4_0,
+        elems: 32,
+        bytes: 18,
+        has_min: false,
+        unpack: legacy::q4_0,
+    },
+    Layout {
+        format: BlockFormat::Q4_1,
+        ggml: GgmlDType::Q4_1,
+        elems: 32,
+        bytes: 20,
+        has_min: true,
+        unpack: legacy::q4_1,
+    },
+    Layout {
+        format: BlockFormat::Q5_0,
+        ggml: GgmlDType::Q5_0,
+        elems: 32,
+        bytes: 22,
+        has_min: false,
+        unpack: legacy::q5_0,
+    },
+    Layout {
+        format: BlockFormat::Q5_1,
+        ggml: GgmlDType::Q5_1,
+        elems: 32,
+        bytes: 24,
+        has_min: true,
+        unpack: legacy::q5_1,
+    },
+    Layout {
+        format: BlockFormat::Q8_0,
+        ggml: GgmlDType::Q8_0,
+        elems: 32,
+        bytes: 34,
+        has_min: false,
+        unpack: legacy::q8_0,
+    },
+    Layout {
+        format: BlockFormat::Q4K,
+        ggml: GgmlDType::Q4K,
+        elems: 256,
+        bytes: 144,
+        has_min: true,
+        unpack: kquants::q4_k,
+    },
+    Layout {
+        format: BlockFormat::Q5K,
+        ggml: GgmlDType::Q5K,
+        elems: 256,
+        bytes: 176,
+        has_min: true,
+        unpack: kquants::q5_k,
+    },
+    Layout {
+        format: BlockFormat::Q6K,
+        ggml: GgmlDType::Q6K,
+        elems: 256,
+        bytes: 210,
+        has_min: false,
+        unpack: kquants::q6_k,
+    },
+];
+
 impl BlockFormat {
     pub const ALL: [BlockFormat; 8] = [
         BlockFormat::Q4_0,
@@ -29,100 +112,75 @@ impl BlockFormat {
         BlockFormat::Q6K,
     ];
 
+    /// This format's row of [`TABLE`].
+    fn layout(self) -> &'static Layout {
+        &TABLE[self as usize]
+    }
+
     /// The format of a ggml tensor type, when kvbench has a kernel for it.
     pub fn from_ggml(dtype: GgmlDType) -> Option<Self> {
-        Some(match dtype {
-            GgmlDType::Q4_0 => Self::Q4_0,
-            GgmlDType::Q4_1 => Self::Q4_1,
-            GgmlDType::Q5_0 => Self::Q5_0,
-            GgmlDType::Q5_1 => Self::Q5_1,
-            GgmlDType::Q8_0 => Self::Q8_0,
-            GgmlDType::Q4K => Self::Q4K,
-            GgmlDType::Q5K => Self::Q5K,
-            GgmlDType::Q6K => Self::Q6K,
-            _ => return None,
-        })
+        TABLE.iter().find(|l| l.ggml == dtype).map(|l| l.format)
     }
 
     pub fn to_ggml(self) -> GgmlDType {
-        match self {
-            Self::Q4_0 => GgmlDType::Q4_0,
-            Self::Q4_1 => GgmlDType::Q4_1,
-            Self::Q5_0 => GgmlDType::Q5_0,
-            Self::Q5_1 => GgmlDType::Q5_1,
-            Self::Q8_0 => GgmlDType::Q8_0,
-            Self::Q4K => GgmlDType::Q4K,
-            Self::Q5K => GgmlDType::Q5K,
-            Self::Q6K => GgmlDType::Q6K,
-        }
+        self.layout().ggml
     }
 
     /// Weights per block.
     pub fn block_elems(self) -> usize {
-        if self.is_k_quant() {
-            256
-        } else {
-            32
-        }
+        self.layout().elems
     }
 
     /// Bytes per block, as in the file.
     pub fn block_bytes(self) -> usize {
-        match self {
-            Self::Q4_0 => 18,
-            Self::Q4_1 => 20,
-            Self::Q5_0 => 22,
-            Self::Q5_1 => 24,
-            Self::Q8_0 => 34,
-            Self::Q4K => 144,
-            Self::Q5K => 176,
-            Self::Q6K => 210,
-        }
+        self.layout().bytes
     }
 
+    /// Whether blocks are 256-weight super-blocks (their activations are quantized 256 at a time).
     pub fn is_k_quant(self) -> bool {
-        matches!(self, Self::Q4K | Self::Q5K | Self::Q6K)
+        self.layout().elems == 256
     }
 
     /// Whether weights carry an additive minimum (`d·q + m`); the others are symmetric (`d·q`, q signed).
     pub fn has_min(self) -> bool {
-        matches!(self, Self::Q4_1 | Self::Q5_1 | Self::Q4K | Self::Q5K)
+        self.layout().has_min
     }
 
-    /// Bytes of one row of `k` weights.
-    pub fn row_bytes(self, k: usize) -> Result<usize, KernelError> {
-        if k == 0 || !k.is_multiple_of(self.block_elems()) {
-            return Err(KernelError::RowLength {
-                k,
-                format: self,
-                block: self.block_elems(),
-            });
-        }
-        Ok(k / self.block_elems() * self.block_bytes())
+    /// Bytes of one row of `k` weights; `None` when `k` is not a whole number of blocks.
+    pub fn row_bytes(self, k: usize) -> Option<usize> {
+        (k > 0 && k.is_multiple_of(self.block_elems()))
+            .then(|| k / self.block_elems() * self.block_bytes())
     }
 
     /// Unpacks one row of this format's blocks into the common form.
     pub fn unpack_row(self, bytes: &[u8], out: &mut Unpacked) {
-        use super::{kquants, legacy};
         if !self.has_min() && !out.mins.is_empty() {
             out.mins.fill(0.0);
         }
-        let blocks = bytes.chunks_exact(self.block_bytes()).enumerate();
-        match self {
-            Self::Q4_0 => blocks.for_each(|(b, x)| legacy::q4_0(x, b, out)),
-            Self::Q4_1 => blocks.for_each(|(b, x)| legacy::q4_1(x, b, out)),
-            Self::Q5_0 => blocks.for_each(|(b, x)| legacy::q5_0(x, b, out)),
-            Self::Q5_1 => blocks.for_each(|(b, x)| legacy::q5_1(x, b, out)),
-            Self::Q8_0 => blocks.for_each(|(b, x)| legacy::q8_0(x, b, out)),
-            Self::Q4K => blocks.for_each(|(b, x)| kquants::q4_k(x, b, out)),
-            Self::Q5K => blocks.for_each(|(b, x)| kquants::q5_k(x, b, out)),
-            Self::Q6K => blocks.for_each(|(b, x)| kquants::q6_k(x, b, out)),
+        let unpack = self.layout().unpack;
+        for (b, block) in bytes.chunks_exact(self.block_bytes()).enumerate() {
+            unpack(block, b, out);
         }
     }
 }
 
-/// An f16 stored little-endian at `bytes[at..at + 2]`, as f32.
-#[inline(always)]
-pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_holds_every_format_once_in_order() {
+        for (i, f) in BlockFormat::ALL.iter().enumerate() {
+            assert_eq!(TABLE[i].format, *f);
+            assert_eq!(BlockFormat::from_ggml(f.to_ggml()), Some(*f));
+        }
+    }
+
+    #[test]
+    fn block_sizes_are_ggml_s() {
+        for f in BlockFormat::ALL {
+            assert_eq!(f.block_elems(), f.to_ggml().block_size(), "{f:?}");
+            assert_eq!(f.block_bytes(), f.to_ggml().type_size(), "{f:?}");
+        }
+    }
 }

@@ -3,8 +3,7 @@
 //! Each function unpacks super-block `b` of a row into groups `8b … 8b + 7` of [`Unpacked`], with the
 //! sub-block scales folded into the group scales: the values of ggml's `dequantize_row_q*_K`, exactly.
 
-use super::format::f16_at;
-use super::Unpacked;
+use super::unpacked::{f16_at, Unpacked};
 
 /// Scale and minimum (6 bits each) of sub-block `j` of Q4_K/Q5_K's packed 12 bytes
 /// (ggml's `get_scale_min_k4`).

@@ -4,8 +4,7 @@
 //! the same values ggml's `dequantize_row_*` produce, as integers with their scale and minimum. The
 //! loops are plain slices of fixed length so the compiler vectorizes them.
 
-use super::format::f16_at;
-use super::Unpacked;
+use super::unpacked::{f16_at, Unpacked};
 
 /// Writes the 32 values of block `b` from 16 bytes of nibbles (low nibbles first) plus optional high
 /// bits `qh` (bit `i` is the fifth bit of weight `i`), minus `offset`.

@@ -17,7 +17,7 @@
 //! A matrix's rows are repacked in whole groups; a last group of fewer than four rows stays as in the
 //! file. Nothing else in the model is laid out anew.
 
-use super::BlockFormat;
+use super::format::BlockFormat;
 
 /// Rows repacked together.
 pub const GROUP_ROWS: usize = 4;

@@ -5,7 +5,7 @@
 //! (`KVBENCH_REQUIRE=avx2,avx512,vnni,gfni` makes that a failure), and where it runs it asserts that
 //! the path's kernels ran ([`super::ran`]), so a dispatch that fell back to another path fails it.
 
-use super::dot::{has_avx2, has_avx512, Path};
+use super::dispatch::{has_avx2, has_avx512, has_gfni, has_vnni, Path};
 use super::ran::Kernel;
 use super::*;
 use candle_core::quantized::{QStorage, QTensor};
@@ -53,17 +53,6 @@ fn assert_ran(counts: &[usize; 5], kernel: Kernel, what: &str) {
         "{what}: the {} kernels did not run (counts {counts:?})",
         kernel.name()
     );
-}
-
-fn has_gfni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("gfni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// `len` values uniform in [-1, 1) from `seed`.
@@ -248,7 +237,7 @@ fn avx512_and_avx2_paths_give_the_same_bits() {
         Kernel::Avx512,
         "the k-quant matrices on the AVX-512 path",
     );
-    if needs(Kernel::Vnni, super::gemm512::has_vnni()) {
+    if needs(Kernel::Vnni, has_vnni()) {
         assert_ran(&ran, Kernel::Vnni, "the AVX-512 path on a CPU with VNNI");
     }
 }
@@ -257,7 +246,7 @@ fn avx512_and_avx2_paths_give_the_same_bits() {
 /// 256-bit VNNI kernel (`k45_vnni`, with GFNI where the CPU has it) runs and gives the AVX2 path's bits.
 #[test]
 fn vnni_and_gfni_kernels_run_and_give_the_avx2_bits() {
-    if !needs(Kernel::Vnni, has_avx512() && super::gemm512::has_vnni()) {
+    if !needs(Kernel::Vnni, has_avx512() && has_vnni()) {
         return;
     }
     let gfni = needs(Kernel::Gfni, has_gfni());
@@ -447,4 +436,111 @@ fn mismatched_activations_are_an_error_not_a_read() {
     );
     let fits = acts::Acts::quantize(&random(2 * k, 73), 2, k, 32);
     assert_eq!(driver::run(&q4, &fits, Path::best()).unwrap().len(), 2 * n);
+}
+
+/// The modules of `src/kernels` and the ones each imports (`super::…`, `crate::kernels::…`), test
+/// modules left out.
+fn kernel_imports() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
+    let mut files = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src/kernels is readable") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let name_of = |path: &std::path::Path| {
+        let rel = path.strip_prefix(&root).expect("under src/kernels");
+        let rel = rel.with_extension("");
+        let name = rel.to_string_lossy().replace('\\', "/");
+        match name.strip_suffix("/mod") {
+            Some(dir) => dir.to_string(),
+            None if name == "mod" => String::new(),
+            None => name,
+        }
+    };
+    let names: std::collections::BTreeSet<String> = files.iter().map(|f| name_of(f)).collect();
+    let comment = regex::Regex::new(r"//.*").unwrap();
+    let path = regex::Regex::new(r"(super|crate::kernels)::(\{[^}]*\}|[A-Za-z0-9_:]+)").unwrap();
+    let mut graph = std::collections::BTreeMap::new();
+    for file in &files {
+        let me = name_of(file);
+        let text = std::fs::read_to_string(file).expect("a kernel file is readable");
+        let text = comment.replace_all(&text, "");
+        // Test modules (at a file's end) may use anything.
+        let text = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap_or_default();
+        let parent = match me.rsplit_once('/') {
+            Some((dir, _)) => dir.to_string(),
+            None => String::new(),
+        };
+        let mut deps = std::collections::BTreeSet::new();
+        for cap in path.captures_iter(text) {
+            let base = if &cap[1] == "super" {
+                parent.clone()
+            } else {
+                String::new()
+            };
+            for item in cap[2].trim_matches(|c| c == '{' || c == '}').split(',') {
+                let mut parts = item.trim().split("::");
+                let first = parts.next().unwrap_or_default();
+                let mut target = if base.is_empty() {
+                    first.to_string()
+                } else {
+                    format!("{base}/{first}")
+                };
+                if let Some(second) = parts.next() {
+                    let deeper = format!("{target}/{second}");
+                    if names.contains(&deeper) {
+                        target = deeper;
+                    }
+                }
+                if names.contains(&target) && target != me && !target.is_empty() {
+                    deps.insert(target);
+                }
+            }
+        }
+        graph.insert(me, deps);
+    }
+    graph
+}
+
+#[test]
+fn no_kernel_module_imports_one_that_imports_it_back() {
+    let graph = kernel_imports();
+    assert!(graph.len() > 20, "the kernel modules were found: {graph:?}");
+    assert!(
+        graph["x86/columns"].contains("x86/gemm"),
+        "imports are read: {graph:?}"
+    );
+    // Depth-first search for a path back to where it started.
+    fn back(
+        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        at: &str,
+        trail: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = trail.iter().position(|t| t == at) {
+            return Some(trail[i..].iter().cloned().chain([at.to_string()]).collect());
+        }
+        trail.push(at.to_string());
+        for next in graph.get(at).into_iter().flatten() {
+            if let Some(circle) = back(graph, next, trail) {
+                return Some(circle);
+            }
+        }
+        trail.pop();
+        None
+    }
+    for start in graph.keys() {
+        if let Some(circle) = back(&graph, start, &mut Vec::new()) {
+            panic!("an import circle in src/kernels: {}", circle.join(" → "));
+        }
+    }
 }

@@ -121,11 +121,7 @@ pub fn machine() -> String {
 
 /// The CPU kernel path this process chose: AVX-512, AVX2 or portable.
 pub fn kernel_path() -> &'static str {
-    match crate::kernels::dot::Path::best() {
-        crate::kernels::dot::Path::Avx512 => "AVX-512",
-        crate::kernels::dot::Path::Avx2 => "AVX2",
-        crate::kernels::dot::Path::Portable => "portable",
-    }
+    crate::kernels::dispatch::Path::best().name()
 }
 
 #[cfg(test)]

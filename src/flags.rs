@@ -7,6 +7,7 @@
 //! - [`PolicyFlags`]: `--policy`, `--budget`, `--policy-arg`, `--budget-rule`, parsed into
 //!   [`PolicySpec`]s once; `--budget` means the same everywhere (a list, default 0.1).
 
+use crate::cache::KvType;
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use crate::model::chat::ChatTemplate;
@@ -41,11 +42,16 @@ pub struct ModelFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceSpec>,
+    /// How the KV cache stores keys and values: f32 (the exact reference), f16 (llama.cpp's default
+    /// cache type), bf16 [default: f32].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_type: Option<KvType>,
 }
 
 impl ModelFlags {
     /// The config keys these flags are (a sweep config splits them from the study's options).
-    pub const KEYS: [&'static str; 4] = ["model", "weights", "chat_template", "device"];
+    pub const KEYS: [&'static str; 5] = ["model", "weights", "chat_template", "device", "kv_type"];
 
     pub fn model(&self) -> &str {
         self.model
@@ -61,6 +67,10 @@ impl ModelFlags {
         self.device.unwrap_or_default()
     }
 
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type.unwrap_or_default()
+    }
+
     /// These flags with every field `over` sets replaced by its value.
     pub fn overridden_by(mut self, over: &ModelFlags) -> Self {
         if over.model.is_some() {
@@ -74,6 +84,9 @@ impl ModelFlags {
         }
         if over.device.is_some() {
             self.device = over.device;
+        }
+        if over.kv_type.is_some() {
+            self.kv_type = over.kv_type;
         }
         self
     }
@@ -284,6 +297,7 @@ mod tests {
             weights: Some(WeightFormat::F32),
             chat_template: Some(ChatTemplate::Chatml),
             device: Some(DeviceSpec::Cuda(1)),
+            kv_type: Some(KvType::F16),
         };
         let v = serde_json::to_value(&all).unwrap();
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();

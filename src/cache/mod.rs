@@ -7,6 +7,10 @@
 //! its own list of original positions because heads may keep different tokens. Appends write in place;
 //! evictions gather the kept rows to the front. Byte sizes are exact: entries × heads × dim × 2 × element size.
 
+pub mod kv_type;
+
+pub use kv_type::KvType;
+
 use candle_core::{DType, Device, Result, Tensor};
 
 /// One layer's keys, values and position metadata.

@@ -84,6 +84,7 @@ pub fn load_model(flags: &ModelFlags, runtime: &RuntimeFlags) -> anyhow::Result<
         template: flags.chat_template,
         tokenizer: runtime.tokenizer.clone(),
         device: flags.device().open("--device")?,
+        kv_type: flags.kv_type(),
     };
     Ok(Model::load(flags.model(), &opts)?)
 }

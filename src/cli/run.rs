@@ -91,7 +91,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or(0);
     let spec = p.plan.specs[mine_index].clone();
     eprintln!(
-        "kvbench run: {} on {} problems × {} samples ({}), prompt {:?}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {:?}",
+        "kvbench run: {} on {} problems × {} samples ({}), prompt {:?}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {:?}, KV cache {}",
         p.cfg.model.model(),
         p.plan.problems.len(),
         p.plan.samples,
@@ -104,6 +104,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         p.plan.decoding.max_new_tokens,
         p.plan.decoding.seed,
         p.plan.decoding.weights,
+        p.cfg.model.kv_type(),
     );
     let done = execute_plan(
         &p,

@@ -81,7 +81,8 @@ pub fn teacher_forced(
     eos: &[u32],
     bucket: usize,
 ) -> Result<Fidelity> {
-    let mut full = model.new_state(Box::new(Full))?;
+    // The reference: the full cache in the exact type, whatever the compared run stores.
+    let mut full = model.new_state_with(Box::new(Full), crate::cache::KvType::F32)?;
     let mut other = model.new_state(policy)?;
     let mut sampler = Sampler::new(sampling);
     let last_row = |t: candle_core::Tensor| -> Result<Vec<f32>> { Ok(t.squeeze(0)?.to_vec1()?) };

@@ -86,7 +86,8 @@ pub fn load_model(files: ModelFiles, opts: &LoadOptions) -> Result<Model> {
     let template = opts
         .template
         .unwrap_or_else(|| ChatTemplate::detect(&tokenizer));
-    let transformer = Transformer::load(&mut source, config, opts.format, &opts.device)?;
+    let mut transformer = Transformer::load(&mut source, config, opts.format, &opts.device)?;
+    transformer.set_kv_type(opts.kv_type);
     let name = match &files {
         ModelFiles::Gguf(p) => p.file_stem().map(|s| s.to_string_lossy().into_owned()),
         // A hub snapshot (`…/models--owner--name/snapshots/<rev>`) is named after its repository.

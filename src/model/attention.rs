@@ -8,7 +8,7 @@
 
 use crate::cache::LayerCache;
 use crate::policy::score::dot;
-use candle_core::{Result, Storage, Tensor};
+use candle_core::{DType, Result, Storage, Tensor};
 
 /// Output of [`attend_one`]: the attention output `[heads·d]` and, when asked, the probabilities
 /// `[kv_heads, group, n]`.
@@ -19,8 +19,9 @@ pub struct OneTokenAttention {
 
 /// Attention of one token's queries (`q`: `[heads·d]`, after RoPE) over the cache of `layer`: every
 /// entry, or for each cache head only the entries `subset[h]` (sparse attention; probabilities of the
-/// others are 0). Returns `None` when the cache is not an f32 CPU tensor (the caller then uses candle
-/// ops).
+/// others are 0). Reads the cache in place in its stored type (f32, f16 or bf16: each key and value
+/// row converted to f32 as it is read, never the whole cache). Returns `None` when the cache is not a
+/// CPU tensor of those types (the caller then uses candle ops).
 pub fn attend_one(
     layer: &LayerCache,
     q: &[f32],
@@ -35,14 +36,108 @@ pub fn attend_one(
     let (Storage::Cpu(k_cpu), Storage::Cpu(v_cpu)) = (&*k_store, &*v_store) else {
         return None;
     };
-    let k_all = k_cpu.as_slice::<f32>().ok()?;
-    let v_all = v_cpu.as_slice::<f32>().ok()?;
-    let (k_all, v_all) = (
-        &k_all[k_layout.start_offset()..],
-        &v_all[v_layout.start_offset()..],
-    );
     let (hkv, cap, d) = k_buf.dims3().ok()?;
-    let n = layer.len();
+    let shape = Shape {
+        hkv,
+        cap,
+        d,
+        n: layer.len(),
+        group,
+        scale,
+    };
+    let (ko, vo) = (k_layout.start_offset(), v_layout.start_offset());
+    let out = match k_buf.dtype() {
+        DType::F32 => attend_heads::<f32>(
+            &k_cpu.as_slice().ok()?[ko..],
+            &v_cpu.as_slice().ok()?[vo..],
+            q,
+            &shape,
+            subset,
+        ),
+        DType::F16 => attend_heads::<half::f16>(
+            &k_cpu.as_slice().ok()?[ko..],
+            &v_cpu.as_slice().ok()?[vo..],
+            q,
+            &shape,
+            subset,
+        ),
+        DType::BF16 => attend_heads::<half::bf16>(
+            &k_cpu.as_slice().ok()?[ko..],
+            &v_cpu.as_slice().ok()?[vo..],
+            q,
+            &shape,
+            subset,
+        ),
+        _ => return None,
+    };
+    let (out, probs) = out;
+    Some(OneTokenAttention {
+        out,
+        probs: want_probs.then_some(probs),
+    })
+}
+
+/// The sizes [`attend_heads`] works with.
+struct Shape {
+    hkv: usize,
+    /// Entries the buffers have room for per head (head `h`'s rows start at `h·cap`).
+    cap: usize,
+    d: usize,
+    /// Entries held per head.
+    n: usize,
+    group: usize,
+    scale: f32,
+}
+
+/// An element type the cache stores, read back as f32 a row at a time.
+trait Stored: Copy + Send + Sync + candle_core::WithDType {
+    /// `row` as f32: itself when stored as f32 (no copy, the reference path's exact reads), else
+    /// converted into `buf`.
+    fn as_f32<'a>(row: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32];
+}
+
+impl Stored for f32 {
+    #[inline(always)]
+    fn as_f32<'a>(row: &'a [f32], _: &'a mut Vec<f32>) -> &'a [f32] {
+        row
+    }
+}
+
+impl Stored for half::f16 {
+    #[inline(always)]
+    fn as_f32<'a>(row: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32] {
+        buf.clear();
+        buf.extend(row.iter().map(|x| x.to_f32()));
+        buf
+    }
+}
+
+impl Stored for half::bf16 {
+    #[inline(always)]
+    fn as_f32<'a>(row: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32] {
+        buf.clear();
+        buf.extend(row.iter().map(|x| x.to_f32()));
+        buf
+    }
+}
+
+/// Every cache head's attention (see [`attend_one`]) over buffers of `E`: the output `[heads·d]` and
+/// the probabilities `[kv_heads, group, n]`.
+fn attend_heads<E: Stored>(
+    k_all: &[E],
+    v_all: &[E],
+    q: &[f32],
+    s: &Shape,
+    subset: Option<&[Vec<usize>]>,
+) -> (Vec<f32>, Vec<f32>) {
+    let Shape {
+        hkv,
+        cap,
+        d,
+        n,
+        group,
+        scale,
+    } = *s;
     let mut out = vec![0f32; hkv * group * d];
     let mut probs = vec![0f32; hkv * group * n];
     // Each cache head writes its own slices; on a decoding team's owner the heads run in parallel (the
@@ -52,17 +147,19 @@ pub fn attend_one(
         .zip(probs.chunks_mut(group * n))
         .map(std::sync::Mutex::new)
         .collect();
-    crate::parallel::for_each_init_on_team(hkv, Vec::new, |acc: &mut Vec<f64>, h| {
+    let init = || (Vec::<f64>::new(), Vec::<f32>::new());
+    crate::parallel::for_each_init_on_team(hkv, init, |(acc, conv), h| {
         let mut slot = slices[h].lock().unwrap_or_else(|e| e.into_inner());
         let (o_h, p_h) = &mut *slot;
         let keys = &k_all[h * cap * d..(h * cap + n) * d];
         let values = &v_all[h * cap * d..(h * cap + n) * d];
         if let Some(sub) = subset {
-            attend_subset(q, h, group, d, scale, keys, values, &sub[h], p_h, o_h);
+            attend_subset(q, h, (group, d, scale), (keys, values), &sub[h], p_h, o_h);
             return;
         }
         // 1. Scores of every query head of the group, reading each key once.
         for (j, key) in keys.chunks_exact(d).enumerate() {
+            let key = E::as_f32(key, conv);
             for r in 0..group {
                 let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
                 p_h[r * n + j] = dot(qr, key) * scale;
@@ -84,6 +181,7 @@ pub fn attend_one(
         acc.clear();
         acc.resize(group * d, 0.0);
         for (j, value) in values.chunks_exact(d).enumerate() {
+            let value = E::as_f32(value, conv);
             for r in 0..group {
                 let p = p_h[r * n + j] as f64;
                 for (o, &v) in acc[r * d..(r + 1) * d].iter_mut().zip(value) {
@@ -96,39 +194,34 @@ pub fn attend_one(
             .for_each(|(o, &a)| *o = a as f32);
     });
     drop(slices);
-    Some(OneTokenAttention {
-        out,
-        probs: want_probs.then_some(probs),
-    })
+    (out, probs)
 }
 
 /// One cache head's attention over the entries `idx` only: scores, softmax over them, weighted values.
 /// `p_h` (`[group][n]`) receives the probabilities, zero elsewhere.
-#[allow(clippy::too_many_arguments)]
-fn attend_subset(
+fn attend_subset<E: Stored>(
     q: &[f32],
     h: usize,
-    group: usize,
-    d: usize,
-    scale: f32,
-    keys: &[f32],
-    values: &[f32],
+    (group, d, scale): (usize, usize, f32),
+    (keys, values): (&[E], &[E]),
     idx: &[usize],
     p_h: &mut [f32],
     o_h: &mut [f32],
 ) {
     let n = p_h.len() / group;
+    let mut row = Vec::new();
     for r in 0..group {
         let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
         let mut s: Vec<f32> = idx
             .iter()
-            .map(|&j| dot(qr, &keys[j * d..(j + 1) * d]) * scale)
+            .map(|&j| dot(qr, E::as_f32(&keys[j * d..(j + 1) * d], &mut row)) * scale)
             .collect();
         crate::policy::score::softmax(&mut s);
         let mut acc = vec![0f64; d];
         for (&j, &p) in idx.iter().zip(&s) {
             p_h[r * n + j] = p;
-            for (o, &v) in acc.iter_mut().zip(&values[j * d..(j + 1) * d]) {
+            let value = E::as_f32(&values[j * d..(j + 1) * d], &mut row);
+            for (o, &v) in acc.iter_mut().zip(value) {
                 *o += p as f64 * v as f64;
             }
         }

@@ -45,6 +45,8 @@ pub struct Transformer {
     /// Attention through candle's operations even on the CPU: the path other devices take, so that
     /// tests can check it against the CPU's own loop without a GPU.
     generic_attention: bool,
+    /// How each sequence's cache stores keys and values.
+    kv_type: crate::cache::KvType,
 }
 
 /// One sequence's part of a forward call.
@@ -164,11 +166,22 @@ impl Transformer {
             device: device.clone(),
             weight_bytes,
             generic_attention: false,
+            kv_type: crate::cache::KvType::F32,
         })
     }
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// How every new sequence's cache stores keys and values (f32 unless set).
+    pub fn set_kv_type(&mut self, kv_type: crate::cache::KvType) {
+        self.kv_type = kv_type;
+    }
+
+    /// How the cache stores keys and values.
+    pub fn kv_type(&self) -> crate::cache::KvType {
+        self.kv_type
     }
 
     /// Runs attention through candle's operations on every device, as a GPU does (the CPU's own
@@ -203,12 +216,22 @@ impl Transformer {
         self.weight_bytes
     }
 
-    /// New per-sequence state for this model.
+    /// New per-sequence state for this model, its cache in the model's storage type.
     pub fn new_state(&self, policy: Box<dyn crate::policy::Policy>) -> Result<SeqState> {
+        self.new_state_with(policy, self.kv_type)
+    }
+
+    /// New per-sequence state whose cache stores keys and values as `kv_type` (fidelity's reference
+    /// is always the exact f32 cache).
+    pub fn new_state_with(
+        &self,
+        policy: Box<dyn crate::policy::Policy>,
+        kv_type: crate::cache::KvType,
+    ) -> Result<SeqState> {
         Ok(SeqState::new(
             &self.config,
             policy,
-            DType::F32,
+            kv_type.dtype(),
             &self.device,
         )?)
     }
@@ -484,6 +507,8 @@ impl Transformer {
                     None => (layer.keys()?, layer.values()?),
                     Some(sub) => attention::gather_heads(layer, sub)?,
                 };
+                // A 16-bit cache is read in the queries' type (a no-op for an f32 cache).
+                let (keys, values) = (keys.to_dtype(q_s.dtype())?, values.to_dtype(q_s.dtype())?);
                 let n = keys.dim(1)?;
                 let q3 = q_s.reshape((hkv, g * t, d))?;
                 let mask = match t > 1 {

@@ -38,6 +38,8 @@ pub struct LoadOptions {
     pub template: Option<ChatTemplate>,
     pub tokenizer: Option<PathBuf>,
     pub device: Device,
+    /// How each sequence's cache stores keys and values.
+    pub kv_type: crate::cache::KvType,
 }
 
 impl Default for LoadOptions {
@@ -47,6 +49,7 @@ impl Default for LoadOptions {
             template: None,
             tokenizer: None,
             device: Device::Cpu,
+            kv_type: crate::cache::KvType::F32,
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod table;
 
 pub use paired::{paired, Interval, Paired};
 
+use crate::cache::KvType;
 use crate::error::Result;
 use crate::eval::accuracy::{accuracy, ProblemSamples};
 use crate::eval::grade::Verdict;
@@ -245,6 +246,8 @@ pub struct Row {
     /// Aggregate decode tokens/s and end-to-end seconds (prefill plus decode shares), from the
     /// speed machine's records only; None when it has none in this row.
     pub decode_tokens_per_s: Option<f64>,
+    /// How the cache stored keys and values (`f32`, `f16`, `bf16`).
+    pub kv_type: String,
     /// The batch sizes (sequences decoded together) of the speed records, ascending, joined by "/":
     /// aggregate speed depends on them, so rows of different batch sizes do not compare.
     pub batch: Option<String>,
@@ -334,24 +337,33 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
     let speed_machine = by_count.first().map(|(m, _)| m.clone());
     let other_machines = by_count.into_iter().skip(1).collect();
 
-    let mut groups: BTreeMap<(String, String, String), Vec<&SampleRecord>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String, String, String), Vec<&SampleRecord>> =
+        BTreeMap::new();
     for r in records {
         groups
             .entry((
                 r.model.clone(),
                 dataset_identity(&r.dataset),
                 r.policy.clone(),
+                kv_type_of(r),
             ))
             .or_default()
             .push(r);
     }
     let groups: Vec<Vec<&SampleRecord>> = groups.into_values().collect();
-    // The full records of each model and data, for the comparisons.
-    let fulls: HashMap<(String, String), &Vec<&SampleRecord>> = groups
-        .iter()
-        .filter(|rs| is_full(rs[0]))
-        .map(|rs| ((rs[0].model.clone(), dataset_identity(&rs[0].dataset)), rs))
-        .collect();
+    // The full records of each model and data, for the comparisons: the exact (f32) cache's where
+    // there are some, so that a row of another storage type shows what the storage costs too.
+    let mut fulls: HashMap<(String, String), &Vec<&SampleRecord>> = HashMap::new();
+    for rs in groups.iter().filter(|rs| is_full(rs[0])) {
+        let key = (rs[0].model.clone(), dataset_identity(&rs[0].dataset));
+        let exact = kv_type_of(rs[0]) == KvType::F32.name();
+        match fulls.get(&key) {
+            Some(have) if kv_type_of(have[0]) == KvType::F32.name() || !exact => {}
+            _ => {
+                fulls.insert(key, rs);
+            }
+        }
+    }
     let rows: Vec<Row> = groups
         .iter()
         .map(|rs| {
@@ -400,6 +412,13 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
         other_machines,
         engines,
     }
+}
+
+/// How a record's cache stored keys and values (`f32` for records that do not say).
+pub fn kv_type_of(r: &SampleRecord) -> String {
+    r.engine
+        .as_ref()
+        .map_or_else(|| KvType::F32.name().to_string(), |e| e.kv_type.clone())
 }
 
 fn is_full(r: &SampleRecord) -> bool {
@@ -552,6 +571,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         events: metric(&|m| m.events as f64),
         policy_state_peak_bytes: metric(&|m| m.policy_state_bytes_peak as f64),
         decode_tokens_per_s: (decode_secs > 0.0).then(|| speed_tokens / decode_secs),
+        kv_type: kv_type_of(first),
         batch: {
             let sizes: std::collections::BTreeSet<usize> = speed.iter().map(|m| m.batch).collect();
             (!sizes.is_empty()).then(|| {

@@ -65,6 +65,7 @@ pub fn markdown(s: &Summary) -> String {
     let any_fidelity = s.rows.iter().any(|r| r.mean_kl.is_some());
     let any_device = s.rows.iter().any(|r| r.device_memory_peak_bytes.is_some());
     let batches = mixed_batches(s);
+    let any_kv_type = s.rows.iter().any(|r| r.kv_type != "f32");
     let mut head = vec![
         "policy",
         "budget",
@@ -105,6 +106,9 @@ pub fn markdown(s: &Summary) -> String {
     if any_fidelity {
         head.extend(["KL from full", "top-1 agree %", "first divergence"]);
     }
+    if any_kv_type {
+        head.insert(2, "KV type");
+    }
     if many_subjects {
         head.insert(0, "model / data");
     }
@@ -114,11 +118,13 @@ pub fn markdown(s: &Summary) -> String {
         "|{}",
         head.iter()
             .enumerate()
-            .map(|(i, _)| if i < 2 + usize::from(many_subjects) {
-                "---|"
-            } else {
-                "---:|"
-            })
+            .map(
+                |(i, _)| if i < 2 + usize::from(many_subjects) + usize::from(any_kv_type) {
+                    "---|"
+                } else {
+                    "---:|"
+                }
+            )
             .collect::<String>()
     );
     for r in &s.rows {
@@ -138,6 +144,9 @@ pub fn markdown(s: &Summary) -> String {
                 _ => "-".into(),
             },
         ];
+        if any_kv_type {
+            cells.insert(2, r.kv_type.clone());
+        }
         if any_cons {
             cells.push(opt(r.cons, pct));
         }
@@ -223,6 +232,14 @@ pub fn markdown(s: &Summary) -> String {
          samples that stopped at max_new_tokens; thinking unclosed: samples whose thinking block \
          never closed (graded truncated)."
     );
+    if any_kv_type {
+        let _ = writeln!(
+            out,
+            "KV type: how the cache stored keys and values (f32 the exact reference; f16, bf16 converted when \
+             appended); every row is compared with the f32 full cache where there is one, so Δ includes what \
+             the storage costs, and KV bytes are those of the row's own type"
+        );
+    }
     if s.rows.iter().any(|r| r.random_weights) {
         let _ = writeln!(
             out,

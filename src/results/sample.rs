@@ -76,11 +76,23 @@ pub struct Engine {
     /// Sequences decoded together, as configured.
     pub batch_size: usize,
     pub threads: usize,
+    /// How the cache stored keys and values (`f32` in records before the choice existed).
+    #[serde(default = "reference_kv_type")]
+    pub kv_type: String,
+}
+
+fn reference_kv_type() -> String {
+    crate::cache::KvType::F32.name().into()
 }
 
 impl Engine {
     /// The engine of this process on `device`.
-    pub fn current(device: &str, weights: String, batch_size: usize) -> Self {
+    pub fn current(
+        device: &str,
+        weights: String,
+        batch_size: usize,
+        kv_type: crate::cache::KvType,
+    ) -> Self {
         Engine {
             kvbench: env!("CARGO_PKG_VERSION").into(),
             commit: env!("KVBENCH_GIT_COMMIT").into(),
@@ -89,7 +101,13 @@ impl Engine {
             kernels: crate::metrics::kernel_path().into(),
             batch_size,
             threads: rayon::current_num_threads(),
+            kv_type: kv_type.name().into(),
         }
+    }
+
+    /// Whether the cache stored entries in the exact reference type (f32).
+    pub fn exact_kv(&self) -> bool {
+        self.kv_type == reference_kv_type()
     }
 
     /// The commit, shortened, with the version: `0.5.0@1a2b3c4`.

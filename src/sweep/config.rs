@@ -308,6 +308,10 @@ impl SweepConfig {
         c.options.batch_size = None;
         c.options.data = None;
         c.model.device = None;
+        // The default storage writes no key, as before the flag existed.
+        if c.model.kv_type == Some(crate::cache::KvType::F32) {
+            c.model.kv_type = None;
+        }
         let mut config = serde_json::to_value(&c).unwrap_or_default();
         // The device's kind decides the numbers; which GPU of a node does not (shards of one sweep
         // run on several). The CPU is the default and writes no key, as before devices existed.
@@ -532,6 +536,32 @@ mod tests {
         assert_eq!(cpu.hash("m", "d"), explicit.hash("m", "d"));
         assert_eq!(gpu(0).hash("m", "d"), gpu(3).hash("m", "d"));
         assert_ne!(cpu.hash("m", "d"), gpu(0).hash("m", "d"));
+    }
+
+    #[test]
+    fn the_hash_sees_a_cache_type_other_than_the_default_and_the_base_hash_too() {
+        let with = |line: &str| {
+            config(&format!(
+                "{HEAD}{line}budgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+            ))
+        };
+        let (none, f32, f16) = (
+            with(""),
+            with("kv_type = \"f32\"\n"),
+            with("kv_type = \"f16\"\n"),
+        );
+        assert_eq!(none.hash("m", "d"), f32.hash("m", "d"));
+        assert_ne!(none.hash("m", "d"), f16.hash("m", "d"));
+        // Unit ids come from the base hash: an f16 directory's units are not f32's.
+        assert_ne!(none.base_hash("m", "d"), f16.base_hash("m", "d"));
+        let dir = std::env::temp_dir().join(format!("kvbench-kvtype-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.toml");
+        let text = format!("{HEAD}kv_type = \"q3\"\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n");
+        std::fs::write(&path, text).unwrap();
+        let e = SweepConfig::load(&path).unwrap_err().to_string();
+        assert!(e.contains("kv_type") || e.contains("q3"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

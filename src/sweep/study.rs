@@ -197,13 +197,14 @@ impl Planned {
         );
         let _ = writeln!(
             s,
-            "decoding: temperature {}, top-p {}, max {} new tokens, seed {}, prompt {:?}, weights {:?}; config hash {}",
+            "decoding: temperature {}, top-p {}, max {} new tokens, seed {}, prompt {:?}, weights {:?}, KV cache {}; config hash {}",
             p.decoding.temperature,
             p.decoding.top_p,
             p.decoding.max_new_tokens,
             p.decoding.seed,
             p.decoding.prompt,
             p.decoding.weights,
+            self.cfg.model.kv_type(),
             self.hash
         );
         let _ = writeln!(s, "\n| policy | units | first unit id |");
@@ -244,6 +245,7 @@ pub fn load_model(p: &Planned, tokenizer: Option<&Path>) -> Result<Model> {
             template: m.chat_template,
             tokenizer: tokenizer.map(Path::to_path_buf),
             device: m.device().open("--device")?,
+            kv_type: m.kv_type(),
         },
     )
 }
@@ -492,6 +494,7 @@ fn run_units(
             &device.to_string(),
             format!("{:?}", p.cfg.model.weights()),
             o.batch_size(),
+            p.cfg.model.kv_type(),
         ),
     };
     let mut done = 0usize;

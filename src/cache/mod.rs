@@ -5,9 +5,12 @@
 //! replicated per query head, so GQA models keep their memory advantage. Every head of a layer holds
 //! the same number of entries (policies select per head, but keep equal counts), and each head keeps
 //! its own list of original positions because heads may keep different tokens. Appends write in place;
-//! evictions gather the kept rows to the front. Byte sizes are exact: entries × heads × dim × 2 × element size.
+//! evictions gather the kept rows to the front. Entries are stored as [`KvType`] says (f32, f16, bf16,
+//! or llama.cpp's Q8_0/Q4_0 blocks, quantized when appended). Byte sizes are exact: entries × heads ×
+//! 2 × a stored row's bytes (scales included).
 
 pub mod kv_type;
+pub mod quant;
 
 pub use kv_type::KvType;
 
@@ -16,8 +19,10 @@ use candle_core::{DType, Device, Result, Tensor};
 /// One layer's keys, values and position metadata.
 #[derive(Debug, Clone)]
 pub struct LayerCache {
+    /// `[kv_heads, capacity, width]`: rows of `head_dim` values, or of their blocks' bytes.
     k: Tensor,
     v: Tensor,
+    kv_type: KvType,
     len: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -58,11 +63,20 @@ impl HostKv<'_> {
 }
 
 impl LayerCache {
-    pub fn new(kv_heads: usize, head_dim: usize, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(kv_heads: usize, head_dim: usize, kv_type: KvType, device: &Device) -> Result<Self> {
+        if !kv_type.fits(head_dim) {
+            candle_core::bail!(
+                "--kv-type {kv_type}: heads of {head_dim} values are not whole blocks of {}",
+                quant::BLOCK
+            );
+        }
         let capacity = 64;
+        let width = kv_type.row_width(head_dim);
+        let dtype = kv_type.dtype();
         Ok(Self {
-            k: Tensor::zeros((kv_heads, capacity, head_dim), dtype, device)?,
-            v: Tensor::zeros((kv_heads, capacity, head_dim), dtype, device)?,
+            k: Tensor::zeros((kv_heads, capacity, width), dtype, device)?,
+            v: Tensor::zeros((kv_heads, capacity, width), dtype, device)?,
+            kv_type,
             len: 0,
             kv_heads,
             head_dim,
@@ -93,6 +107,11 @@ impl LayerCache {
 
     pub fn head_dim(&self) -> usize {
         self.head_dim
+    }
+
+    /// How entries are stored.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// Compression events (gathers) so far.
@@ -137,18 +156,41 @@ impl LayerCache {
         self.k.dim(1).unwrap_or(0)
     }
 
-    /// Keys held, `[kv_heads, len, head_dim]` (a view into the buffer).
+    /// Buffer elements per stored row.
+    fn width(&self) -> usize {
+        self.kv_type.row_width(self.head_dim)
+    }
+
+    /// Keys held, `[kv_heads, len, head_dim]`: a view into the buffer, or for block formats their
+    /// values (a dequantized copy: candle's path, prefill and other devices).
     pub fn keys(&self) -> Result<Tensor> {
-        self.k.narrow(1, 0, self.len)
+        self.values_of(&self.k)
     }
 
-    /// Values held, `[kv_heads, len, head_dim]` (a view into the buffer).
+    /// Values held, `[kv_heads, len, head_dim]`, as [`keys`](Self::keys).
     pub fn values(&self) -> Result<Tensor> {
-        self.v.narrow(1, 0, self.len)
+        self.values_of(&self.v)
     }
 
-    /// The whole key and value buffers, `[kv_heads, capacity, head_dim]`; the first [`len`](Self::len)
-    /// entries of each head are held. For kernels that read the cache in place.
+    fn values_of(&self, buf: &Tensor) -> Result<Tensor> {
+        let held = buf.narrow(1, 0, self.len)?;
+        let Some(blocks) = self.kv_type.blocks() else {
+            return Ok(held);
+        };
+        let bytes = held.flatten_all()?.to_vec1::<u8>()?;
+        let row = blocks.row_bytes(self.head_dim);
+        let mut out = Vec::with_capacity(self.kv_heads * self.len * self.head_dim);
+        let mut vals = Vec::with_capacity(self.head_dim);
+        for r in bytes.chunks_exact(row) {
+            blocks.dequantize(r, &mut vals);
+            out.extend_from_slice(&vals);
+        }
+        Tensor::from_vec(out, (self.kv_heads, self.len, self.head_dim), buf.device())
+    }
+
+    /// The whole key and value buffers, `[kv_heads, capacity, width]` (a row: `head_dim` values, or
+    /// their blocks' bytes, [`KvType::row_width`]); the first [`len`](Self::len) entries of each head
+    /// are held. For kernels that read the cache in place.
     pub fn buffers(&self) -> (&Tensor, &Tensor) {
         (&self.k, &self.v)
     }
@@ -158,9 +200,9 @@ impl LayerCache {
         &self.positions[h]
     }
 
-    /// Bytes of keys and values of one entry (all heads).
+    /// Bytes of keys and values of one entry (all heads), block scales included.
     fn entry_bytes(&self) -> usize {
-        self.kv_heads * self.head_dim * 2 * self.k.dtype().size_in_bytes()
+        self.kv_heads * 2 * self.kv_type.row_bytes(self.head_dim)
     }
 
     /// Exact bytes of keys and values held (not the allocated capacity).
@@ -180,10 +222,8 @@ impl LayerCache {
         if self.len + t > self.capacity() {
             self.grow(self.len + t)?;
         }
-        self.k
-            .slice_set(&k.to_dtype(self.k.dtype())?.contiguous()?, 1, self.len)?;
-        self.v
-            .slice_set(&v.to_dtype(self.v.dtype())?.contiguous()?, 1, self.len)?;
+        self.k.slice_set(&self.stored(k)?, 1, self.len)?;
+        self.v.slice_set(&self.stored(v)?, 1, self.len)?;
         for p in &mut self.positions {
             p.extend((first_pos..first_pos + t).map(|x| x as u32));
         }
@@ -191,6 +231,21 @@ impl LayerCache {
         self.peak_len = self.peak_len.max(self.len);
         self.step_max_len = self.step_max_len.max(self.len);
         Ok(())
+    }
+
+    /// New rows `[kv_heads, t, head_dim]` as stored: converted, or quantized into blocks (on the host).
+    fn stored(&self, x: &Tensor) -> Result<Tensor> {
+        let Some(blocks) = self.kv_type.blocks() else {
+            return x.to_dtype(self.kv_type.dtype())?.contiguous();
+        };
+        let (h, t, d) = x.dims3()?;
+        let vals = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let row = blocks.row_bytes(d);
+        let mut bytes = vec![0u8; h * t * row];
+        for (v, b) in vals.chunks_exact(d).zip(bytes.chunks_exact_mut(row)) {
+            blocks.quantize(v, b);
+        }
+        Tensor::from_vec(bytes, (h, t, row), x.device())
     }
 
     /// Room for at least `needed` entries: half as much again as now (a multiple of 64), or `needed`
@@ -201,11 +256,12 @@ impl LayerCache {
         let cap = self.capacity();
         let new_cap = needed.max(cap + cap / 2).next_multiple_of(64).max(64);
         let (dtype, device) = (self.k.dtype(), self.k.device().clone());
-        let k = Tensor::zeros((self.kv_heads, new_cap, self.head_dim), dtype, &device)?;
-        let v = Tensor::zeros((self.kv_heads, new_cap, self.head_dim), dtype, &device)?;
+        let width = self.width();
+        let k = Tensor::zeros((self.kv_heads, new_cap, width), dtype, &device)?;
+        let v = Tensor::zeros((self.kv_heads, new_cap, width), dtype, &device)?;
         if self.len > 0 {
-            k.slice_set(&self.keys()?.contiguous()?, 1, 0)?;
-            v.slice_set(&self.values()?.contiguous()?, 1, 0)?;
+            k.slice_set(&self.k.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
+            v.slice_set(&self.v.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
         }
         self.k = k;
         self.v = v;
@@ -240,18 +296,17 @@ impl LayerCache {
             }
         }
         let index = Tensor::from_vec(flat, m * self.kv_heads, self.k.device())?;
+        let w = self.width();
         let k = self
             .k
-            .reshape((self.kv_heads * cap, self.head_dim))?
+            .reshape((self.kv_heads * cap, w))?
             .index_select(&index, 0)?;
         let v = self
             .v
-            .reshape((self.kv_heads * cap, self.head_dim))?
+            .reshape((self.kv_heads * cap, w))?
             .index_select(&index, 0)?;
-        self.k
-            .slice_set(&k.reshape((self.kv_heads, m, self.head_dim))?, 1, 0)?;
-        self.v
-            .slice_set(&v.reshape((self.kv_heads, m, self.head_dim))?, 1, 0)?;
+        self.k.slice_set(&k.reshape((self.kv_heads, m, w))?, 1, 0)?;
+        self.v.slice_set(&v.reshape((self.kv_heads, m, w))?, 1, 0)?;
         for (h, idx) in kept.iter().enumerate() {
             let old = &self.positions[h];
             self.positions[h] = idx.iter().map(|&j| old[j]).collect();
@@ -282,11 +337,11 @@ impl KvCache {
         num_layers: usize,
         kv_heads: usize,
         head_dim: usize,
-        dtype: DType,
+        kv_type: KvType,
         device: &Device,
     ) -> Result<Self> {
         let layers = (0..num_layers)
-            .map(|_| LayerCache::new(kv_heads, head_dim, dtype, device))
+            .map(|_| LayerCache::new(kv_heads, head_dim, kv_type, device))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             layers,
@@ -413,7 +468,7 @@ mod tests {
 
     fn filled(n: usize) -> LayerCache {
         let dev = Device::Cpu;
-        let mut c = LayerCache::new(2, 4, DType::F32, &dev).unwrap();
+        let mut c = LayerCache::new(2, 4, KvType::F32, &dev).unwrap();
         // entry j of head h holds the value 100*h + j in every dimension
         let k: Vec<f32> = (0..2)
             .flat_map(|h| (0..n).flat_map(move |j| [(100 * h + j) as f32; 4]))
@@ -438,7 +493,7 @@ mod tests {
     #[test]
     fn the_peak_counts_the_moment_inside_a_step_and_capacity_is_apart() {
         let dev = Device::Cpu;
-        let mut cache = KvCache::new(2, 2, 4, DType::F32, &dev).unwrap();
+        let mut cache = KvCache::new(2, 2, 4, KvType::F32, &dev).unwrap();
         let entry = 2 * 4 * 2 * 4;
         let k = Tensor::zeros((2, 10, 4), DType::F32, &dev).unwrap();
         // A prefill of 10 compressed to 4 per layer, layer by layer as the engine runs them.

@@ -6,6 +6,7 @@
 //! once per KV head for all query heads of its GQA group, and runs inside the per-sequence parallel loop
 //! of the forward pass. Other devices, and prefill, use the generic candle path in `llama.rs`.
 
+use crate::cache::quant::Blocks;
 use crate::cache::LayerCache;
 use crate::policy::score::dot;
 use candle_core::{DType, Result, Storage, Tensor};
@@ -36,11 +37,13 @@ pub fn attend_one(
     let (Storage::Cpu(k_cpu), Storage::Cpu(v_cpu)) = (&*k_store, &*v_store) else {
         return None;
     };
-    let (hkv, cap, d) = k_buf.dims3().ok()?;
+    let (hkv, cap, width) = k_buf.dims3().ok()?;
     let shape = Shape {
         hkv,
         cap,
-        d,
+        d: layer.head_dim(),
+        width,
+        blocks: layer.kv_type().blocks(),
         n: layer.len(),
         group,
         scale,
@@ -68,6 +71,13 @@ pub fn attend_one(
             &shape,
             subset,
         ),
+        DType::U8 if shape.blocks.is_some() => attend_heads::<u8>(
+            &k_cpu.as_slice().ok()?[ko..],
+            &v_cpu.as_slice().ok()?[vo..],
+            q,
+            &shape,
+            subset,
+        ),
         _ => return None,
     };
     let (out, probs) = out;
@@ -83,6 +93,10 @@ struct Shape {
     /// Entries the buffers have room for per head (head `h`'s rows start at `h·cap`).
     cap: usize,
     d: usize,
+    /// Buffer elements per stored row: `d`, or its blocks' bytes.
+    width: usize,
+    /// The block format of a quantized cache.
+    blocks: Option<Blocks>,
     /// Entries held per head.
     n: usize,
     group: usize,
@@ -92,20 +106,20 @@ struct Shape {
 /// An element type the cache stores, read back as f32 a row at a time.
 trait Stored: Copy + Send + Sync + candle_core::WithDType {
     /// `row` as f32: itself when stored as f32 (no copy, the reference path's exact reads), else
-    /// converted into `buf`.
-    fn as_f32<'a>(row: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32];
+    /// converted (or, for bytes of `blocks`, dequantized) into `buf`.
+    fn as_f32<'a>(row: &'a [Self], blocks: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32];
 }
 
 impl Stored for f32 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [f32], _: &'a mut Vec<f32>) -> &'a [f32] {
+    fn as_f32<'a>(row: &'a [f32], _: Option<Blocks>, _: &'a mut Vec<f32>) -> &'a [f32] {
         row
     }
 }
 
 impl Stored for half::f16 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32] {
+    fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32] {
         buf.clear();
         buf.extend(row.iter().map(|x| x.to_f32()));
         buf
@@ -114,9 +128,19 @@ impl Stored for half::f16 {
 
 impl Stored for half::bf16 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [Self], buf: &'a mut Vec<f32>) -> &'a [f32] {
+    fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32] {
         buf.clear();
         buf.extend(row.iter().map(|x| x.to_f32()));
+        buf
+    }
+}
+
+impl Stored for u8 {
+    #[inline(always)]
+    fn as_f32<'a>(row: &'a [u8], blocks: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        blocks
+            .expect("a byte cache holds blocks")
+            .dequantize(row, buf);
         buf
     }
 }
@@ -134,6 +158,8 @@ fn attend_heads<E: Stored>(
         hkv,
         cap,
         d,
+        width: w,
+        blocks,
         n,
         group,
         scale,
@@ -151,15 +177,16 @@ fn attend_heads<E: Stored>(
     crate::parallel::for_each_init_on_team(hkv, init, |(acc, conv), h| {
         let mut slot = slices[h].lock().unwrap_or_else(|e| e.into_inner());
         let (o_h, p_h) = &mut *slot;
-        let keys = &k_all[h * cap * d..(h * cap + n) * d];
-        let values = &v_all[h * cap * d..(h * cap + n) * d];
+        let keys = &k_all[h * cap * w..(h * cap + n) * w];
+        let values = &v_all[h * cap * w..(h * cap + n) * w];
         if let Some(sub) = subset {
-            attend_subset(q, h, (group, d, scale), (keys, values), &sub[h], p_h, o_h);
+            let rows = (keys, values, w, blocks);
+            attend_subset(q, h, (group, d, scale), rows, &sub[h], p_h, o_h);
             return;
         }
         // 1. Scores of every query head of the group, reading each key once.
-        for (j, key) in keys.chunks_exact(d).enumerate() {
-            let key = E::as_f32(key, conv);
+        for (j, key) in keys.chunks_exact(w).enumerate() {
+            let key = E::as_f32(key, blocks, conv);
             for r in 0..group {
                 let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
                 p_h[r * n + j] = dot(qr, key) * scale;
@@ -180,8 +207,8 @@ fn attend_heads<E: Stored>(
         // 3. Weighted values, reading each value once, accumulated in f64 (order-independent).
         acc.clear();
         acc.resize(group * d, 0.0);
-        for (j, value) in values.chunks_exact(d).enumerate() {
-            let value = E::as_f32(value, conv);
+        for (j, value) in values.chunks_exact(w).enumerate() {
+            let value = E::as_f32(value, blocks, conv);
             for r in 0..group {
                 let p = p_h[r * n + j] as f64;
                 for (o, &v) in acc[r * d..(r + 1) * d].iter_mut().zip(value) {
@@ -203,7 +230,7 @@ fn attend_subset<E: Stored>(
     q: &[f32],
     h: usize,
     (group, d, scale): (usize, usize, f32),
-    (keys, values): (&[E], &[E]),
+    (keys, values, w, blocks): (&[E], &[E], usize, Option<Blocks>),
     idx: &[usize],
     p_h: &mut [f32],
     o_h: &mut [f32],
@@ -214,13 +241,13 @@ fn attend_subset<E: Stored>(
         let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
         let mut s: Vec<f32> = idx
             .iter()
-            .map(|&j| dot(qr, E::as_f32(&keys[j * d..(j + 1) * d], &mut row)) * scale)
+            .map(|&j| dot(qr, E::as_f32(&keys[j * w..(j + 1) * w], blocks, &mut row)) * scale)
             .collect();
         crate::policy::score::softmax(&mut s);
         let mut acc = vec![0f64; d];
         for (&j, &p) in idx.iter().zip(&s) {
             p_h[r * n + j] = p;
-            let value = E::as_f32(&values[j * d..(j + 1) * d], &mut row);
+            let value = E::as_f32(&values[j * w..(j + 1) * w], blocks, &mut row);
             for (o, &v) in acc.iter_mut().zip(value) {
                 *o += p as f64 * v as f64;
             }

@@ -228,12 +228,7 @@ impl Transformer {
         policy: Box<dyn crate::policy::Policy>,
         kv_type: crate::cache::KvType,
     ) -> Result<SeqState> {
-        Ok(SeqState::new(
-            &self.config,
-            policy,
-            kv_type.dtype(),
-            &self.device,
-        )?)
+        Ok(SeqState::new(&self.config, policy, kv_type, &self.device)?)
     }
 
     /// cos/sin tables `[n, head_dim/2]` for the given logical positions, as plain vectors.

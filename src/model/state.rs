@@ -4,7 +4,7 @@
 use crate::cache::KvCache;
 use crate::model::config::ModelConfig;
 use crate::policy::{Capabilities, Policy, StepInfo};
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 
 /// The per-sequence state the forward pass reads and updates.
 pub struct SeqState {
@@ -58,7 +58,7 @@ impl SeqState {
     pub fn new(
         config: &ModelConfig,
         mut policy: Box<dyn Policy>,
-        dtype: DType,
+        kv_type: crate::cache::KvType,
         device: &Device,
     ) -> Result<Self> {
         policy.reset();
@@ -80,7 +80,7 @@ impl SeqState {
                 config.num_layers,
                 cache_heads,
                 config.head_dim,
-                dtype,
+                kv_type,
                 device,
             )?,
             policy,

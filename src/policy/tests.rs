@@ -28,7 +28,7 @@ fn policy(name: &str, budget: f64, args: &[(&str, &str)]) -> Box<dyn Policy> {
 /// A one-head cache holding `keys` (`[n][3]`) at positions 0..n.
 fn cache(keys: &[[f32; 3]]) -> LayerCache {
     let dev = Device::Cpu;
-    let mut c = LayerCache::new(1, 3, DType::F32, &dev).unwrap();
+    let mut c = LayerCache::new(1, 3, crate::cache::KvType::F32, &dev).unwrap();
     let flat: Vec<f32> = keys.iter().flatten().copied().collect();
     let k = Tensor::from_vec(flat, (1, keys.len(), 3), &dev).unwrap();
     c.append(&k, &k, 0).unwrap();

@@ -6,22 +6,28 @@
 //! exact (binomial) McNemar test on the problems only one side solved.
 
 use super::paired::{paired, Interval};
-use super::{dataset_identity, is_full};
+use super::{dataset_identity, is_full, kv_type_of};
 use crate::error::{Error, Result};
 use crate::results::sample::SampleRecord;
 use std::collections::BTreeMap;
 
-/// A row as `--pair` names it: `POLICY@BUDGET` (`full` alone).
+/// A row as `--pair` names it: `POLICY@BUDGET` (`full` alone), narrowed where a report has several
+/// rows of one policy and budget by `+KEY=VALUE` (a parameter of the policy, as its description
+/// shows it: `lazy+gqa=mean-prob@128`) or `+kv=TYPE` (the cache's storage type: `full+kv=q8_0`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowSelector {
     pub policy: String,
     pub budget: Option<f64>,
+    /// `key=value` parameters the row's policy must have.
+    pub args: Vec<String>,
+    /// The cache's storage type, when named.
+    pub kv: Option<String>,
 }
 
 impl RowSelector {
     pub fn parse(s: &str) -> Result<Self> {
         let s = s.trim();
-        let (policy, budget) = match s.split_once('@') {
+        let (head, budget) = match s.split_once('@') {
             Some((p, b)) => {
                 let b: f64 = b.trim().parse().map_err(|_| {
                     Error::Input(format!(
@@ -32,31 +38,64 @@ impl RowSelector {
             }
             None => (s, None),
         };
+        let mut parts = head.split('+').map(str::trim);
+        let policy = parts.next().unwrap_or_default();
         if policy.is_empty() {
             return Err(Error::Input(format!(
-                "--pair {s:?}: expected POLICY@BUDGET or full"
+                "--pair {s:?}: expected POLICY[+KEY=VALUE...]@BUDGET or full"
             )));
+        }
+        let (mut args, mut kv) = (Vec::new(), None);
+        for part in parts {
+            match part.split_once('=') {
+                Some(("kv", t)) if !t.trim().is_empty() => kv = Some(t.trim().to_string()),
+                Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+                    args.push(format!("{}={}", k.trim(), v.trim()))
+                }
+                _ => {
+                    return Err(Error::Input(format!(
+                        "--pair {s:?}: {part:?} is not KEY=VALUE (a policy parameter, or kv=TYPE)"
+                    )))
+                }
+            }
         }
         Ok(RowSelector {
             policy: policy.to_string(),
             budget,
+            args,
+            kv,
         })
     }
 
     fn matches(&self, r: &SampleRecord) -> bool {
+        if self.kv.as_ref().is_some_and(|kv| *kv != kv_type_of(r)) {
+            return false;
+        }
         if self.policy == "full" {
             return is_full(r);
         }
-        r.policy_name == self.policy && r.budget == self.budget
+        r.policy_name == self.policy
+            && r.budget == self.budget
+            && self
+                .args
+                .iter()
+                .all(|a| r.policy.split_whitespace().any(|t| t == a))
     }
 }
 
 impl std::fmt::Display for RowSelector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.budget {
-            Some(b) => write!(f, "{}@{b}", self.policy),
-            None => f.write_str(&self.policy),
+        f.write_str(&self.policy)?;
+        for a in &self.args {
+            write!(f, "+{a}")?;
         }
+        if let Some(kv) = &self.kv {
+            write!(f, "+kv={kv}")?;
+        }
+        if let Some(b) = self.budget {
+            write!(f, "@{b}")?;
+        }
+        Ok(())
     }
 }
 
@@ -172,12 +211,19 @@ pub fn compare(
                 continue;
             }
             for (sel, rs) in [(a, &ra), (b, &rb)] {
-                let mut configs: Vec<&str> = rs.iter().map(|r| r.policy.as_str()).collect();
+                let mut configs: Vec<String> = rs
+                    .iter()
+                    .map(|r| match kv_type_of(r).as_str() {
+                        "f32" => r.policy.clone(),
+                        kv => format!("{} (kv={kv})", r.policy),
+                    })
+                    .collect();
                 configs.sort_unstable();
                 configs.dedup();
                 if configs.len() > 1 {
                     return Err(Error::Input(format!(
-                        "--pair {sel}: {} rows of different parameters match: {}",
+                        "--pair {sel}: {} rows of different parameters match (narrow it with \
+                         +KEY=VALUE or +kv=TYPE): {}",
                         configs.len(),
                         configs.join(" | ")
                     )));
@@ -294,14 +340,73 @@ mod tests {
     }
 
     #[test]
+    fn rows_of_one_policy_and_budget_are_told_apart_by_parameters_and_cache_type() {
+        use crate::report::tests::record;
+        let mut rs = Vec::new();
+        for i in 0..4 {
+            let p = format!("p{i}");
+            rs.push(record("lazy gqa=per-query-head", &p, true, 10, false));
+            rs.push(record("lazy gqa=mean-prob", &p, i < 1, 10, false));
+            let mut q8 = record("lazy gqa=mean-prob", &p, false, 10, false);
+            q8.engine = Some(crate::results::sample::Engine {
+                kv_type: "q8_0".into(),
+                ..crate::results::sample::Engine::current(
+                    "cpu",
+                    "Auto".into(),
+                    1,
+                    crate::cache::KvType::Q8_0,
+                )
+            });
+            rs.push(q8);
+        }
+        for r in &mut rs {
+            r.policy_name = "lazy".into();
+        }
+        let sel = |s: &str| RowSelector::parse(s).unwrap();
+        // Ambiguous: three rows are lazy@64.
+        let e = compare(&rs, &[(sel("lazy@64"), sel("lazy+gqa=mean-prob@64"))]).unwrap_err();
+        assert!(e.to_string().contains("+KEY=VALUE"), "{e}");
+        let rows = compare(
+            &rs,
+            &[(
+                sel("lazy+gqa=per-query-head@64"),
+                sel("lazy+gqa=mean-prob+kv=f32@64"),
+            )],
+        )
+        .unwrap();
+        assert_eq!((rows[0].only_a, rows[0].only_b), (3, 0));
+        let rows = compare(
+            &rs,
+            &[(sel("lazy+gqa=mean-prob+kv=f32@64"), sel("lazy+kv=q8_0@64"))],
+        )
+        .unwrap();
+        assert_eq!((rows[0].pass_a, rows[0].pass_b), (0.25, 0.0));
+        // The report keeps the storage types apart and says which is which.
+        let summary = crate::report::summarize(&rs);
+        assert_eq!(summary.rows.len(), 3);
+        let table = crate::report::table::markdown(&summary);
+        assert!(
+            table.contains("KV type") && table.contains("q8_0"),
+            "{table}"
+        );
+    }
+
+    #[test]
     fn selectors_parse_and_bad_ones_name_the_flag() {
         assert_eq!(
             RowSelector::parse("rkv@256").unwrap(),
             RowSelector {
                 policy: "rkv".into(),
-                budget: Some(256.0)
+                budget: Some(256.0),
+                args: vec![],
+                kv: None,
             }
         );
+        let narrow = RowSelector::parse("lazy + gqa=mean-prob +kv=q8_0@128").unwrap();
+        assert_eq!(narrow.args, vec!["gqa=mean-prob".to_string()]);
+        assert_eq!(narrow.kv.as_deref(), Some("q8_0"));
+        assert_eq!(narrow.to_string(), "lazy+gqa=mean-prob+kv=q8_0@128");
+        assert!(RowSelector::parse("lazy+gqa@128").is_err());
         assert_eq!(RowSelector::parse("full").unwrap().budget, None);
         assert!(RowSelector::parse("rkv@x")
             .unwrap_err()

@@ -1,0 +1,149 @@
+//! Keys and values held in llama.cpp's 32-value blocks: Q8_0 (34 bytes: an f16 scale and 32 signed
+//! bytes, `x = d·q`) and Q4_0 (18 bytes: an f16 scale and 32 nibbles, `x = d·(q − 8)`), quantized as
+//! ggml's reference code quantizes them (`quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`), so a row
+//! holds the bytes llama.cpp's `-ctk q8_0` / `-ctk q4_0` cache would.
+//!
+//! Rows are quantized once, when appended; attention and policies read them back a row at a time.
+
+/// Values per block.
+pub const BLOCK: usize = 32;
+
+/// A block format the cache can hold entries in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocks {
+    Q8_0,
+    Q4_0,
+}
+
+impl Blocks {
+    /// Bytes of one block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            Blocks::Q8_0 => 34,
+            Blocks::Q4_0 => 18,
+        }
+    }
+
+    /// Bytes of one row of `d` values (`d` a multiple of [`BLOCK`]).
+    pub const fn row_bytes(self, d: usize) -> usize {
+        d / BLOCK * self.block_bytes()
+    }
+
+    /// Quantizes `x` (a multiple of [`BLOCK`] values) into `out` (its [`row_bytes`](Self::row_bytes)).
+    pub fn quantize(self, x: &[f32], out: &mut [u8]) {
+        debug_assert_eq!(out.len(), self.row_bytes(x.len()));
+        for (v, o) in x
+            .chunks_exact(BLOCK)
+            .zip(out.chunks_exact_mut(self.block_bytes()))
+        {
+            match self {
+                Blocks::Q8_0 => q8_0_block(v, o),
+                Blocks::Q4_0 => q4_0_block(v, o),
+            }
+        }
+    }
+
+    /// The values of a row of blocks, into `out` (cleared first).
+    pub fn dequantize(self, row: &[u8], out: &mut Vec<f32>) {
+        out.clear();
+        for b in row.chunks_exact(self.block_bytes()) {
+            let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            match self {
+                Blocks::Q8_0 => out.extend(b[2..34].iter().map(|&q| q as i8 as f32 * d)),
+                Blocks::Q4_0 => {
+                    let qs = &b[2..18];
+                    out.extend(qs.iter().map(|&q| ((q & 0x0F) as i32 - 8) as f32 * d));
+                    out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
+                }
+            }
+        }
+    }
+}
+
+/// ggml's `quantize_row_q8_0_ref` for one block: `d = max|x| / 127`, `q = round(x / d)`.
+fn q8_0_block(x: &[f32], out: &mut [u8]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    for (o, &v) in out[2..].iter_mut().zip(x) {
+        *o = (v * id).round() as i8 as u8;
+    }
+}
+
+/// ggml's `quantize_row_q4_0_ref` for one block: `d` = the value of largest magnitude / −8,
+/// `q = min(15, trunc(x / d + 8.5))`, value `j` in the low nibble of byte `j`, value `j + 16` in its
+/// high nibble.
+fn q4_0_block(x: &[f32], out: &mut [u8]) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    let nibble = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+    for j in 0..BLOCK / 2 {
+        out[2 + j] = nibble(x[j]) | (nibble(x[j + BLOCK / 2]) << 4);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{BlockFormat, Unpacked};
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+    use rand::{Rng, SeedableRng};
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect()
+    }
+
+    #[test]
+    fn blocks_are_byte_for_byte_ggmls_and_read_back_as_ggml_dequantizes() {
+        for (blocks, ggml, format) in [
+            (Blocks::Q8_0, GgmlDType::Q8_0, BlockFormat::Q8_0),
+            (Blocks::Q4_0, GgmlDType::Q4_0, BlockFormat::Q4_0),
+        ] {
+            let mut x = values(8 * BLOCK, 5);
+            x[BLOCK..2 * BLOCK].fill(0.0); // an all-zero block: d = 0
+            let mut ours = vec![0u8; blocks.row_bytes(x.len())];
+            blocks.quantize(&x, &mut ours);
+            // candle implements ggml's block formats and reference quantization.
+            let t = Tensor::from_vec(x.clone(), (1, x.len()), &Device::Cpu).unwrap();
+            let theirs = QTensor::quantize(&t, ggml)
+                .unwrap()
+                .data()
+                .unwrap()
+                .to_vec();
+            assert_eq!(ours, theirs, "{blocks:?}: the bytes of ggml's layout");
+            // Read back as the weight kernels' unpacker (ggml's dequantize_row_*) reads them.
+            let mut back = Vec::new();
+            blocks.dequantize(&ours, &mut back);
+            let mut u = Unpacked::with_len(x.len(), false);
+            format.unpack_row(&ours, &mut u);
+            let mut want = vec![0f32; x.len()];
+            u.dequantize(&mut want);
+            assert_eq!(back, want, "{blocks:?}: dequantized values");
+            let worst = x
+                .iter()
+                .zip(&back)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let step = if blocks == Blocks::Q8_0 {
+                3.0 / 127.0
+            } else {
+                3.0 / 8.0
+            };
+            assert!(
+                worst <= step,
+                "{blocks:?}: error {worst} beyond a quantization step"
+            );
+        }
+    }
+}

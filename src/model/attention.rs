@@ -8,7 +8,7 @@
 
 use crate::cache::quant::Blocks;
 use crate::cache::LayerCache;
-use crate::policy::score::dot;
+use crate::policy::score::{add_scaled, dot};
 use candle_core::{DType, Result, Storage, Tensor};
 
 /// Output of [`attend_one`]: the attention output `[heads·d]` and, when asked, the probabilities
@@ -210,10 +210,7 @@ fn attend_heads<E: Stored>(
         for (j, value) in values.chunks_exact(w).enumerate() {
             let value = E::as_f32(value, blocks, conv);
             for r in 0..group {
-                let p = p_h[r * n + j] as f64;
-                for (o, &v) in acc[r * d..(r + 1) * d].iter_mut().zip(value) {
-                    *o += p * v as f64;
-                }
+                add_scaled(&mut acc[r * d..(r + 1) * d], p_h[r * n + j] as f64, value);
             }
         }
         o_h.iter_mut()
@@ -248,9 +245,7 @@ fn attend_subset<E: Stored>(
         for (&j, &p) in idx.iter().zip(&s) {
             p_h[r * n + j] = p;
             let value = E::as_f32(&values[j * w..(j + 1) * w], blocks, &mut row);
-            for (o, &v) in acc.iter_mut().zip(value) {
-                *o += p as f64 * v as f64;
-            }
+            add_scaled(&mut acc, p as f64, value);
         }
         for (o, a) in o_h[r * d..(r + 1) * d].iter_mut().zip(acc) {
             *o = a as f32;

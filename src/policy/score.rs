@@ -36,6 +36,26 @@ impl GroupLogits {
 /// Dot product with eight independent accumulators (vectorises under AVX2).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::dispatch::has_avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        return unsafe { dot_avx2(a, b) };
+    }
+    dot_body(a, b)
+}
+
+/// [`dot`] compiled for AVX2: its eight sums in one register (the same operations, so the same bits).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_body(a, b)
+}
+
+#[inline(always)]
+fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
@@ -50,6 +70,34 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// `acc += p · v`, element by element in f64 (attention's weighted values: order-independent sums).
+#[inline]
+pub fn add_scaled(acc: &mut [f64], p: f64, v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::dispatch::has_avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        return unsafe { add_scaled_avx2(acc, p, v) };
+    }
+    add_scaled_body(acc, p, v)
+}
+
+/// [`add_scaled`] compiled for AVX2 (four f64 lanes; the same operations, so the same bits).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add_scaled_avx2(acc: &mut [f64], p: f64, v: &[f32]) {
+    add_scaled_body(acc, p, v)
+}
+
+#[inline(always)]
+fn add_scaled_body(acc: &mut [f64], p: f64, v: &[f32]) {
+    for (o, &x) in acc.iter_mut().zip(v) {
+        *o += p * x as f64;
+    }
 }
 
 /// Softmax of `x` in place (an empty slice stays empty).

@@ -3,48 +3,17 @@
 //! policies then receive their probabilities as device tensors and gather on them, as on a GPU; the
 //! logits of every step must agree to float rounding, whatever the policy evicts.
 
-use kvbench::model::weights::WeightFormat;
-use kvbench::model::{LoadOptions, Model, SeqInput};
+mod common;
+
+use common::{teacher_forced, tiny_random};
+use kvbench::cache::KvType;
 use kvbench::policy::PolicySpec;
 use rand::{Rng, SeedableRng};
-
-fn load(generic: bool) -> Model {
-    let mut m = Model::load(
-        "random:tiny@4",
-        &LoadOptions {
-            format: WeightFormat::F32,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    m.transformer.set_generic_attention(generic);
-    m
-}
-
-/// Logits of every step of `tokens` fed one at a time after `prompt`, under `spec`.
-fn teacher_forced(m: &Model, spec: &PolicySpec, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
-    let ctx = m.policy_context(spec, tokens.len());
-    let mut state = m.transformer.new_state(spec.build(&ctx).unwrap()).unwrap();
-    let mut out = Vec::new();
-    let mut next = prompt.to_vec();
-    for &t in tokens.iter().chain([&0]) {
-        let l = m
-            .transformer
-            .forward(&mut [SeqInput {
-                tokens: &next,
-                state: &mut state,
-            }])
-            .unwrap();
-        out.push(l.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
-        next = vec![t];
-    }
-    out
-}
 
 #[test]
 fn every_policy_gives_the_same_logits_on_the_device_path_as_on_the_cpu_loop() {
     kvbench::init_threads(None).unwrap();
-    let (cpu, device_path) = (load(false), load(true));
+    let (cpu, device_path) = (tiny_random(false), tiny_random(true));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
     let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..4096)).collect();
     let tokens: Vec<u32> = (0..72).map(|_| rng.random_range(0..4096)).collect();
@@ -62,8 +31,8 @@ fn every_policy_gives_the_same_logits_on_the_device_path_as_on_the_cpu_loop() {
     for (name, budget, args) in specs {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let spec = PolicySpec::from_args(name, budget, &args).unwrap();
-        let a = teacher_forced(&cpu, &spec, &prompt, &tokens);
-        let b = teacher_forced(&device_path, &spec, &prompt, &tokens);
+        let (a, _) = teacher_forced(&cpu, &spec, KvType::F32, &prompt, &tokens);
+        let (b, _) = teacher_forced(&device_path, &spec, KvType::F32, &prompt, &tokens);
         let mut worst = 0f32;
         for (x, y) in a.iter().zip(&b) {
             for (p, q) in x.iter().zip(y) {

@@ -4,27 +4,15 @@
 //! storage is real, and coarser storage differs more), and the path a GPU takes reads every type as
 //! the CPU's loop does.
 
+mod common;
+
+use common::tiny_random;
 use kvbench::cache::KvType;
-use kvbench::model::weights::WeightFormat;
-use kvbench::model::{LoadOptions, Model, SeqInput};
+use kvbench::model::Model;
 use kvbench::policy::PolicySpec;
 use rand::{Rng, SeedableRng};
 
-fn load(generic: bool) -> Model {
-    let mut m = Model::load(
-        "random:tiny@4",
-        &LoadOptions {
-            format: WeightFormat::F32,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    m.transformer.set_generic_attention(generic);
-    m
-}
-
-/// Logits of every step of `tokens` fed one at a time after `prompt`, under `spec`, with the cache
-/// stored as `kv`; and the cache's bytes and entries per layer at the end.
+/// [`common::teacher_forced`]'s logits, with the cache's bytes and entries (all layers) at the end.
 fn teacher_forced(
     m: &Model,
     spec: &PolicySpec,
@@ -32,28 +20,11 @@ fn teacher_forced(
     prompt: &[u32],
     tokens: &[u32],
 ) -> (Vec<Vec<f32>>, usize, usize) {
-    let ctx = m.policy_context(spec, tokens.len());
-    let mut state = m
-        .transformer
-        .new_state_with(spec.build(&ctx).unwrap(), kv)
-        .unwrap();
-    let mut out = Vec::new();
-    let mut next = prompt.to_vec();
-    for &t in tokens.iter().chain([&0]) {
-        let l = m
-            .transformer
-            .forward(&mut [SeqInput {
-                tokens: &next,
-                state: &mut state,
-            }])
-            .unwrap();
-        out.push(l.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
-        next = vec![t];
-    }
+    let (logits, state) = common::teacher_forced(m, spec, kv, prompt, tokens);
     let entries = (0..state.cache.num_layers())
         .map(|l| state.cache.layer(l).len())
         .sum();
-    (out, state.cache.bytes(), entries)
+    (logits, state.cache.bytes(), entries)
 }
 
 fn specs() -> Vec<PolicySpec> {
@@ -93,7 +64,7 @@ fn worst_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 #[test]
 fn every_storage_type_holds_its_exact_bytes_under_every_policy_and_stays_near_f32() {
     kvbench::init_threads(None).unwrap();
-    let m = load(false);
+    let m = tiny_random(false);
     let (prompt, tokens) = inputs();
     for spec in specs() {
         let name = spec.describe();
@@ -152,7 +123,7 @@ fn every_storage_type_holds_its_exact_bytes_under_every_policy_and_stays_near_f3
 #[test]
 fn the_device_path_reads_every_storage_type_as_the_cpu_loop_does() {
     kvbench::init_threads(None).unwrap();
-    let (cpu, device_path) = (load(false), load(true));
+    let (cpu, device_path) = (tiny_random(false), tiny_random(true));
     let (prompt, tokens) = inputs();
     for spec in specs() {
         for kv in [KvType::F16, KvType::Bf16, KvType::Q8_0, KvType::Q4_0] {

@@ -117,23 +117,20 @@ impl Stored for f32 {
     }
 }
 
-impl Stored for half::f16 {
-    #[inline(always)]
-    fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        buf.clear();
-        buf.extend(row.iter().map(|x| x.to_f32()));
-        buf
-    }
+/// 16-bit types: each value converted as the row is read.
+macro_rules! converted {
+    ($($t:ty),*) => {$(
+        impl Stored for $t {
+            #[inline(always)]
+            fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32] {
+                buf.clear();
+                buf.extend(row.iter().map(|x| x.to_f32()));
+                buf
+            }
+        }
+    )*};
 }
-
-impl Stored for half::bf16 {
-    #[inline(always)]
-    fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        buf.clear();
-        buf.extend(row.iter().map(|x| x.to_f32()));
-        buf
-    }
-}
+converted!(half::f16, half::bf16);
 
 impl Stored for u8 {
     #[inline(always)]

@@ -215,3 +215,48 @@ pub fn tiny_gguf_with(
     let content = gguf_file::Content::read(&mut std::io::Cursor::new(&bytes)).unwrap();
     (bytes, content.tensor_data_offset as usize)
 }
+
+/// The tiny random model (`random:tiny@4`, f32 weights), its attention through candle's operations
+/// (the path a GPU takes) when `generic`, else the CPU's own decoding loop.
+pub fn tiny_random(generic: bool) -> Model {
+    let mut m = Model::load(
+        "random:tiny@4",
+        &LoadOptions {
+            format: WeightFormat::F32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.transformer.set_generic_attention(generic);
+    m
+}
+
+/// Logits of every step of `tokens` fed one at a time after `prompt`, under `spec`, the cache
+/// stored as `kv`; with the sequence's state at the end.
+pub fn teacher_forced(
+    m: &Model,
+    spec: &kvbench::policy::PolicySpec,
+    kv: kvbench::cache::KvType,
+    prompt: &[u32],
+    tokens: &[u32],
+) -> (Vec<Vec<f32>>, kvbench::model::state::SeqState) {
+    let ctx = m.policy_context(spec, tokens.len());
+    let mut state = m
+        .transformer
+        .new_state_with(spec.build(&ctx).unwrap(), kv)
+        .unwrap();
+    let mut out = Vec::new();
+    let mut next = prompt.to_vec();
+    for &t in tokens.iter().chain([&0]) {
+        let l = m
+            .transformer
+            .forward(&mut [kvbench::model::SeqInput {
+                tokens: &next,
+                state: &mut state,
+            }])
+            .unwrap();
+        out.push(l.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
+        next = vec![t];
+    }
+    (out, state)
+}

@@ -7,7 +7,6 @@ mod common;
 
 use common::{teacher_forced, tiny_random};
 use kvbench::cache::KvType;
-use kvbench::policy::PolicySpec;
 use rand::{Rng, SeedableRng};
 
 #[test]
@@ -17,20 +16,8 @@ fn every_policy_gives_the_same_logits_on_the_device_path_as_on_the_cpu_loop() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
     let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..4096)).collect();
     let tokens: Vec<u32> = (0..72).map(|_| rng.random_range(0..4096)).collect();
-    let specs = [
-        ("full", 1.0, vec![]),
-        ("streaming", 24.0, vec!["buffer=8"]),
-        ("h2o", 24.0, vec![]),
-        ("snapkv", 24.0, vec!["buffer=8"]),
-        ("pyramidkv", 24.0, vec!["buffer=8"]),
-        ("rkv", 24.0, vec!["buffer=8"]),
-        ("lazy", 24.0, vec!["window=8"]),
-        ("rocket", 24.0, vec![]),
-        ("kara", 0.5, vec!["window=16"]),
-    ];
-    for (name, budget, args) in specs {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let spec = PolicySpec::from_args(name, budget, &args).unwrap();
+    for spec in common::compressing_specs() {
+        let name = spec.name().to_string();
         let (a, _) = teacher_forced(&cpu, &spec, KvType::F32, &prompt, &tokens);
         let (b, _) = teacher_forced(&device_path, &spec, KvType::F32, &prompt, &tokens);
         let mut worst = 0f32;

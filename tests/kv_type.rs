@@ -27,26 +27,6 @@ fn teacher_forced(
     (logits, state.cache.bytes(), entries)
 }
 
-fn specs() -> Vec<PolicySpec> {
-    [
-        ("full", 1.0, vec![]),
-        ("streaming", 24.0, vec!["buffer=8"]),
-        ("h2o", 24.0, vec![]),
-        ("snapkv", 24.0, vec!["buffer=8"]),
-        ("pyramidkv", 24.0, vec!["buffer=8"]),
-        ("rkv", 24.0, vec!["buffer=8"]),
-        ("lazy", 24.0, vec!["window=8"]),
-        ("rocket", 24.0, vec![]),
-        ("kara", 0.5, vec!["window=16"]),
-    ]
-    .into_iter()
-    .map(|(name, budget, args)| {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        PolicySpec::from_args(name, budget, &args).unwrap()
-    })
-    .collect()
-}
-
 fn inputs() -> (Vec<u32>, Vec<u32>) {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..4096)).collect();
@@ -66,7 +46,7 @@ fn every_storage_type_holds_its_exact_bytes_under_every_policy_and_stays_near_f3
     kvbench::init_threads(None).unwrap();
     let m = tiny_random(false);
     let (prompt, tokens) = inputs();
-    for spec in specs() {
+    for spec in common::compressing_specs() {
         let name = spec.describe();
         let (exact, exact_bytes, exact_entries) =
             teacher_forced(&m, &spec, KvType::F32, &prompt, &tokens);
@@ -125,7 +105,7 @@ fn the_device_path_reads_every_storage_type_as_the_cpu_loop_does() {
     kvbench::init_threads(None).unwrap();
     let (cpu, device_path) = (tiny_random(false), tiny_random(true));
     let (prompt, tokens) = inputs();
-    for spec in specs() {
+    for spec in common::compressing_specs() {
         for kv in [KvType::F16, KvType::Bf16, KvType::Q8_0, KvType::Q4_0] {
             let (a, ..) = teacher_forced(&cpu, &spec, kv, &prompt, &tokens);
             let (b, ..) = teacher_forced(&device_path, &spec, kv, &prompt, &tokens);

@@ -260,3 +260,25 @@ pub fn teacher_forced(
     }
     (out, state)
 }
+
+/// Every policy at a budget that compresses the tiny model's 40-token prompt and 72 tokens (Kara as a
+/// ratio), the full cache first.
+pub fn compressing_specs() -> Vec<kvbench::policy::PolicySpec> {
+    [
+        ("full", 1.0, vec![]),
+        ("streaming", 24.0, vec!["buffer=8"]),
+        ("h2o", 24.0, vec![]),
+        ("snapkv", 24.0, vec!["buffer=8"]),
+        ("pyramidkv", 24.0, vec!["buffer=8"]),
+        ("rkv", 24.0, vec!["buffer=8"]),
+        ("lazy", 24.0, vec!["window=8"]),
+        ("rocket", 24.0, vec![]),
+        ("kara", 0.5, vec!["window=16"]),
+    ]
+    .into_iter()
+    .map(|(name, budget, args)| {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        kvbench::policy::PolicySpec::from_args(name, budget, &args).unwrap()
+    })
+    .collect()
+}

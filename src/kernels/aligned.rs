@@ -2,10 +2,9 @@
 //!
 //! Why it exists: `Vec<u8>` starts wherever the allocator puts it (16-byte boundaries with glibc), so
 //! half of the kernels' 32-byte loads of activations or decoded weights could straddle two cache
-//! lines, or none, depending on what else the process had allocated before. On the Zen 4 a change
-//! that only removed an unrelated allocation moved SmolLM2's batch-8 decoding from 283–291 to 202–233
-//! tokens/s (four rounds each, README, speed); with every such buffer aligned, its speed no longer
-//! depends on the heap's layout.
+//! lines, or none, depending on what else the process had allocated before, and a change that only
+//! removed an unrelated allocation moved decoding speed by a quarter (docs/kernels.md); with every
+//! such buffer aligned, its speed no longer depends on the heap's layout.
 
 use std::marker::PhantomData;
 

@@ -8,11 +8,9 @@
 //! (`transparent_hugepage` = `madvise`, a common default), and only under whole aligned 2 MiB
 //! stretches, which a tensor of 1.3 MiB (Qwen's query projection) never has on its own. So tensors
 //! are carved out of shared slabs of [`SLAB`] bytes (each tensor 64-byte aligned), mapped and advised
-//! before any page is touched; a tensor larger than a slab gets one of its own. Measured on the Zen
-//! 4, Qwen batch 1, six rounds each, medians (README, speed): every allocation of the process in huge
-//! pages (glibc's `glibc.malloc.hugetlb=1`) against none 25.1 → 27.1 tokens/s, each tensor's own
-//! aligned interior advised (75% of the bytes) 25.6; these slabs against none 26.3 → 27.4, loading in
-//! 0.6–0.8 s instead of 1.1 (the pages are zeroed once, by the kernel).
+//! before any page is touched; a tensor larger than a slab gets one of its own. Slabs gave batch-1
+//! decoding what huge pages for the whole process gave, and load faster (the pages are zeroed once,
+//! by the kernel); measured in docs/kernels.md.
 //!
 //! Elsewhere (other systems, or a refusal) the buffer is an ordinary zeroed allocation.
 

@@ -321,8 +321,7 @@ unsafe fn interleave(w: &QMatrix, (j, slot): (usize, usize), scratch: &mut Scrat
         }
         *built_for = Some(j);
         // The next block's rows come from memory while this one is multiplied: at batch 32 the
-        // rows are built once a step, and their loads waited on memory (measured on Qwen2.5-1.5B:
-        // 63.5 / 61.3 → 70.7 / 68.5 tokens/s at batch 32, prefill unchanged; README).
+        // rows are built once a step, and their loads waited on memory (measured: docs/kernels.md).
         prefetch_rows(w, j + gemm::NW..(j + 2 * gemm::NW).min(w.rows()));
     }
 }
@@ -368,7 +367,7 @@ unsafe fn pair_columns(
         }
         let mut r = rows.start;
         while r < rows.end {
-            // Four rows a call: with eight, prefill measured 85.2 tokens/s against 93.2 with four (Qwen).
+            // Four rows a call: eight were slower at prefill (measured: docs/kernels.md).
             let take = (rows.end - r).min(gemm::KR);
             let mut acc = [[[0f32; gemm512::KR]; gemm::NW]; 2];
             gemm512::dot_pair(p, x, r, take, &mut acc, vnni);

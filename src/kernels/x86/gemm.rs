@@ -185,9 +185,8 @@ impl Interleaved {
             let kb = k / 256;
             self.resize(kb, F::BY_16);
             let q = self.q.as_mut_ptr();
-            // The rows' super-blocks `dist` bytes ahead, as the decoding kernels ask for them (Qwen2.5-1.5B
-            // on the Xeon, two rounds: batch 8 36.7 / 37.0 → 38.6 / 38.5 tokens/s, batch 32 66.1 / 64.6 →
-            // 68.3 / 66.5, prefill within noise).
+            // The rows' super-blocks `dist` bytes ahead, as the decoding kernels ask for them: building
+            // a tile waits on memory otherwise (measured: docs/kernels.md).
             let dist = crate::kernels::dispatch::prefetch_distance();
             for b in 0..kb {
                 let p: [*const u8; NW] = rows.map(|r| r.add(b * F::BYTES));

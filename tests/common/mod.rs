@@ -51,6 +51,15 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Greedy decoding of `steps` forward passes (the prompt, then each chosen token) with `policy`:
 /// the tokens chosen, the logits of every step and the final state.
+/// The last position's logits after feeding `tokens` to one sequence.
+pub fn logits_of(m: &Model, state: &mut kvbench::model::SeqState, tokens: &[u32]) -> Vec<f32> {
+    let l = m
+        .transformer
+        .forward(&mut [kvbench::model::SeqInput { tokens, state }])
+        .unwrap();
+    l.squeeze(0).unwrap().to_vec1::<f32>().unwrap()
+}
+
 pub fn run_greedy(
     m: &Model,
     prompt: &[u32],
@@ -61,14 +70,7 @@ pub fn run_greedy(
     let (mut tokens, mut logits) = (Vec::new(), Vec::new());
     let mut next = prompt.to_vec();
     for _ in 0..steps {
-        let l = m
-            .transformer
-            .forward(&mut [kvbench::model::SeqInput {
-                tokens: &next,
-                state: &mut state,
-            }])
-            .unwrap();
-        let l = l.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+        let l = logits_of(m, &mut state, &next);
         let t = kvbench::model::llama::argmax(&l);
         tokens.push(t);
         next = vec![t];
@@ -248,14 +250,7 @@ pub fn teacher_forced(
     let mut out = Vec::new();
     let mut next = prompt.to_vec();
     for &t in tokens.iter().chain([&0]) {
-        let l = m
-            .transformer
-            .forward(&mut [kvbench::model::SeqInput {
-                tokens: &next,
-                state: &mut state,
-            }])
-            .unwrap();
-        out.push(l.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
+        out.push(logits_of(m, &mut state, &next));
         next = vec![t];
     }
     (out, state)

@@ -43,8 +43,9 @@ pub struct ModelFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceSpec>,
     /// How the KV cache stores keys and values: f32 (the exact reference), f16 (llama.cpp's default
-    /// cache type), bf16, or llama.cpp's q8_0 / q4_0 blocks [default: f32].
-    #[arg(long, value_enum)]
+    /// cache type), bf16, or llama.cpp's q8_0 / q4_0 blocks; KEYS/VALUES for two types (q8_0/f16,
+    /// as llama.cpp's -ctk q8_0 -ctv f16) [default: f32].
+    #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_type: Option<KvType>,
 }

@@ -1,6 +1,7 @@
 //! The cache's storage type (`--kv-type`) composed with every policy: a 16-bit cache holds exactly
 //! half the bytes of the f32 reference for the same entries, Q8_0 and Q4_0 the bytes of their blocks
-//! (34 and 18 per 32 values, scales included), the logits stay near the reference's (differing: the
+//! (34 and 18 per 32 values, scales included), keys and values in two types their own bytes each,
+//! the logits stay near the reference's (differing: the
 //! storage is real, and coarser storage differs more), and the path a GPU takes reads every type as
 //! the CPU's loop does.
 
@@ -34,6 +35,10 @@ fn inputs() -> (Vec<u32>, Vec<u32>) {
     (prompt, tokens)
 }
 
+fn kv(name: &str) -> KvType {
+    name.parse().unwrap()
+}
+
 fn worst_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter()
         .zip(b)
@@ -53,9 +58,12 @@ fn every_storage_type_holds_its_exact_bytes_under_every_policy_and_stays_near_f3
         let mut full_error: Vec<(KvType, f32)> = Vec::new();
         for (kv, bytes_per_32) in [
             (KvType::F16, 64),
-            (KvType::Bf16, 64),
+            (KvType::BF16, 64),
             (KvType::Q8_0, 34),
             (KvType::Q4_0, 18),
+            // Keys and values each in their own type: the mean of the two types' bytes.
+            (kv("q8_0/f16"), 49),
+            (kv("q4_0/q8_0"), 26),
         ] {
             let (got, bytes, entries) = teacher_forced(&m, &spec, kv, &prompt, &tokens);
             // The policy decides what stays, the storage how it is held: the same entries, in
@@ -76,7 +84,7 @@ fn every_storage_type_holds_its_exact_bytes_under_every_policy_and_stays_near_f3
                 // (Q8_0) or 16 (Q4_0) steps a block.
                 let bound = match kv {
                     KvType::F16 => 1e-3,
-                    KvType::Bf16 | KvType::Q8_0 => 1e-2,
+                    KvType::BF16 | KvType::Q8_0 => 1e-2,
                     _ => 0.2,
                 };
                 assert!(
@@ -94,7 +102,7 @@ fn every_storage_type_holds_its_exact_bytes_under_every_policy_and_stays_near_f3
         if spec.name() == "full" {
             // Coarser storage, larger error: f16 below bf16, Q8_0 below Q4_0.
             let e = |t: KvType| full_error.iter().find(|(k, _)| *k == t).unwrap().1;
-            assert!(e(KvType::F16) < e(KvType::Bf16), "{full_error:?}");
+            assert!(e(KvType::F16) < e(KvType::BF16), "{full_error:?}");
             assert!(e(KvType::Q8_0) < e(KvType::Q4_0), "{full_error:?}");
         }
     }
@@ -106,13 +114,21 @@ fn the_device_path_reads_every_storage_type_as_the_cpu_loop_does() {
     let (cpu, device_path) = (tiny_random(false), tiny_random(true));
     let (prompt, tokens) = inputs();
     for spec in common::compressing_specs() {
-        for kv in [KvType::F16, KvType::Bf16, KvType::Q8_0, KvType::Q4_0] {
+        for kv in [
+            KvType::F16,
+            KvType::BF16,
+            KvType::Q8_0,
+            KvType::Q4_0,
+            self::kv("q8_0/f16"),
+            self::kv("bf16/q4_0"),
+        ] {
             let (a, ..) = teacher_forced(&cpu, &spec, kv, &prompt, &tokens);
             let (b, ..) = teacher_forced(&device_path, &spec, kv, &prompt, &tokens);
             let worst = worst_difference(&a, &b);
             // Q4_0's 16 steps make equal scores common, and the two paths' rounding may break such a
             // tie apart (LazyEviction: 1.8e-3; every other pair within 1.2e-4).
-            let bound = if kv.blocks().is_some() { 1e-2 } else { 1e-3 };
+            let blocks = kv.keys.blocks().is_some() || kv.values.blocks().is_some();
+            let bound = if blocks { 1e-2 } else { 1e-3 };
             assert!(
                 worst < bound,
                 "{} {kv}: logits differ by {worst}",

@@ -12,7 +12,7 @@
 pub mod kv_type;
 pub mod quant;
 
-pub use kv_type::KvType;
+pub use kv_type::{KvElement, KvType};
 
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -71,11 +71,16 @@ impl LayerCache {
             );
         }
         let capacity = 64;
-        let width = kv_type.row_width(head_dim);
-        let dtype = kv_type.dtype();
+        let buffer = |e: KvElement| {
+            Tensor::zeros(
+                (kv_heads, capacity, e.row_width(head_dim)),
+                e.dtype(),
+                device,
+            )
+        };
         Ok(Self {
-            k: Tensor::zeros((kv_heads, capacity, width), dtype, device)?,
-            v: Tensor::zeros((kv_heads, capacity, width), dtype, device)?,
+            k: buffer(kv_type.keys)?,
+            v: buffer(kv_type.values)?,
             kv_type,
             len: 0,
             kv_heads,
@@ -156,25 +161,29 @@ impl LayerCache {
         self.k.dim(1).unwrap_or(0)
     }
 
-    /// Buffer elements per stored row.
-    fn width(&self) -> usize {
-        self.kv_type.row_width(self.head_dim)
+    /// Buffer elements per stored row of keys and of values.
+    fn widths(&self) -> (usize, usize) {
+        let d = self.head_dim;
+        (
+            self.kv_type.keys.row_width(d),
+            self.kv_type.values.row_width(d),
+        )
     }
 
     /// Keys held, `[kv_heads, len, head_dim]`: a view into the buffer, or for block formats their
     /// values (a dequantized copy: candle's path, prefill and other devices).
     pub fn keys(&self) -> Result<Tensor> {
-        self.values_of(&self.k)
+        self.values_of(&self.k, self.kv_type.keys)
     }
 
     /// Values held, `[kv_heads, len, head_dim]`, as [`keys`](Self::keys).
     pub fn values(&self) -> Result<Tensor> {
-        self.values_of(&self.v)
+        self.values_of(&self.v, self.kv_type.values)
     }
 
-    fn values_of(&self, buf: &Tensor) -> Result<Tensor> {
+    fn values_of(&self, buf: &Tensor, elem: KvElement) -> Result<Tensor> {
         let held = buf.narrow(1, 0, self.len)?;
-        let Some(blocks) = self.kv_type.blocks() else {
+        let Some(blocks) = elem.blocks() else {
             return Ok(held);
         };
         let bytes = held.flatten_all()?.to_vec1::<u8>()?;
@@ -189,7 +198,7 @@ impl LayerCache {
     }
 
     /// The whole key and value buffers, `[kv_heads, capacity, width]` (a row: `head_dim` values, or
-    /// their blocks' bytes, [`KvType::row_width`]); the first [`len`](Self::len) entries of each head
+    /// their blocks' bytes, [`KvElement::row_width`]); the first [`len`](Self::len) entries of each head
     /// are held. For kernels that read the cache in place.
     pub fn buffers(&self) -> (&Tensor, &Tensor) {
         (&self.k, &self.v)
@@ -202,7 +211,7 @@ impl LayerCache {
 
     /// Bytes of keys and values of one entry (all heads), block scales included.
     fn entry_bytes(&self) -> usize {
-        self.kv_heads * 2 * self.kv_type.row_bytes(self.head_dim)
+        self.kv_heads * self.kv_type.entry_row_bytes(self.head_dim)
     }
 
     /// Exact bytes of keys and values held (not the allocated capacity).
@@ -222,8 +231,10 @@ impl LayerCache {
         if self.len + t > self.capacity() {
             self.grow(self.len + t)?;
         }
-        self.k.slice_set(&self.stored(k)?, 1, self.len)?;
-        self.v.slice_set(&self.stored(v)?, 1, self.len)?;
+        self.k
+            .slice_set(&Self::stored(k, self.kv_type.keys)?, 1, self.len)?;
+        self.v
+            .slice_set(&Self::stored(v, self.kv_type.values)?, 1, self.len)?;
         for p in &mut self.positions {
             p.extend((first_pos..first_pos + t).map(|x| x as u32));
         }
@@ -234,9 +245,9 @@ impl LayerCache {
     }
 
     /// New rows `[kv_heads, t, head_dim]` as stored: converted, or quantized into blocks (on the host).
-    fn stored(&self, x: &Tensor) -> Result<Tensor> {
-        let Some(blocks) = self.kv_type.blocks() else {
-            return x.to_dtype(self.kv_type.dtype())?.contiguous();
+    fn stored(x: &Tensor, elem: KvElement) -> Result<Tensor> {
+        let Some(blocks) = elem.blocks() else {
+            return x.to_dtype(elem.dtype())?.contiguous();
         };
         let (h, t, d) = x.dims3()?;
         let vals = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -255,16 +266,17 @@ impl LayerCache {
     fn grow(&mut self, needed: usize) -> Result<()> {
         let cap = self.capacity();
         let new_cap = needed.max(cap + cap / 2).next_multiple_of(64).max(64);
-        let (dtype, device) = (self.k.dtype(), self.k.device().clone());
-        let width = self.width();
-        let k = Tensor::zeros((self.kv_heads, new_cap, width), dtype, &device)?;
-        let v = Tensor::zeros((self.kv_heads, new_cap, width), dtype, &device)?;
-        if self.len > 0 {
-            k.slice_set(&self.k.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
-            v.slice_set(&self.v.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
-        }
-        self.k = k;
-        self.v = v;
+        let (heads, len) = (self.kv_heads, self.len);
+        let grown = |old: &Tensor| -> Result<Tensor> {
+            let width = old.dim(2)?;
+            let new = Tensor::zeros((heads, new_cap, width), old.dtype(), old.device())?;
+            if len > 0 {
+                new.slice_set(&old.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
+            }
+            Ok(new)
+        };
+        self.k = grown(&self.k)?;
+        self.v = grown(&self.v)?;
         Ok(())
     }
 
@@ -296,17 +308,14 @@ impl LayerCache {
             }
         }
         let index = Tensor::from_vec(flat, m * self.kv_heads, self.k.device())?;
-        let w = self.width();
-        let k = self
-            .k
-            .reshape((self.kv_heads * cap, w))?
-            .index_select(&index, 0)?;
-        let v = self
-            .v
-            .reshape((self.kv_heads * cap, w))?
-            .index_select(&index, 0)?;
-        self.k.slice_set(&k.reshape((self.kv_heads, m, w))?, 1, 0)?;
-        self.v.slice_set(&v.reshape((self.kv_heads, m, w))?, 1, 0)?;
+        let heads = self.kv_heads;
+        let gather = |buf: &Tensor, w: usize| -> Result<()> {
+            let kept = buf.reshape((heads * cap, w))?.index_select(&index, 0)?;
+            buf.slice_set(&kept.reshape((heads, m, w))?, 1, 0)
+        };
+        let (wk, wv) = self.widths();
+        gather(&self.k, wk)?;
+        gather(&self.v, wv)?;
         for (h, idx) in kept.iter().enumerate() {
             let old = &self.positions[h];
             self.positions[h] = idx.iter().map(|&j| old[j]).collect();

@@ -37,47 +37,56 @@ pub fn attend_one(
     let (Storage::Cpu(k_cpu), Storage::Cpu(v_cpu)) = (&*k_store, &*v_store) else {
         return None;
     };
-    let (hkv, cap, width) = k_buf.dims3().ok()?;
+    let (hkv, cap, k_width) = k_buf.dims3().ok()?;
+    let kv_type = layer.kv_type();
     let shape = Shape {
         hkv,
         cap,
         d: layer.head_dim(),
-        width,
-        blocks: layer.kv_type().blocks(),
+        widths: (k_width, v_buf.dim(2).ok()?),
+        blocks: (kv_type.keys.blocks(), kv_type.values.blocks()),
         n: layer.len(),
         group,
         scale,
     };
     let (ko, vo) = (k_layout.start_offset(), v_layout.start_offset());
+    // Keys and values may be stored in different types: one instance per pair of them.
+    macro_rules! with_values {
+        ($ek:ty, $keys:expr) => {
+            match v_buf.dtype() {
+                DType::F32 => attend_heads::<$ek, f32>(
+                    $keys,
+                    &v_cpu.as_slice().ok()?[vo..],
+                    q,
+                    &shape,
+                    subset,
+                ),
+                DType::F16 => attend_heads::<$ek, half::f16>(
+                    $keys,
+                    &v_cpu.as_slice().ok()?[vo..],
+                    q,
+                    &shape,
+                    subset,
+                ),
+                DType::BF16 => attend_heads::<$ek, half::bf16>(
+                    $keys,
+                    &v_cpu.as_slice().ok()?[vo..],
+                    q,
+                    &shape,
+                    subset,
+                ),
+                DType::U8 if shape.blocks.1.is_some() => {
+                    attend_heads::<$ek, u8>($keys, &v_cpu.as_slice().ok()?[vo..], q, &shape, subset)
+                }
+                _ => return None,
+            }
+        };
+    }
     let out = match k_buf.dtype() {
-        DType::F32 => attend_heads::<f32>(
-            &k_cpu.as_slice().ok()?[ko..],
-            &v_cpu.as_slice().ok()?[vo..],
-            q,
-            &shape,
-            subset,
-        ),
-        DType::F16 => attend_heads::<half::f16>(
-            &k_cpu.as_slice().ok()?[ko..],
-            &v_cpu.as_slice().ok()?[vo..],
-            q,
-            &shape,
-            subset,
-        ),
-        DType::BF16 => attend_heads::<half::bf16>(
-            &k_cpu.as_slice().ok()?[ko..],
-            &v_cpu.as_slice().ok()?[vo..],
-            q,
-            &shape,
-            subset,
-        ),
-        DType::U8 if shape.blocks.is_some() => attend_heads::<u8>(
-            &k_cpu.as_slice().ok()?[ko..],
-            &v_cpu.as_slice().ok()?[vo..],
-            q,
-            &shape,
-            subset,
-        ),
+        DType::F32 => with_values!(f32, &k_cpu.as_slice().ok()?[ko..]),
+        DType::F16 => with_values!(half::f16, &k_cpu.as_slice().ok()?[ko..]),
+        DType::BF16 => with_values!(half::bf16, &k_cpu.as_slice().ok()?[ko..]),
+        DType::U8 if shape.blocks.0.is_some() => with_values!(u8, &k_cpu.as_slice().ok()?[ko..]),
         _ => return None,
     };
     let (out, probs) = out;
@@ -93,10 +102,10 @@ struct Shape {
     /// Entries the buffers have room for per head (head `h`'s rows start at `h·cap`).
     cap: usize,
     d: usize,
-    /// Buffer elements per stored row: `d`, or its blocks' bytes.
-    width: usize,
-    /// The block format of a quantized cache.
-    blocks: Option<Blocks>,
+    /// Buffer elements per stored key row and value row: `d`, or its blocks' bytes.
+    widths: (usize, usize),
+    /// The block formats of quantized keys and values.
+    blocks: (Option<Blocks>, Option<Blocks>),
     /// Entries held per head.
     n: usize,
     group: usize,
@@ -142,11 +151,11 @@ impl Stored for u8 {
     }
 }
 
-/// Every cache head's attention (see [`attend_one`]) over buffers of `E`: the output `[heads·d]` and
+/// Every cache head's attention (see [`attend_one`]) over keys stored as `K` and values as `V`: the output `[heads·d]` and
 /// the probabilities `[kv_heads, group, n]`.
-fn attend_heads<E: Stored>(
-    k_all: &[E],
-    v_all: &[E],
+fn attend_heads<K: Stored, V: Stored>(
+    k_all: &[K],
+    v_all: &[V],
     q: &[f32],
     s: &Shape,
     subset: Option<&[Vec<usize>]>,
@@ -155,8 +164,8 @@ fn attend_heads<E: Stored>(
         hkv,
         cap,
         d,
-        width: w,
-        blocks,
+        widths: (wk, wv),
+        blocks: (kb, vb),
         n,
         group,
         scale,
@@ -174,16 +183,16 @@ fn attend_heads<E: Stored>(
     crate::parallel::for_each_init_on_team(hkv, init, |(acc, conv), h| {
         let mut slot = slices[h].lock().unwrap_or_else(|e| e.into_inner());
         let (o_h, p_h) = &mut *slot;
-        let keys = &k_all[h * cap * w..(h * cap + n) * w];
-        let values = &v_all[h * cap * w..(h * cap + n) * w];
+        let keys = &k_all[h * cap * wk..(h * cap + n) * wk];
+        let values = &v_all[h * cap * wv..(h * cap + n) * wv];
         if let Some(sub) = subset {
-            let rows = (keys, values, w, blocks);
+            let rows = ((keys, wk, kb), (values, wv, vb));
             attend_subset(q, h, (group, d, scale), rows, &sub[h], p_h, o_h);
             return;
         }
         // 1. Scores of every query head of the group, reading each key once.
-        for (j, key) in keys.chunks_exact(w).enumerate() {
-            let key = E::as_f32(key, blocks, conv);
+        for (j, key) in keys.chunks_exact(wk).enumerate() {
+            let key = K::as_f32(key, kb, conv);
             for r in 0..group {
                 let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
                 p_h[r * n + j] = dot(qr, key) * scale;
@@ -204,8 +213,8 @@ fn attend_heads<E: Stored>(
         // 3. Weighted values, reading each value once, accumulated in f64 (order-independent).
         acc.clear();
         acc.resize(group * d, 0.0);
-        for (j, value) in values.chunks_exact(w).enumerate() {
-            let value = E::as_f32(value, blocks, conv);
+        for (j, value) in values.chunks_exact(wv).enumerate() {
+            let value = V::as_f32(value, vb, conv);
             for r in 0..group {
                 add_scaled(&mut acc[r * d..(r + 1) * d], p_h[r * n + j] as f64, value);
             }
@@ -220,11 +229,14 @@ fn attend_heads<E: Stored>(
 
 /// One cache head's attention over the entries `idx` only: scores, softmax over them, weighted values.
 /// `p_h` (`[group][n]`) receives the probabilities, zero elsewhere.
-fn attend_subset<E: Stored>(
+/// Rows of one head's keys or values: the buffer, its elements per row, its block format.
+type Rows<'a, E> = (&'a [E], usize, Option<Blocks>);
+
+fn attend_subset<K: Stored, V: Stored>(
     q: &[f32],
     h: usize,
     (group, d, scale): (usize, usize, f32),
-    (keys, values, w, blocks): (&[E], &[E], usize, Option<Blocks>),
+    ((keys, wk, kb), (values, wv, vb)): (Rows<'_, K>, Rows<'_, V>),
     idx: &[usize],
     p_h: &mut [f32],
     o_h: &mut [f32],
@@ -235,13 +247,13 @@ fn attend_subset<E: Stored>(
         let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
         let mut s: Vec<f32> = idx
             .iter()
-            .map(|&j| dot(qr, E::as_f32(&keys[j * w..(j + 1) * w], blocks, &mut row)) * scale)
+            .map(|&j| dot(qr, K::as_f32(&keys[j * wk..(j + 1) * wk], kb, &mut row)) * scale)
             .collect();
         crate::policy::score::softmax(&mut s);
         let mut acc = vec![0f64; d];
         for (&j, &p) in idx.iter().zip(&s) {
             p_h[r * n + j] = p;
-            let value = E::as_f32(&values[j * w..(j + 1) * w], blocks, &mut row);
+            let value = V::as_f32(&values[j * wv..(j + 1) * wv], vb, &mut row);
             add_scaled(&mut acc, p as f64, value);
         }
         for (o, a) in o_h[r * d..(r + 1) * d].iter_mut().zip(acc) {

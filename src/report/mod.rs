@@ -356,9 +356,9 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
     let mut fulls: HashMap<(String, String), &Vec<&SampleRecord>> = HashMap::new();
     for rs in groups.iter().filter(|rs| is_full(rs[0])) {
         let key = (rs[0].model.clone(), dataset_identity(&rs[0].dataset));
-        let exact = kv_type_of(rs[0]) == KvType::F32.name();
+        let exact = kv_type_of(rs[0]) == KvType::F32.to_string();
         match fulls.get(&key) {
-            Some(have) if kv_type_of(have[0]) == KvType::F32.name() || !exact => {}
+            Some(have) if kv_type_of(have[0]) == KvType::F32.to_string() || !exact => {}
             _ => {
                 fulls.insert(key, rs);
             }
@@ -418,7 +418,7 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
 pub fn kv_type_of(r: &SampleRecord) -> String {
     r.engine
         .as_ref()
-        .map_or_else(|| KvType::F32.name().to_string(), |e| e.kv_type.clone())
+        .map_or_else(|| KvType::F32.to_string(), |e| e.kv_type.clone())
 }
 
 fn is_full(r: &SampleRecord) -> bool {

@@ -82,7 +82,7 @@ pub struct Engine {
 }
 
 fn reference_kv_type() -> String {
-    crate::cache::KvType::F32.name().into()
+    crate::cache::KvType::F32.to_string()
 }
 
 impl Engine {
@@ -101,7 +101,7 @@ impl Engine {
             kernels: crate::metrics::kernel_path().into(),
             batch_size,
             threads: rayon::current_num_threads(),
-            kv_type: kv_type.name().into(),
+            kv_type: kv_type.to_string(),
         }
     }
 

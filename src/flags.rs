@@ -44,7 +44,7 @@ pub struct ModelFlags {
     pub device: Option<DeviceSpec>,
     /// How the KV cache stores keys and values: f32 (the exact reference), f16 (llama.cpp's default
     /// cache type), bf16, or llama.cpp's q8_0 / q4_0 blocks; KEYS/VALUES for two types (q8_0/f16,
-    /// as llama.cpp's -ctk q8_0 -ctv f16) [default: f32].
+    /// as llama.cpp's -ctk q8_0 -ctv f16) [default: f16 on the CPU, bf16 on a GPU].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_type: Option<KvType>,
@@ -68,8 +68,10 @@ impl ModelFlags {
         self.device.unwrap_or_default()
     }
 
+    /// The cache's storage type: as given, or the device's default ([`KvType::default_for`]).
     pub fn kv_type(&self) -> KvType {
-        self.kv_type.unwrap_or_default()
+        self.kv_type
+            .unwrap_or_else(|| KvType::default_for(self.device()))
     }
 
     /// These flags with every field `over` sets replaced by its value.

@@ -139,8 +139,11 @@ fn fidelity_command_prints_json() {
         "1",
         "--max-new-tokens",
         "12",
+        "--kv-type",
+        "f32",
         "--json",
     ]));
+    // Nothing evicted and the reference's own storage type: exactly the reference.
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["mean_kl"], 0.0);
     assert_eq!(v["top1_agreement"], 1.0);
@@ -204,7 +207,8 @@ fn scaling_shows_full_growing_linearly_and_a_bounded_policy_flat() {
             .map(|r| r[col("kv_bytes")].parse().unwrap())
             .collect()
     };
-    let per_token = 30 * 2 * 3 * 64 * 4;
+    // 30 layers × keys and values × 3 KV heads × 64 values × 2 bytes (f16, the CPU's default).
+    let per_token = 30 * 2 * 3 * 64 * 2;
     // The cache holds the prompt and every generated token but the last one.
     assert_eq!(
         kv("full"),

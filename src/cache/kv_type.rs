@@ -108,7 +108,7 @@ impl std::str::FromStr for KvElement {
 
 /// How the cache stores keys and values: each as a [`KvElement`]. Written as one name when both are
 /// the same (`q8_0`), else `KEYS/VALUES` (`q8_0/f16`); records, configs and flags all use that text.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub struct KvType {
     pub keys: KvElement,
@@ -127,6 +127,16 @@ impl KvType {
     pub const BF16: KvType = KvType::both(KvElement::Bf16);
     pub const Q8_0: KvType = KvType::both(KvElement::Q8_0);
     pub const Q4_0: KvType = KvType::both(KvElement::Q4_0);
+
+    /// The type used where none is given: 16 bits, as engines hold a cache: f16 on the CPU (llama.cpp's
+    /// default, `-ctk f16 -ctv f16`), bf16 on a GPU (a bf16 model's own type, as GPU engines keep it).
+    /// f32, the exact reference, is asked for by name; kvbench 0.4 and earlier always held f32.
+    pub fn default_for(device: crate::device::DeviceSpec) -> KvType {
+        match device {
+            crate::device::DeviceSpec::Cpu => KvType::F16,
+            crate::device::DeviceSpec::Cuda(_) => KvType::BF16,
+        }
+    }
 
     /// Whether heads of `d` values can be stored as keys and as values.
     pub fn fits(self, d: usize) -> bool {

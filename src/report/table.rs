@@ -65,7 +65,8 @@ pub fn markdown(s: &Summary) -> String {
     let any_fidelity = s.rows.iter().any(|r| r.mean_kl.is_some());
     let any_device = s.rows.iter().any(|r| r.device_memory_peak_bytes.is_some());
     let batches = mixed_batches(s);
-    let any_kv_type = s.rows.iter().any(|r| r.kv_type != "f32");
+    // A column when rows differ in how their caches stored entries; one line below the table otherwise.
+    let any_kv_type = s.rows.iter().any(|r| r.kv_type != s.rows[0].kv_type);
     let mut head = vec![
         "policy",
         "budget",
@@ -235,9 +236,16 @@ pub fn markdown(s: &Summary) -> String {
     if any_kv_type {
         let _ = writeln!(
             out,
-            "KV type: how the cache stored keys and values (f32 the exact reference; f16, bf16 converted when \
-             appended); every row is compared with the f32 full cache where there is one, so Δ includes what \
-             the storage costs, and KV bytes are those of the row's own type"
+            "KV type: how the cache stored keys and values (f32 the exact reference; f16, bf16 converted, q8_0, \
+             q4_0 quantized when appended; KEYS/VALUES when they differ); every row is compared with the f32 full \
+             cache where there is one, so Δ includes what the storage costs, and KV bytes are those of the row's \
+             own type"
+        );
+    } else if let Some(r) = s.rows.first() {
+        let _ = writeln!(
+            out,
+            "KV type: every row's cache stored keys and values as {}",
+            r.kv_type
         );
     }
     if s.rows.iter().any(|r| r.random_weights) {

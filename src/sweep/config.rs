@@ -308,8 +308,8 @@ impl SweepConfig {
         c.options.batch_size = None;
         c.options.data = None;
         c.model.device = None;
-        // The default storage writes no key, as before the flag existed.
-        if c.model.kv_type == Some(crate::cache::KvType::F32) {
+        // The device's default storage writes no key: naming it changes nothing.
+        if c.model.kv_type == Some(crate::cache::KvType::default_for(self.model.device())) {
             c.model.kv_type = None;
         }
         let mut config = serde_json::to_value(&c).unwrap_or_default();
@@ -550,10 +550,12 @@ mod tests {
             with("kv_type = \"f32\"\n"),
             with("kv_type = \"f16\"\n"),
         );
-        assert_eq!(none.hash("m", "d"), f32.hash("m", "d"));
-        assert_ne!(none.hash("m", "d"), f16.hash("m", "d"));
-        // Unit ids come from the base hash: an f16 directory's units are not f32's.
-        assert_ne!(none.base_hash("m", "d"), f16.base_hash("m", "d"));
+        // f16 is the CPU's default: naming it is the same study; f32 is another.
+        assert_eq!(none.hash("m", "d"), f16.hash("m", "d"));
+        assert_ne!(none.hash("m", "d"), f32.hash("m", "d"));
+        // Unit ids come from the base hash: an f32 directory's units are not f16's.
+        assert_ne!(none.base_hash("m", "d"), f32.base_hash("m", "d"));
+        assert_eq!(none.base_hash("m", "d"), f16.base_hash("m", "d"));
         let dir = std::env::temp_dir().join(format!("kvbench-kvtype-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("bad.toml");

@@ -114,7 +114,13 @@ fn kv_bytes_of_a_full_cache_are_entries_times_the_layout() {
         .remove(0);
     // SmolLM2-135M: 30 layers × (keys + values) × 3 KV heads × 64 dims × 4 bytes (f32).
     let per_token = 30 * 2 * 3 * 64 * 4;
-    assert_eq!(m.transformer.config.kv_bytes_per_token(4), per_token);
+    let config = &m.transformer.config;
+    use kvbench::cache::KvType;
+    assert_eq!(config.kv_bytes_per_token(KvType::F32), per_token);
+    assert_eq!(config.kv_bytes_per_token(KvType::F16), per_token / 2);
+    // Keys in Q8_0 blocks (2 of 34 bytes per 64 values), values in f16 (128 bytes).
+    let mixed: KvType = "q8_0/f16".parse().unwrap();
+    assert_eq!(config.kv_bytes_per_token(mixed), 30 * 3 * (68 + 128));
     // The last token is produced, not fed: the cache holds the prompt and the other 19.
     let entries = prompt.len() + 19;
     assert_eq!(g.kv_bytes_peak, entries * per_token);

@@ -101,7 +101,10 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     )?;
     std::fs::create_dir_all(&args.out).map_err(|e| kvbench::Error::io(&args.out, e))?;
     let prompt = prompt_of(&model, args.prompt_tokens)?;
-    let per_token = model.transformer.config.kv_bytes_per_token(4);
+    let per_token = model
+        .transformer
+        .config
+        .kv_bytes_per_token(model.transformer.kv_type());
     let longest = *lengths.last().unwrap_or(&1);
     println!(
         "model {} ({:?} weights), {}-token prompt, machine: {}",

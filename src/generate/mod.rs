@@ -241,7 +241,7 @@ pub fn generate_batch(
             }
         }
     }
-    let full_bytes_per_token = model.config.kv_bytes_per_token(4);
+    let full_bytes_per_token = model.config.kv_bytes_per_token(model.kv_type());
     Ok(seqs
         .into_iter()
         .map(|mut s| {

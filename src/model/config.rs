@@ -67,9 +67,10 @@ impl ModelConfig {
         self.num_heads / self.num_kv_heads
     }
 
-    /// Bytes of keys and values one cached token costs across all layers, for an element size.
-    pub fn kv_bytes_per_token(&self, elem_bytes: usize) -> usize {
-        self.num_layers * 2 * self.num_kv_heads * self.head_dim * elem_bytes
+    /// Bytes of keys and values one cached token costs across all layers, stored as `kv`: what a
+    /// full cache of that type holds per token (the reference of every KV ratio).
+    pub fn kv_bytes_per_token(&self, kv: crate::cache::KvType) -> usize {
+        self.num_layers * self.num_kv_heads * kv.entry_row_bytes(self.head_dim)
     }
 
     /// Checks the invariants the forward pass relies on.

@@ -107,7 +107,10 @@ impl Model {
         } else {
             "the GPU's"
         };
-        let per_token = self.transformer.config.kv_bytes_per_token(4) as u128;
+        let per_token = self
+            .transformer
+            .config
+            .kv_bytes_per_token(self.transformer.kv_type()) as u128;
         let need = batch as u128 * tokens as u128 * per_token;
         if need > total as u128 {
             return Err(Error::Input(format!(

@@ -21,6 +21,7 @@ fn greedy(prompt: &[u32], n: usize) -> Request {
         max_new_tokens: n,
         policy: Box::new(Full),
         trace: false,
+        kv_type: None,
     }
 }
 
@@ -287,6 +288,7 @@ fn sampling_is_reproducible_from_the_seed() {
         max_new_tokens: 12,
         policy: Box::new(Full),
         trace: false,
+        kv_type: None,
     };
     let a = generate_batch(&m.transformer, vec![req(1)], &[], &mut |_, _| {}).unwrap();
     let b = generate_batch(&m.transformer, vec![req(1)], &[], &mut |_, _| {}).unwrap();

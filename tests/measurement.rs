@@ -37,6 +37,7 @@ fn a_budget_covering_the_sequence_has_kl_zero_and_full_agreement() {
             &m.transformer,
             &prompt,
             s.build(&ctx).unwrap(),
+            None,
             SamplingParams::greedy(),
             40,
             &m.tokenizer.eos_ids,
@@ -64,6 +65,7 @@ fn first_divergence_is_where_free_running_greedy_outputs_part() {
         &m.transformer,
         &prompt,
         s.build(&ctx).unwrap(),
+        None,
         SamplingParams::greedy(),
         steps,
         &[],
@@ -82,6 +84,7 @@ fn first_divergence_is_where_free_running_greedy_outputs_part() {
             max_new_tokens: steps,
             policy,
             trace: false,
+            kv_type: None,
         };
         generate_batch(&m.transformer, vec![r], &[], &mut |_, _| {})
             .unwrap()
@@ -108,6 +111,7 @@ fn kv_bytes_of_a_full_cache_are_entries_times_the_layout() {
         max_new_tokens: 20,
         policy: Box::new(kvbench::policy::Full),
         trace: false,
+        kv_type: None,
     };
     let g = generate_batch(&m.transformer, vec![r], &[], &mut |_, _| {})
         .unwrap()
@@ -168,6 +172,7 @@ fn policy_side_state_is_counted_apart_from_the_cache() {
             max_new_tokens: 20,
             policy: s.build(&ctx).unwrap(),
             trace: false,
+            kv_type: None,
         };
         generate_batch(&m.transformer, vec![r], &[], &mut |_, _| {})
             .unwrap()

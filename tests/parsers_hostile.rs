@@ -37,6 +37,7 @@ fn load_is_clean(path: &Path) -> Result<(), TestCaseError> {
                 max_new_tokens: 4,
                 policy: Box::new(Full),
                 trace: false,
+                kv_type: None,
             };
             match generate_batch(&m.transformer, vec![request], &[], &mut |_, _| {}) {
                 Ok(g) => prop_assert!(g[0].tokens.len() <= 4),

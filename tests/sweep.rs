@@ -522,3 +522,95 @@ fn a_sweep_extended_with_policies_and_budgets_runs_only_the_new_units() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("another configuration"));
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// `kv_types` crosses every (policy, budget) with cache storage types: each type's units are its own
+/// (their records name the type and hold its bytes), the model's own type keeps the ids a sweep
+/// without the list gives, a ratio budget resolves from the full run of its own type, the report
+/// keeps the types apart, and extending a sweep with a type runs only that type's units.
+#[test]
+fn a_kv_types_grid_runs_every_policy_in_every_storage_type() {
+    common::model(kvbench::model::weights::WeightFormat::Native);
+    let work = temp("kvtypes");
+    let grid = "budgets = [0.5]\n[[policy]]\nname = \"full\"\n[[policy]]\nname = \"streaming\"\nargs = { buffer = 2, sinks = 1 }\n";
+    let plain = work.join("plain.toml");
+    let crossed = work.join("crossed.toml");
+    std::fs::write(&plain, format!("{SMALL}{grid}")).unwrap();
+    std::fs::write(
+        &crossed,
+        format!("{SMALL}kv_types = [\"f16\", \"q8_0/f16\"]\n{grid}"),
+    )
+    .unwrap();
+    let d = work.join("d");
+    let ds = d.to_str().unwrap();
+    let text = ok(&kvbench(&["sweep", plain.to_str().unwrap(), "--out", ds]));
+    assert!(text.contains("4 units run"), "{text}");
+    let before = results(&d);
+
+    // Extended by the grid's second type: only its 4 units run; the f16 (default) units stay.
+    let out = kvbench(&["sweep", crossed.to_str().unwrap(), "--out", ds]);
+    let text = ok(&out);
+    assert!(text.contains("4 units run"), "{text}");
+    let after = results(&d);
+    assert_eq!(after.len(), 8);
+    for (id, r) in &before {
+        assert_eq!(after.get(id), Some(r), "unit {id} kept as it was");
+    }
+    let records: Vec<SampleRecord> = read_samples(&d).unwrap().records;
+    let kv = |r: &SampleRecord| r.engine.as_ref().unwrap().kv_type.clone();
+    for r in &records {
+        let new = !before.contains_key(&r.unit);
+        assert_eq!(kv(r), if new { "q8_0/f16" } else { "f16" }, "{}", r.unit);
+        // SmolLM2: 30 layers × 3 KV heads × (Q8_0 keys, 2 blocks of 34 bytes + f16 values, 128 bytes).
+        let per_token = if new {
+            30 * 3 * (68 + 128)
+        } else {
+            30 * 3 * 2 * 128
+        };
+        if r.policy_name == "full" {
+            let m = r.metrics.as_ref().unwrap();
+            assert_eq!(m.kv_bytes_peak, m.entries_peak * per_token, "{}", r.unit);
+        }
+    }
+    // Each type's ratio budget comes from its own full run's mean length.
+    let mean = |t: &str| {
+        let fulls: Vec<_> = records
+            .iter()
+            .filter(|r| r.policy_name == "full" && kv(r) == t)
+            .collect();
+        fulls.iter().map(|r| r.tokens).sum::<usize>() as f64 / fulls.len() as f64
+    };
+    for r in records.iter().filter(|r| r.policy_name == "streaming") {
+        let expected = ((0.5 * mean(&kv(r))).ceil() as usize).max(3);
+        assert_eq!(r.full_mean_tokens, Some(mean(&kv(r))), "{}", r.unit);
+        assert_eq!(r.budget_entries, Some(expected), "{} {}", r.unit, kv(r));
+    }
+    let text = ok(&kvbench(&["report", ds]));
+    assert!(text.contains("| KV type |"), "{text}");
+    assert!(text.contains("| q8_0/f16 |"), "{text}");
+    // The accuracy-vs-memory plot has a point per full cache type and a line per (policy, type).
+    let svg = std::fs::read_to_string(d.join("report").join("accuracy_vs_memory.svg")).unwrap();
+    for label in [
+        "full cache [f16]",
+        "full cache [q8_0/f16]",
+        "streaming [f16]",
+        "streaming [q8_0/f16]",
+    ] {
+        assert!(svg.contains(label), "{label} missing from the plot");
+    }
+    // Resuming from the directory's own config (the union) runs nothing.
+    let own = d.join("config.toml");
+    let text = ok(&kvbench(&["sweep", own.to_str().unwrap(), "--out", ds]));
+    assert!(text.contains("0 units run"), "{text}");
+
+    // A type twice is refused, naming the key.
+    let twice = work.join("twice.toml");
+    std::fs::write(
+        &twice,
+        format!("{SMALL}kv_types = [\"q8_0\", \"q8_0\"]\n{grid}"),
+    )
+    .unwrap();
+    let out = kvbench(&["sweep", twice.to_str().unwrap(), "--out", ds]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kv_types lists q8_0 twice"));
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -367,6 +367,11 @@ impl KvCache {
         &self.layers[l]
     }
 
+    /// How every layer stores keys and values.
+    pub fn kv_type(&self) -> KvType {
+        self.layers.first().map_or(KvType::F32, LayerCache::kv_type)
+    }
+
     pub fn layer_mut(&mut self, l: usize) -> &mut LayerCache {
         &mut self.layers[l]
     }

@@ -77,6 +77,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
             &model.transformer,
             &prompt,
             spec.build(&ctx)?,
+            None,
             SamplingParams {
                 temperature: d.temperature,
                 top_p: d.top_p,

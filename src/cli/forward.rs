@@ -134,6 +134,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
                 max_new_tokens: args.generate,
                 policy: spec.build(&ctx)?,
                 trace: false,
+                kv_type: None,
             }],
             &[],
             &mut |_, _| {},

@@ -101,6 +101,7 @@ fn measure_decode(
                     max_new_tokens: tokens,
                     policy: spec.build(&ctx)?,
                     trace: false,
+                    kv_type: None,
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

@@ -71,11 +71,14 @@ impl Pooled {
 }
 
 /// Runs full and `policy` in lockstep on `prompt` for up to `max_new` tokens of full's output
-/// (sampled with `sampling`; stopping at an `eos` token).
+/// (sampled with `sampling`; stopping at an `eos` token). The policy's cache stores entries as
+/// `kv_type` (`None`: the model's type).
+#[allow(clippy::too_many_arguments)]
 pub fn teacher_forced(
     model: &Transformer,
     prompt: &[u32],
     policy: Box<dyn Policy>,
+    kv_type: Option<crate::cache::KvType>,
     sampling: SamplingParams,
     max_new: usize,
     eos: &[u32],
@@ -83,7 +86,7 @@ pub fn teacher_forced(
 ) -> Result<Fidelity> {
     // The reference: the full cache in the exact type, whatever the compared run stores.
     let mut full = model.new_state_with(Box::new(Full), crate::cache::KvType::F32)?;
-    let mut other = model.new_state(policy)?;
+    let mut other = model.new_state_with(policy, kv_type.unwrap_or(model.kv_type()))?;
     let mut sampler = Sampler::new(sampling);
     let last_row = |t: candle_core::Tensor| -> Result<Vec<f32>> { Ok(t.squeeze(0)?.to_vec1()?) };
     let mut p = last_row(model.forward(&mut [SeqInput {

@@ -32,6 +32,8 @@ pub struct Request {
     pub policy: Box<dyn Policy>,
     /// Record every compression event (`--trace`).
     pub trace: bool,
+    /// How this sequence's cache stores keys and values (`None`: the model's type).
+    pub kv_type: Option<crate::cache::KvType>,
 }
 
 /// What one sequence produced, with its timings and cache figures.
@@ -107,7 +109,8 @@ pub fn generate_batch(
     let mut seqs = Vec::with_capacity(requests.len());
     let mut device_memory = crate::device::PeakMemory::default();
     for (i, req) in requests.into_iter().enumerate() {
-        let mut state = model.new_state(req.policy)?;
+        let kv_type = req.kv_type.unwrap_or(model.kv_type());
+        let mut state = model.new_state_with(req.policy, kv_type)?;
         if req.trace {
             state.trace = Some(Vec::new());
         }
@@ -241,11 +244,12 @@ pub fn generate_batch(
             }
         }
     }
-    let full_bytes_per_token = model.config.kv_bytes_per_token(model.kv_type());
     Ok(seqs
         .into_iter()
         .map(|mut s| {
             let stats = s.state.cache.stats();
+            // A full cache of the sequence's own storage type: a KV ratio is eviction's saving.
+            let full_bytes_per_token = model.config.kv_bytes_per_token(s.state.cache.kv_type());
             Generation {
                 prompt_tokens: s.state.prompt_len,
                 tokens: s.out,

@@ -255,6 +255,9 @@ pub struct PolicySpec {
     config: Config,
     /// Every parameter with its resolved value (defaults included).
     resolved: BTreeMap<String, String>,
+    /// The cache's storage type for this spec's units, where a sweep's `kv_types` grid sets one other
+    /// than the model's (`None`: the model's type).
+    kv_type: Option<crate::cache::KvType>,
 }
 
 fn parse_config(
@@ -321,6 +324,7 @@ impl PolicySpec {
             args,
             config,
             resolved,
+            kv_type: None,
         };
         match budget {
             Budget::Held(b) => spec.held_to_nominal(b),
@@ -520,6 +524,27 @@ impl PolicySpec {
         }
     }
 
+    /// This spec with its units' cache stored as `kv` (`None`: the model's type).
+    pub fn with_kv_type(self, kv: Option<crate::cache::KvType>) -> Self {
+        Self {
+            kv_type: kv,
+            ..self
+        }
+    }
+
+    /// The cache type a sweep's `kv_types` grid gave this spec, if other than the model's.
+    pub fn kv_type(&self) -> Option<crate::cache::KvType> {
+        self.kv_type
+    }
+
+    /// [`Self::describe`], and the cache type when the spec has its own: the plan's and logs' label.
+    pub fn describe_with_kv(&self) -> String {
+        match self.kv_type {
+            Some(kv) => format!("{} [KV cache {kv}]", self.describe()),
+            None => self.describe(),
+        }
+    }
+
     /// Kara needs the tokenizer's delimiter table; other policies do not.
     pub fn needs_delimiters(&self) -> bool {
         matches!(self.config, Config::Kara(_))
@@ -547,10 +572,10 @@ impl PolicySpec {
     }
 }
 
-/// Two specs are equal when they describe the same policy, parameters and (resolved) budget.
+/// Two specs are equal when they describe the same policy, parameters, (resolved) budget and cache type.
 impl PartialEq for PolicySpec {
     fn eq(&self, other: &Self) -> bool {
-        self.describe_resolved() == other.describe_resolved()
+        self.describe_resolved() == other.describe_resolved() && self.kv_type == other.kv_type
     }
 }
 

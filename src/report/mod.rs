@@ -352,24 +352,26 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
     }
     let groups: Vec<Vec<&SampleRecord>> = groups.into_values().collect();
     // The full records of each model and data, for the comparisons: the exact (f32) cache's where
-    // there are some, so that a row of another storage type shows what the storage costs too.
-    let mut fulls: HashMap<(String, String), &Vec<&SampleRecord>> = HashMap::new();
+    // there are some, so that a row of another storage type shows what the storage costs too; else
+    // the full cache of the row's own type; else the first.
+    let mut fulls: HashMap<(String, String), Vec<&Vec<&SampleRecord>>> = HashMap::new();
     for rs in groups.iter().filter(|rs| is_full(rs[0])) {
         let key = (rs[0].model.clone(), dataset_identity(&rs[0].dataset));
-        let exact = kv_type_of(rs[0]) == KvType::F32.to_string();
-        match fulls.get(&key) {
-            Some(have) if kv_type_of(have[0]) == KvType::F32.to_string() || !exact => {}
-            _ => {
-                fulls.insert(key, rs);
-            }
-        }
+        fulls.entry(key).or_default().push(rs);
     }
+    let exact = KvType::F32.to_string();
+    let full_for = |rs: &[&SampleRecord]| -> Option<&Vec<&SampleRecord>> {
+        let candidates = fulls.get(&(rs[0].model.clone(), dataset_identity(&rs[0].dataset)))?;
+        let of_type = |t: &str| candidates.iter().find(|f| kv_type_of(f[0]) == t).copied();
+        of_type(&exact)
+            .or_else(|| of_type(&kv_type_of(rs[0])))
+            .or_else(|| candidates.first().copied())
+    };
     let rows: Vec<Row> = groups
         .iter()
         .map(|rs| {
             let mut r = row(rs, speed_machine.as_deref());
-            if let Some(full) = fulls.get(&(rs[0].model.clone(), dataset_identity(&rs[0].dataset)))
-            {
+            if let Some(full) = full_for(rs) {
                 let p = paired(full, rs);
                 r.shared_problems = Some(p.problems);
                 r.accuracy_vs_full = (p.full_pass > 0.0).then(|| p.pass / p.full_pass);
@@ -393,6 +395,7 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
             .cmp(&(&b.model, &b.dataset, b.policy != "full", &b.policy))
             .then(a.budget.unwrap_or(0.0).total_cmp(&b.budget.unwrap_or(0.0)))
             .then(a.config.cmp(&b.config))
+            .then(a.kv_type.cmp(&b.kv_type))
     });
     // Which engines wrote the records (records before kvbench 0.5 name none).
     let mut engines: Vec<(String, usize)> = Vec::new();

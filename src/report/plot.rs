@@ -302,6 +302,7 @@ fn series(
             } else {
                 r.policy.clone()
             };
+            let label = with_kv_type(rows, r, label);
             if let Some((lo, hi)) = band(r) {
                 bars.entry(label.clone())
                     .or_default()
@@ -318,6 +319,15 @@ fn series(
         })
         .collect();
     (series, bars.into_iter().collect())
+}
+
+/// `label` with the row's cache type when the rows differ in it: one line per (policy, type).
+fn with_kv_type(rows: &[&Row], r: &Row, label: String) -> String {
+    if rows.iter().any(|o| o.kv_type != r.kv_type) {
+        format!("{label} [{}]", r.kv_type)
+    } else {
+        label
+    }
 }
 
 /// A row's paired interval of Δ pass@1, moved onto its own pass@1 (percent): the point plus the
@@ -371,15 +381,16 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             pass_band,
             |r| r.kv_mean_bytes.unwrap_or(0.0) / (1 << 20) as f64,
         );
-        // The full cache is a point here (its memory is the point of the comparison).
-        lines.extend(full.and_then(|f| {
-            f.kv_mean_bytes.map(|m| {
-                (
-                    "full cache".to_string(),
+        // The full cache is a point here (its memory is the point of the comparison), one per cache
+        // type: both axes of the memory/accuracy front.
+        for f in rows.iter().filter(|r| r.policy == "full") {
+            if let Some(m) = f.kv_mean_bytes {
+                lines.push((
+                    with_kv_type(&rows, f, "full cache".to_string()),
                     vec![(m / (1 << 20) as f64, 100.0 * f.pass_at_1)],
-                )
-            })
-        }));
+                ));
+            }
+        }
         (lines, bars)
     };
     let mut charts: Vec<ChartSpec> = vec![

@@ -28,6 +28,10 @@ pub struct SweepConfig {
     /// Budgets of every compressing policy that gives none of its own.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<f64>,
+    /// Cache storage types crossed with every (policy, budget): the grid's third axis. Empty: the
+    /// model's type (`kv_type`) alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kv_types: Vec<crate::cache::KvType>,
     #[serde(rename = "policy")]
     policies: Vec<PolicyEntry>,
 }
@@ -41,6 +45,8 @@ struct Head {
     budgets: Vec<f64>,
     #[serde(default)]
     budget_rule: Option<BudgetRule>,
+    #[serde(default)]
+    kv_types: Vec<crate::cache::KvType>,
     #[serde(rename = "policy", default)]
     policies: Vec<PolicyEntry>,
 }
@@ -175,6 +181,7 @@ impl SweepConfig {
             options,
             budget_rule,
             budgets,
+            kv_types: Vec::new(),
             policies,
         })
     }
@@ -211,6 +218,7 @@ impl SweepConfig {
             options,
             budget_rule,
             budgets: Vec::new(),
+            kv_types: Vec::new(),
             policies,
         })
     }
@@ -236,7 +244,7 @@ impl SweepConfig {
             }
             part
         };
-        let head = take(&["name", "budgets", "budget_rule", "policy"]);
+        let head = take(&["name", "budgets", "budget_rule", "kv_types", "policy"]);
         let model = take(&ModelFlags::KEYS);
         let head: Head = head
             .try_into()
@@ -255,6 +263,7 @@ impl SweepConfig {
         let model = model.overridden_by(&over.model);
         let options = options.overridden_by(&over.options);
         let budget_rule = over.policy.budget_rule.or(head.budget_rule);
+        let head_kv_types = head.kv_types.clone();
         let flags = &over.policy;
         let built = if !flags.policy.is_empty() {
             // Policies named on the command line replace the file's, at the flags' budgets or else
@@ -284,10 +293,12 @@ impl SweepConfig {
             };
             Self::new(head.name, model, options, budget_rule, budgets, policies)
         };
-        built.map_err(|e| match e {
-            Error::Input(m) => bad(m),
-            other => other,
-        })
+        built
+            .and_then(|c| c.with_kv_types(head_kv_types))
+            .map_err(|e| match e {
+                Error::Input(m) => bad(m),
+                other => other,
+            })
     }
 
     /// The policy tables as written, each with its parsed specs.
@@ -333,6 +344,7 @@ impl SweepConfig {
         let mut c = self.clone();
         c.policies.clear();
         c.budgets.clear();
+        c.kv_types.clear();
         c.hash(model_id, dataset_id)
     }
 
@@ -385,6 +397,12 @@ impl SweepConfig {
                 t.budgets = None;
             }
         }
+        let mut kv_types = self.kv_types.clone();
+        for kv in &other.kv_types {
+            if !kv_types.contains(kv) {
+                kv_types.push(*kv);
+            }
+        }
         SweepConfig::new(
             other.name.clone(),
             other.model.clone(),
@@ -392,7 +410,22 @@ impl SweepConfig {
             other.budget_rule,
             top,
             tables,
-        )
+        )?
+        .with_kv_types(kv_types)
+    }
+
+    /// This config with `kv_types` as its grid's cache types (each once; an empty list: the model's
+    /// type alone).
+    pub fn with_kv_types(mut self, kv_types: Vec<crate::cache::KvType>) -> Result<Self> {
+        for (i, kv) in kv_types.iter().enumerate() {
+            if kv_types[..i].contains(kv) {
+                return Err(Error::Input(format!(
+                    "kv_types lists {kv} twice; remove one"
+                )));
+            }
+        }
+        self.kv_types = kv_types;
+        Ok(self)
     }
 
     /// The config as TOML, for the results directory.
@@ -403,9 +436,19 @@ impl SweepConfig {
     /// Every (policy, budget) of the sweep, parsed when the config was built. `full` runs once,
     /// without a budget.
     pub fn policy_specs(&self) -> Vec<PolicySpec> {
-        self.policies
-            .iter()
-            .flat_map(|p| p.specs.iter().cloned())
+        let specs = self.policies.iter().flat_map(|p| p.specs.iter().cloned());
+        if self.kv_types.is_empty() {
+            return specs.collect();
+        }
+        // Crossed with the cache types: the model's own type keeps the spec as it is (its units keep
+        // their ids), every other type is the spec's own.
+        let model_type = self.model.kv_type();
+        specs
+            .flat_map(|spec| {
+                self.kv_types
+                    .iter()
+                    .map(move |&kv| spec.clone().with_kv_type((kv != model_type).then_some(kv)))
+            })
             .collect()
     }
 }

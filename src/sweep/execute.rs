@@ -108,7 +108,6 @@ pub fn execute<'p>(
     let mut failures = Vec::new();
     let batch = opts.batch_size.max(1);
     let mut full_tokens = opts.full_tokens.clone();
-    let full_index = plan.full_index();
     // Specs whose ratio budget was resolved in this execution, by index.
     let mut resolved: HashMap<usize, PolicySpec> = HashMap::new();
     let mut rest = units;
@@ -125,7 +124,7 @@ pub fn execute<'p>(
         if spec.needs_full_mean() {
             if let std::collections::hash_map::Entry::Vacant(slot) = resolved.entry(first.policy) {
                 match plan
-                    .full_mean_tokens(&full_tokens)
+                    .full_mean_tokens(&full_tokens, spec.kv_type())
                     .and_then(|mean| spec.resolve(mean, opts.mean_prompt_tokens))
                 {
                     Ok(s) => {
@@ -163,6 +162,7 @@ pub fn execute<'p>(
                 max_new_tokens: plan.decoding.max_new_tokens,
                 policy: spec.build(&ctx)?,
                 trace: opts.trace.contains(&u.id),
+                kv_type: spec.kv_type(),
             });
         }
         let eos: &[u32] = if opts.ignore_eos {
@@ -188,7 +188,7 @@ pub fn execute<'p>(
         for ((u, mut g), prompt) in chunk.iter().copied().zip(gens).zip(&prompts) {
             let share = batch_wall * g.tokens.len() as f64 / batch_tokens.max(1) as f64;
             let mut record = record(model, plan, spec, u, &g, share, chunk.len(), opts, &machine)?;
-            if Some(u.policy) == full_index {
+            if spec.name() == "full" {
                 full_tokens.insert(u.id.clone(), g.tokens.len());
             }
             if opts.fidelity && spec.name() != "full" {
@@ -196,6 +196,7 @@ pub fn execute<'p>(
                     &model.transformer,
                     prompt,
                     spec.build(&ctx)?,
+                    spec.kv_type(),
                     sampling(u),
                     plan.decoding.max_new_tokens,
                     eos,
@@ -288,7 +289,12 @@ fn record(
         }),
         fidelity: None,
         random_weights: model.files.is_random(),
-        engine: Some(opts.engine.clone()),
+        engine: Some(crate::results::sample::Engine {
+            kv_type: spec
+                .kv_type()
+                .map_or_else(|| opts.engine.kv_type.clone(), |kv| kv.to_string()),
+            ..opts.engine.clone()
+        }),
     };
     r.grade(opts.lenient);
     Ok(r)

@@ -89,7 +89,7 @@ impl Plan {
                     // sampling stream for the same sample.
                     // (Wrapping: any base seed is allowed, and u64::MAX + 1 is seed 0.)
                     let seed = decoding.seed.wrapping_add((qi * samples + s) as u64);
-                    let id = content_id(&serde_json::json!({
+                    let mut what = serde_json::json!({
                         "kvbench": env!("CARGO_PKG_VERSION"),
                         "model": model_id,
                         "dataset": dataset_sha256,
@@ -98,7 +98,13 @@ impl Plan {
                         "seed": seed,
                         "policy": spec.describe(),
                         "decoding": decoding,
-                    }));
+                    });
+                    // A cache type of its own (a `kv_types` grid) is part of the unit; the model's type
+                    // is in the config hash already, so units without one keep their ids.
+                    if let Some(kv) = spec.kv_type() {
+                        what["kv_type"] = kv.to_string().into();
+                    }
+                    let id = content_id(&what);
                     units.push(WorkUnit {
                         id,
                         policy: pi,
@@ -123,9 +129,17 @@ impl Plan {
         self.units.iter().filter(move |u| u.policy == policy)
     }
 
-    /// The index of the `full` spec, if the plan has one.
+    /// The index of the `full` spec of the model's cache type, if the plan has one.
     pub fn full_index(&self) -> Option<usize> {
-        self.specs.iter().position(|s| s.name() == "full")
+        self.full_index_for(None)
+    }
+
+    /// The index of the `full` spec whose cache is stored as `kv` (`None`: the model's type): the
+    /// baseline that specs of that type resolve their ratio budgets from.
+    pub fn full_index_for(&self, kv: Option<crate::cache::KvType>) -> Option<usize> {
+        self.specs
+            .iter()
+            .position(|s| s.name() == "full" && s.kv_type() == kv)
     }
 
     /// Whether some spec waits for the full run's mean generation length.
@@ -133,10 +147,14 @@ impl Plan {
         self.specs.iter().any(PolicySpec::needs_full_mean)
     }
 
-    /// The mean generation length of the plan's `full` units, from `tokens` (unit id → tokens of a
-    /// finished full unit); an error says how many are missing and how to run them.
-    pub fn full_mean_tokens(&self, tokens: &HashMap<String, usize>) -> Result<f64> {
-        let Some(full) = self.full_index() else {
+    /// The mean generation length of the plan's `full` units of cache type `kv`, from `tokens` (unit id →
+    /// tokens of a finished full unit); an error says how many are missing and how to run them.
+    pub fn full_mean_tokens(
+        &self,
+        tokens: &HashMap<String, usize>,
+        kv: Option<crate::cache::KvType>,
+    ) -> Result<f64> {
+        let Some(full) = self.full_index_for(kv) else {
             return Err(Error::Input(
                 "a budget at most 1 (and any Kara budget, ρ = B over it) is resolved from the full run's mean generation length, and this study has no `full` policy: add it (a [[policy]] named full; `run` without --no-baseline), give absolute budgets (entries, above 1), or use budget_rule = \"seen\"".into(),
             ));

@@ -153,9 +153,10 @@ def cpu_vs_gpu(c):
     # checks the Qwen2 architecture.
     model = "random:tiny" if q else "random:smollm2-135m"
     threads = str(min(os.cpu_count() or 1, 16))
-    cpu = ["--device", "cpu", "--threads", threads, "--weights", "f32"]
+    # f32 weights and an f32 cache on both (kvbench 0.5 defaults to f16 caches on the CPU, bf16 on a GPU).
+    cpu = ["--device", "cpu", "--threads", threads, "--weights", "f32", "--kv-type", "f32"]
     # On a CPU-only dry run the second "device" is the same CPU: the code paths run.
-    gpu = ["--device", c.args.device, "--weights", "f32"]
+    gpu = ["--device", c.args.device, "--weights", "f32", "--kv-type", "f32"]
     res = {"model": model, "tokens": 256, "weights": "f32 on both devices"}
     files = {}
     runs = [("cpu", cpu), ("gpu", gpu)]
@@ -221,7 +222,7 @@ def vs_transformers(c):
     del model
     # The same checkpoint in f32 on both sides: what is left is the engines' own difference, not
     # bf16's rounding (the first H100 run saw top-1 91% in bf16 and could not tell the two apart).
-    c.kv("forward", "--model", ckpt, "--device", c.args.device, "--weights", "f32", "--tokens", 256,
+    c.kv("forward", "--model", ckpt, "--device", c.args.device, "--weights", "f32", "--kv-type", "f32", "--tokens", 256,
          "--token-seed", 2, "--logits", kv_logits, "--json", kv_json)
     model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32, attn_implementation="sdpa").to(dev)
     model.eval()

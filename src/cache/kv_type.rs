@@ -1,7 +1,8 @@
 //! How the cache stores keys and values: the element type every entry is converted to when it is
 //! appended, and that attention reads back, for keys and values alike (`q8_0`) or each its own
-//! (`q8_0/f16`: keys in Q8_0 blocks, values in f16, as llama.cpp's `-ctk q8_0 -ctv f16`). The storage decides bytes and (by rounding) tokens; the
-//! policy decides which entries stay: the two compose, every policy with every type.
+//! (`q8_0/f16`: keys in Q8_0 blocks, values in f16, as llama.cpp's `-ctk q8_0 -ctv f16`). The storage
+//! decides bytes and (by rounding) tokens; the policy decides which entries stay: the two compose,
+//! every policy with every type.
 
 use super::quant::{Blocks, BLOCK};
 use candle_core::DType;
@@ -146,11 +147,6 @@ impl KvType {
     /// Bytes of one entry's key and value row of one head (`d` values each), scales included.
     pub fn entry_row_bytes(self, d: usize) -> usize {
         self.keys.row_bytes(d) + self.values.row_bytes(d)
-    }
-
-    /// Whether this is the exact reference, f32 keys and values.
-    pub fn is_exact(self) -> bool {
-        self == KvType::F32
     }
 }
 

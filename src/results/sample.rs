@@ -105,11 +105,6 @@ impl Engine {
         }
     }
 
-    /// Whether the cache stored entries in the exact reference type (f32).
-    pub fn exact_kv(&self) -> bool {
-        self.kv_type == reference_kv_type()
-    }
-
     /// The commit, shortened, with the version: `0.5.0@1a2b3c4`.
     pub fn short(&self) -> String {
         format!(

@@ -129,11 +129,6 @@ impl Plan {
         self.units.iter().filter(move |u| u.policy == policy)
     }
 
-    /// The index of the `full` spec of the model's cache type, if the plan has one.
-    pub fn full_index(&self) -> Option<usize> {
-        self.full_index_for(None)
-    }
-
     /// The index of the `full` spec whose cache is stored as `kv` (`None`: the model's type): the
     /// baseline that specs of that type resolve their ratio budgets from.
     pub fn full_index_for(&self, kv: Option<crate::cache::KvType>) -> Option<usize> {

@@ -137,3 +137,73 @@ fn the_device_path_reads_every_storage_type_as_the_cpu_loop_does() {
         }
     }
 }
+
+#[test]
+fn kivi_composes_with_every_policy_in_its_exact_bytes_and_its_window_is_f16() {
+    kvbench::init_threads(None).unwrap();
+    let m = tiny_random(false);
+    let (prompt, tokens) = inputs();
+    let d = m.transformer.config.head_dim;
+    for spec in common::compressing_specs() {
+        let name = spec.describe();
+        let (exact, _, exact_entries) = teacher_forced(&m, &spec, KvType::F32, &prompt, &tokens);
+        let (half, half_bytes, _) = teacher_forced(&m, &spec, KvType::F16, &prompt, &tokens);
+        // A window larger than the run: every entry stays in f16, and KIVI's store is read as the
+        // f16 cache is, to the bit, under every policy.
+        let (wide, wide_bytes, _) = teacher_forced(&m, &spec, kv("kivi2:4096"), &prompt, &tokens);
+        assert_eq!(wide, half, "{name}: kivi2:4096 against f16");
+        assert_eq!(wide_bytes, half_bytes, "{name}: kivi2:4096 bytes");
+        let mut full_error = Vec::new();
+        for t in ["kivi2:8", "kivi4:8"] {
+            let kv = kv(t);
+            let (got, bytes, entries) = teacher_forced(&m, &spec, kv, &prompt, &tokens);
+            assert_eq!(entries, exact_entries, "{name} {kv}: entries held");
+            // Every entry costs at least a packed entry and at most an f16 one (plus its key group's
+            // scales, at most one group per packed entry).
+            let (bits, _) = kv.kivi().unwrap();
+            let packed = kvbench::cache::kivi::packed_entry_bytes(bits, d);
+            assert!(bytes >= entries * packed, "{name} {kv}: {bytes} bytes");
+            assert!(
+                bytes < half_bytes,
+                "{name} {kv}: {bytes} not below f16's {half_bytes}"
+            );
+            let worst = worst_difference(&exact, &got);
+            assert!(worst > 0.0, "{name} {kv}: nothing was rounded");
+            assert!(got.iter().flatten().all(|x| x.is_finite()), "{name} {kv}");
+            if spec.name() == "full" {
+                // Nothing evicted: the bytes of a full KIVI cache of that many entries.
+                let (_, state) = common::teacher_forced(&m, &spec, kv, &prompt, &tokens);
+                let seen = state.cache.seen();
+                assert_eq!(
+                    bytes,
+                    m.transformer.config.kv_bytes(kv, seen),
+                    "{kv}: full bytes"
+                );
+                full_error.push(worst);
+            }
+        }
+        if spec.name() == "full" {
+            // Two bits round more than four.
+            assert!(full_error[1] < full_error[0], "{full_error:?}");
+            assert!(full_error[0] < 1.0, "{full_error:?}");
+        }
+    }
+}
+
+#[test]
+fn kivi_on_the_device_path_reads_as_the_cpu_loop_does() {
+    kvbench::init_threads(None).unwrap();
+    let (cpu, device_path) = (tiny_random(false), tiny_random(true));
+    let (prompt, tokens) = inputs();
+    for spec in common::compressing_specs() {
+        let kv = kv("kivi2:8");
+        let (a, ..) = teacher_forced(&cpu, &spec, kv, &prompt, &tokens);
+        let (b, ..) = teacher_forced(&device_path, &spec, kv, &prompt, &tokens);
+        let worst = worst_difference(&a, &b);
+        assert!(
+            worst < 1e-2,
+            "{} {kv}: logits differ by {worst}",
+            spec.describe()
+        );
+    }
+}

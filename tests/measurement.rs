@@ -120,11 +120,18 @@ fn kv_bytes_of_a_full_cache_are_entries_times_the_layout() {
     let per_token = 30 * 2 * 3 * 64 * 4;
     let config = &m.transformer.config;
     use kvbench::cache::KvType;
-    assert_eq!(config.kv_bytes_per_token(KvType::F32), per_token);
-    assert_eq!(config.kv_bytes_per_token(KvType::F16), per_token / 2);
+    assert_eq!(config.kv_bytes(KvType::F32, 10), 10 * per_token);
+    assert_eq!(config.kv_bytes(KvType::F16, 10), 10 * per_token / 2);
     // Keys in Q8_0 blocks (2 of 34 bytes per 64 values), values in f16 (128 bytes).
     let mixed: KvType = "q8_0/f16".parse().unwrap();
-    assert_eq!(config.kv_bytes_per_token(mixed), 30 * 3 * (68 + 128));
+    assert_eq!(config.kv_bytes(mixed, 1), 30 * 3 * (68 + 128));
+    // KIVI-2 with a window of 8: at 8 + 32 entries, 32 packed as one group (2 × 64 × 2 / 8 bytes of
+    // codes, 2 value groups' scales and minima, a 4-byte group index; the group's 64 channels' f16
+    // scale and minimum), 8 in f16.
+    let kivi: KvType = "kivi2:8".parse().unwrap();
+    let head = 32 * (32 + 2 * 4 + 4) + 64 * 4 + 8 * 64 * 4;
+    assert_eq!(config.kv_bytes(kivi, 40), 30 * 3 * head);
+    assert_eq!(config.kv_bytes(kivi, 39), 30 * 3 * 39 * 64 * 4, "all in the window");
     // The last token is produced, not fed: the cache holds the prompt and the other 19.
     let entries = prompt.len() + 19;
     assert_eq!(g.kv_bytes_peak, entries * per_token);

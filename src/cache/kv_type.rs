@@ -2,7 +2,9 @@
 //! appended, and that attention reads back, for keys and values alike (`q8_0`) or each its own
 //! (`q8_0/f16`: keys in Q8_0 blocks, values in f16, as llama.cpp's `-ctk q8_0 -ctv f16`). The storage
 //! decides bytes and (by rounding) tokens; the policy decides which entries stay: the two compose,
-//! every policy with every type.
+//! every policy with every type. `kivi2` and `kivi4` (KIVI's keys per channel, values per token, a
+//! full-precision window: [`super::kivi`]) quantize keys and values together, so they name both;
+//! `kivi2:64` sets the window (128 entries when not named).
 
 use super::quant::{Blocks, BLOCK};
 use candle_core::DType;
@@ -23,16 +25,31 @@ pub enum KvElement {
     Q8_0,
     /// llama.cpp's Q4_0 blocks (`-ctk q4_0 -ctv q4_0`): 18 bytes per 32 values.
     Q4_0,
+    /// KIVI at 2 bits (keys and values together, [`super::kivi`]).
+    Kivi2,
+    /// KIVI at 4 bits.
+    Kivi4,
 }
 
 impl KvElement {
-    pub const ALL: [KvElement; 5] = [
+    pub const ALL: [KvElement; 7] = [
         KvElement::F32,
         KvElement::F16,
         KvElement::Bf16,
         KvElement::Q8_0,
         KvElement::Q4_0,
+        KvElement::Kivi2,
+        KvElement::Kivi4,
     ];
+
+    /// The bits of a KIVI mode.
+    pub fn kivi_bits(self) -> Option<u8> {
+        match self {
+            KvElement::Kivi2 => Some(2),
+            KvElement::Kivi4 => Some(4),
+            _ => None,
+        }
+    }
 
     /// The tensor type of the cache's buffers (bytes for block formats).
     pub fn dtype(self) -> DType {
@@ -40,7 +57,7 @@ impl KvElement {
             KvElement::F32 => DType::F32,
             KvElement::F16 => DType::F16,
             KvElement::Bf16 => DType::BF16,
-            KvElement::Q8_0 | KvElement::Q4_0 => DType::U8,
+            KvElement::Q8_0 | KvElement::Q4_0 | KvElement::Kivi2 | KvElement::Kivi4 => DType::U8,
         }
     }
 
@@ -61,15 +78,19 @@ impl KvElement {
         }
     }
 
-    /// Bytes of one stored row of `d` values, scales included.
+    /// Bytes of one stored row of `d` values, scales included (a KIVI row: see [`KvType::head_bytes`]).
     pub fn row_bytes(self, d: usize) -> usize {
         self.row_width(d) * self.dtype().size_in_bytes()
     }
 
-    /// Whether a head of `d` values can be stored: block formats need whole blocks.
+    /// Whether a head of `d` values can be stored: block formats need whole blocks, KIVI whole
+    /// channel groups.
     pub fn fits(self, d: usize) -> bool {
-        self.blocks()
-            .is_none_or(|_| d > 0 && d.is_multiple_of(BLOCK))
+        let whole = d > 0 && d.is_multiple_of(BLOCK);
+        match self {
+            KvElement::Kivi2 | KvElement::Kivi4 => whole && BLOCK == super::kivi::GROUP,
+            _ => self.blocks().is_none_or(|_| whole),
+        }
     }
 
     /// The name the flag, the config key and every record use.
@@ -80,6 +101,8 @@ impl KvElement {
             KvElement::Bf16 => "bf16",
             KvElement::Q8_0 => "q8_0",
             KvElement::Q4_0 => "q4_0",
+            KvElement::Kivi2 => "kivi2",
+            KvElement::Kivi4 => "kivi4",
         }
     }
 }
@@ -108,18 +131,43 @@ impl std::str::FromStr for KvElement {
 }
 
 /// How the cache stores keys and values: each as a [`KvElement`]. Written as one name when both are
-/// the same (`q8_0`), else `KEYS/VALUES` (`q8_0/f16`); records, configs and flags all use that text.
+/// the same (`q8_0`), else `KEYS/VALUES` (`q8_0/f16`); a KIVI mode as `kivi2` or `kivi2:WINDOW`.
+/// Records, configs and flags all use that text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub struct KvType {
     pub keys: KvElement,
     pub values: KvElement,
+    /// A KIVI mode's full-precision window, in entries per head (0 for the other types).
+    pub window: u32,
 }
 
 impl KvType {
-    /// Keys and values both as `e`.
+    /// Keys and values both as `e` (a KIVI mode with its default window).
     pub const fn both(e: KvElement) -> Self {
-        KvType { keys: e, values: e }
+        let window = match e {
+            KvElement::Kivi2 | KvElement::Kivi4 => super::kivi::DEFAULT_WINDOW as u32,
+            _ => 0,
+        };
+        KvType {
+            keys: e,
+            values: e,
+            window,
+        }
+    }
+
+    /// The KIVI mode's bits and window, if this is one.
+    pub fn kivi(self) -> Option<(u8, usize)> {
+        self.keys.kivi_bits().map(|b| (b, self.window as usize))
+    }
+
+    /// Exact bytes one KV head of a full cache (nothing evicted) holds at `entries` entries of
+    /// `d` values: linear in the entries for every type but KIVI's, whose window costs more.
+    pub fn head_bytes(self, entries: usize, d: usize) -> usize {
+        match self.kivi() {
+            Some((bits, window)) => super::kivi::full_head_bytes(bits, window, d, entries),
+            None => entries * self.entry_row_bytes(d),
+        }
     }
 
     /// The exact reference: f32 keys and values.
@@ -144,6 +192,23 @@ impl KvType {
         self.keys.fits(d) && self.values.fits(d)
     }
 
+    /// Whether a cache of heads of `d` values can be held on `device`, as a message naming the flag
+    /// when not: block formats need whole blocks; KIVI's layout lives on the host, so the CPU only
+    /// (on a GPU every decoding step would copy it to the device).
+    pub fn check(self, d: usize, device: &candle_core::Device) -> Result<(), String> {
+        if !self.fits(d) {
+            return Err(format!(
+                "--kv-type {self}: heads of {d} values are not whole blocks of {BLOCK}"
+            ));
+        }
+        if self.kivi().is_some() && !device.is_cpu() {
+            return Err(format!(
+                "--kv-type {self}: KIVI's cache runs on the CPU only (--device cpu)"
+            ));
+        }
+        Ok(())
+    }
+
     /// Bytes of one entry's key and value row of one head (`d` values each), scales included.
     pub fn entry_row_bytes(self, d: usize) -> usize {
         self.keys.row_bytes(d) + self.values.row_bytes(d)
@@ -152,7 +217,9 @@ impl KvType {
 
 impl std::fmt::Display for KvType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.keys == self.values {
+        if self.kivi().is_some() && self.window as usize != super::kivi::DEFAULT_WINDOW {
+            write!(f, "{}:{}", self.keys, self.window)
+        } else if self.keys == self.values {
             write!(f, "{}", self.keys)
         } else {
             write!(f, "{}/{}", self.keys, self.values)
@@ -164,13 +231,37 @@ impl std::str::FromStr for KvType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = |e: String| format!("{e} (a type for keys and values, or KEYS/VALUES: q8_0/f16)");
-        match s.split_once('/') {
-            None => Ok(KvType::both(s.parse().map_err(bad)?)),
-            Some((k, v)) => Ok(KvType {
+        let t = match s.split_once('/') {
+            None => {
+                let (name, window) = match s.split_once(':') {
+                    Some((n, w)) => (n, Some(w)),
+                    None => (s, None),
+                };
+                let mut t = KvType::both(name.parse().map_err(bad)?);
+                if let Some(w) = window {
+                    if t.kivi().is_none() {
+                        return Err(format!(
+                            "KV cache type {s:?}: only kivi2 and kivi4 take a window (kivi2:64)"
+                        ));
+                    }
+                    t.window = w.trim().parse::<u32>().ok().filter(|&w| w <= 1 << 20).ok_or_else(|| {
+                        format!("KV cache type {s:?}: the window is a number of entries, 0 to 1048576")
+                    })?;
+                }
+                t
+            }
+            Some((k, v)) => KvType {
                 keys: k.parse().map_err(bad)?,
                 values: v.parse().map_err(bad)?,
-            }),
+                window: 0,
+            },
+        };
+        if (t.keys.kivi_bits().is_some() || t.values.kivi_bits().is_some()) && t.keys != t.values {
+            return Err(format!(
+                "KV cache type {s:?}: KIVI quantizes keys and values together; write kivi2 or kivi4"
+            ));
         }
+        Ok(t)
     }
 }
 
@@ -203,9 +294,20 @@ mod tests {
         for bad in ["q3", "q8_0/", "/f16", "f16/q8_0/f32", ""] {
             let e = bad.parse::<KvType>().unwrap_err();
             assert!(
-                e.contains("expected one of f32, f16, bf16, q8_0, q4_0"),
+                e.contains("expected one of f32, f16, bf16, q8_0, q4_0, kivi2, kivi4"),
                 "{bad}: {e}"
             );
+        }
+        let kivi: KvType = "kivi2".parse().unwrap();
+        assert_eq!(kivi.kivi(), Some((2, 128)));
+        assert_eq!("kivi2:128".parse::<KvType>().unwrap(), kivi);
+        let small: KvType = "KIVI4:64".parse().unwrap();
+        assert_eq!(
+            (small.kivi(), small.to_string()),
+            (Some((4, 64)), "kivi4:64".into())
+        );
+        for bad in ["kivi2/f16", "f16/kivi4", "q8_0:64", "kivi2:-1", "kivi2:x"] {
+            assert!(bad.parse::<KvType>().is_err(), "{bad}");
         }
         let json = serde_json::to_string(&mixed).unwrap();
         assert_eq!(json, "\"q8_0/f16\"");

@@ -7,8 +7,11 @@
 //! its own list of original positions because heads may keep different tokens. Appends write in place;
 //! evictions gather the kept rows to the front. Entries are stored as [`KvType`] says (f32, f16, bf16,
 //! or llama.cpp's Q8_0/Q4_0 blocks, quantized when appended). Byte sizes are exact: entries × heads ×
-//! 2 × a stored row's bytes (scales included).
+//! 2 × a stored row's bytes (scales included). The KIVI modes hold their rows in a layout of their own
+//! on the host ([`kivi::KiviStore`]: key scales per group of tokens, a full-precision window), with
+//! their own exact bytes.
 
+pub mod kivi;
 pub mod kv_type;
 pub mod quant;
 
@@ -19,9 +22,11 @@ use candle_core::{DType, Device, Result, Tensor};
 /// One layer's keys, values and position metadata.
 #[derive(Debug, Clone)]
 pub struct LayerCache {
-    /// `[kv_heads, capacity, width]`: rows of `head_dim` values, or of their blocks' bytes.
+    /// `[kv_heads, capacity, width]`: rows of `head_dim` values, or of their blocks' bytes (empty
+    /// under KIVI, whose rows live in `kivi`; they still name the device).
     k: Tensor,
     v: Tensor,
+    kivi: Option<kivi::KiviStore>,
     kv_type: KvType,
     len: usize,
     kv_heads: usize,
@@ -32,10 +37,10 @@ pub struct LayerCache {
     peak_len: usize,
     /// Number of gathers (compression events) so far.
     compressions: usize,
-    /// Entries at the start of the current forward step, and the most held during it (after this
+    /// Bytes held at the start of the current forward step, and the most held during it (after this
     /// step's append, before the policy compresses).
-    step_start_len: usize,
-    step_max_len: usize,
+    step_start_bytes: usize,
+    step_max_bytes: usize,
 }
 
 /// Keys and values of one layer as host f32 slices: borrowed from the buffers on the CPU, copied
@@ -64,13 +69,13 @@ impl HostKv<'_> {
 
 impl LayerCache {
     pub fn new(kv_heads: usize, head_dim: usize, kv_type: KvType, device: &Device) -> Result<Self> {
-        if !kv_type.fits(head_dim) {
-            candle_core::bail!(
-                "--kv-type {kv_type}: heads of {head_dim} values are not whole blocks of {}",
-                quant::BLOCK
-            );
+        if let Err(e) = kv_type.check(head_dim, device) {
+            candle_core::bail!("{e}");
         }
-        let capacity = 64;
+        let kivi = kv_type
+            .kivi()
+            .map(|(bits, window)| kivi::KiviStore::new(bits, window, kv_heads, head_dim));
+        let capacity = if kivi.is_some() { 0 } else { 64 };
         let buffer = |e: KvElement| {
             Tensor::zeros(
                 (kv_heads, capacity, e.row_width(head_dim)),
@@ -81,6 +86,7 @@ impl LayerCache {
         Ok(Self {
             k: buffer(kv_type.keys)?,
             v: buffer(kv_type.values)?,
+            kivi,
             kv_type,
             len: 0,
             kv_heads,
@@ -88,8 +94,8 @@ impl LayerCache {
             positions: vec![Vec::new(); kv_heads],
             peak_len: 0,
             compressions: 0,
-            step_start_len: 0,
-            step_max_len: 0,
+            step_start_bytes: 0,
+            step_max_bytes: 0,
         })
     }
 
@@ -158,7 +164,15 @@ impl LayerCache {
     }
 
     fn capacity(&self) -> usize {
-        self.k.dim(1).unwrap_or(0)
+        match self.kivi {
+            Some(_) => self.len,
+            None => self.k.dim(1).unwrap_or(0),
+        }
+    }
+
+    /// The KIVI store, when the cache holds a KIVI mode (attention then reads its rows).
+    pub fn kivi(&self) -> Option<&kivi::KiviStore> {
+        self.kivi.as_ref()
     }
 
     /// Buffer elements per stored row of keys and of values.
@@ -170,18 +184,35 @@ impl LayerCache {
         )
     }
 
-    /// Keys held, `[kv_heads, len, head_dim]`: a view into the buffer, or for block formats their
-    /// values (a dequantized copy: candle's path, prefill and other devices).
+    /// Keys held, `[kv_heads, len, head_dim]`: a view into the buffer, or for block formats and KIVI
+    /// their values (a dequantized copy: candle's path, prefill and other devices).
     pub fn keys(&self) -> Result<Tensor> {
-        self.values_of(&self.k, self.kv_type.keys)
+        self.held(true)
     }
 
     /// Values held, `[kv_heads, len, head_dim]`, as [`keys`](Self::keys).
     pub fn values(&self) -> Result<Tensor> {
-        self.values_of(&self.v, self.kv_type.values)
+        self.held(false)
     }
 
-    fn values_of(&self, buf: &Tensor, elem: KvElement) -> Result<Tensor> {
+    fn held(&self, keys: bool) -> Result<Tensor> {
+        let (buf, elem) = match keys {
+            true => (&self.k, self.kv_type.keys),
+            false => (&self.v, self.kv_type.values),
+        };
+        if let Some(store) = &self.kivi {
+            let mut out = Vec::with_capacity(self.kv_heads * self.len * self.head_dim);
+            let mut row = Vec::with_capacity(self.head_dim);
+            for h in 0..self.kv_heads {
+                for j in 0..self.len {
+                    out.extend_from_slice(match keys {
+                        true => store.key(h, j, &mut row),
+                        false => store.value(h, j, &mut row),
+                    });
+                }
+            }
+            return Tensor::from_vec(out, (self.kv_heads, self.len, self.head_dim), buf.device());
+        }
         let held = buf.narrow(1, 0, self.len)?;
         let Some(blocks) = elem.blocks() else {
             return Ok(held);
@@ -199,7 +230,7 @@ impl LayerCache {
 
     /// The whole key and value buffers, `[kv_heads, capacity, width]` (a row: `head_dim` values, or
     /// their blocks' bytes, [`KvElement::row_width`]); the first [`len`](Self::len) entries of each head
-    /// are held. For kernels that read the cache in place.
+    /// are held. For kernels that read the cache in place (empty under KIVI: see [`kivi`](Self::kivi)).
     pub fn buffers(&self) -> (&Tensor, &Tensor) {
         (&self.k, &self.v)
     }
@@ -216,31 +247,48 @@ impl LayerCache {
 
     /// Exact bytes of keys and values held (not the allocated capacity).
     pub fn bytes(&self) -> usize {
-        self.len * self.entry_bytes()
+        match &self.kivi {
+            Some(store) => store.bytes(),
+            None => self.len * self.entry_bytes(),
+        }
     }
 
-    /// Bytes of the key and value buffers allocated (they grow by half when full and never shrink).
+    /// Bytes of the key and value buffers allocated (they grow by half when full and never shrink;
+    /// KIVI's rows are allocated one by one, as held).
     pub fn capacity_bytes(&self) -> usize {
-        self.capacity() * self.entry_bytes()
+        match &self.kivi {
+            Some(store) => store.bytes(),
+            None => self.capacity() * self.entry_bytes(),
+        }
     }
 
     /// Appends `t` new entries: `k`, `v` are `[kv_heads, t, head_dim]`; `first_pos` is the logical
     /// position of the first one.
     pub fn append(&mut self, k: &Tensor, v: &Tensor, first_pos: usize) -> Result<()> {
         let t = k.dim(1)?;
-        if self.len + t > self.capacity() {
-            self.grow(self.len + t)?;
-        }
-        self.k
-            .slice_set(&Self::stored(k, self.kv_type.keys)?, 1, self.len)?;
-        self.v
-            .slice_set(&Self::stored(v, self.kv_type.values)?, 1, self.len)?;
         for p in &mut self.positions {
             p.extend((first_pos..first_pos + t).map(|x| x as u32));
         }
+        if let Some(store) = &mut self.kivi {
+            let host = |x: &Tensor| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+            let (ks, vs) = (host(k)?, host(v)?);
+            let per = t * self.head_dim;
+            for h in 0..self.kv_heads {
+                let rows = h * per..(h + 1) * per;
+                store.append(h, &ks[rows.clone()], &vs[rows], &self.positions[h]);
+            }
+        } else {
+            if self.len + t > self.capacity() {
+                self.grow(self.len + t)?;
+            }
+            self.k
+                .slice_set(&Self::stored(k, self.kv_type.keys)?, 1, self.len)?;
+            self.v
+                .slice_set(&Self::stored(v, self.kv_type.values)?, 1, self.len)?;
+        }
         self.len += t;
         self.peak_len = self.peak_len.max(self.len);
-        self.step_max_len = self.step_max_len.max(self.len);
+        self.step_max_bytes = self.step_max_bytes.max(self.bytes());
         Ok(())
     }
 
@@ -307,15 +355,19 @@ impl LayerCache {
                 flat.push((h * cap + j) as u32);
             }
         }
-        let index = Tensor::from_vec(flat, m * self.kv_heads, self.k.device())?;
-        let heads = self.kv_heads;
-        let gather = |buf: &Tensor, w: usize| -> Result<()> {
-            let kept = buf.reshape((heads * cap, w))?.index_select(&index, 0)?;
-            buf.slice_set(&kept.reshape((heads, m, w))?, 1, 0)
-        };
-        let (wk, wv) = self.widths();
-        gather(&self.k, wk)?;
-        gather(&self.v, wv)?;
+        if let Some(store) = &mut self.kivi {
+            store.gather(kept);
+        } else {
+            let index = Tensor::from_vec(flat, m * self.kv_heads, self.k.device())?;
+            let heads = self.kv_heads;
+            let gather = |buf: &Tensor, w: usize| -> Result<()> {
+                let kept = buf.reshape((heads * cap, w))?.index_select(&index, 0)?;
+                buf.slice_set(&kept.reshape((heads, m, w))?, 1, 0)
+            };
+            let (wk, wv) = self.widths();
+            gather(&self.k, wk)?;
+            gather(&self.v, wv)?;
+        }
         for (h, idx) in kept.iter().enumerate() {
             let old = &self.positions[h];
             self.positions[h] = idx.iter().map(|&j| old[j]).collect();
@@ -380,6 +432,11 @@ impl KvCache {
         self.layers.len()
     }
 
+    /// Tokens the sequence has seen at the end of the last step: what a full cache holds.
+    pub fn seen(&self) -> usize {
+        self.seen
+    }
+
     /// Exact bytes of keys and values held now, all layers.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(LayerCache::bytes).sum()
@@ -394,15 +451,11 @@ impl KvCache {
         // Layers run in order, each appending then compressing: while layer l holds its most, the
         // layers before it are already compressed and the ones after it have not appended yet.
         // (No allocation: this runs after every step of every sequence.)
-        let mut pending: usize = self
-            .layers
-            .iter()
-            .map(|c| c.step_start_len * c.entry_bytes())
-            .sum();
+        let mut pending: usize = self.layers.iter().map(|c| c.step_start_bytes).sum();
         let mut done = 0usize;
         for c in &self.layers {
-            pending -= c.step_start_len * c.entry_bytes();
-            let moment = done + c.step_max_len.max(c.len) * c.entry_bytes() + pending;
+            pending -= c.step_start_bytes;
+            let moment = done + c.step_max_bytes.max(c.bytes()) + pending;
             self.peak_bytes = self.peak_bytes.max(moment);
             done += c.bytes();
         }
@@ -410,8 +463,8 @@ impl KvCache {
             .peak_capacity_bytes
             .max(self.layers.iter().map(LayerCache::capacity_bytes).sum());
         for c in self.layers.iter_mut() {
-            c.step_start_len = c.len;
-            c.step_max_len = c.len;
+            c.step_start_bytes = c.bytes();
+            c.step_max_bytes = c.step_start_bytes;
         }
         self.steps += 1;
         self.seen_steps += seen as u64;

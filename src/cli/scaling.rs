@@ -101,10 +101,7 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     )?;
     std::fs::create_dir_all(&args.out).map_err(|e| kvbench::Error::io(&args.out, e))?;
     let prompt = prompt_of(&model, args.prompt_tokens)?;
-    let per_token = model
-        .transformer
-        .config
-        .kv_bytes_per_token(model.transformer.kv_type());
+    let (config, kv_type) = (&model.transformer.config, model.transformer.kv_type());
     let longest = *lengths.last().unwrap_or(&1);
     println!(
         "model {} ({:?} weights), {}-token prompt, machine: {}",
@@ -143,7 +140,7 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
                     budget: spec.budget().value(),
                     generated,
                     kv_bytes: state.cache.bytes(),
-                    full_cache_bytes: state.seen * per_token,
+                    full_cache_bytes: config.kv_bytes(kv_type, state.seen),
                     policy_state_bytes: state.side_state_bytes(),
                     rss_bytes: metrics::current_rss_bytes().unwrap_or(0),
                     tokens_per_s: (generated - segment.1) as f64 / secs.max(1e-9),

@@ -103,6 +103,8 @@ pub fn generate_batch(
         decode_time: Duration,
         /// Sum of bytes held after each forward step, and the number of steps.
         bytes_steps: (f64, usize),
+        /// Sum of the bytes a full cache of the same type would hold after each step.
+        full_bytes_steps: f64,
         step_secs: Vec<f32>,
         side_peak: usize,
     }
@@ -126,6 +128,7 @@ pub fn generate_batch(
         device_memory.sample(model.device());
         let next = sampler.sample(&logits)?;
         let held = state.cache.bytes();
+        let full_held = model.config.kv_bytes(kv_type, state.cache.seen());
         let policy_prefill_time = state.policy_time;
         let mut a = Active {
             state,
@@ -139,6 +142,7 @@ pub fn generate_batch(
             decode_start: Instant::now(),
             decode_time: Duration::ZERO,
             bytes_steps: (held as f64, 1),
+            full_bytes_steps: full_held as f64,
             step_secs: Vec::new(),
             side_peak: 0,
         };
@@ -233,6 +237,10 @@ pub fn generate_batch(
             let bytes = s.state.cache.bytes();
             s.bytes_steps.0 += bytes as f64;
             s.bytes_steps.1 += 1;
+            s.full_bytes_steps += model
+                .config
+                .kv_bytes(s.state.cache.kv_type(), s.state.cache.seen())
+                as f64;
             s.side_peak = s.side_peak.max(s.state.side_state_bytes());
             let tok = drawn.next().expect("one draw per active sequence")?;
             s.next = tok;
@@ -249,7 +257,7 @@ pub fn generate_batch(
         .map(|mut s| {
             let stats = s.state.cache.stats();
             // A full cache of the sequence's own storage type: a KV ratio is eviction's saving.
-            let full_bytes_per_token = model.config.kv_bytes_per_token(s.state.cache.kv_type());
+            let kv_type = s.state.cache.kv_type();
             Generation {
                 prompt_tokens: s.state.prompt_len,
                 tokens: s.out,
@@ -262,9 +270,9 @@ pub fn generate_batch(
                 kv_bytes_final: s.state.cache.bytes(),
                 kv_bytes_peak: s.state.cache.peak_bytes(),
                 kv_bytes_capacity_peak: s.state.cache.peak_capacity_bytes(),
-                kv_bytes_full: stats.full_final_entries * full_bytes_per_token,
+                kv_bytes_full: model.config.kv_bytes(kv_type, stats.full_final_entries),
                 kv_bytes_mean: s.bytes_steps.0 / s.bytes_steps.1 as f64,
-                kv_bytes_full_mean: stats.full_mean_entries * full_bytes_per_token as f64,
+                kv_bytes_full_mean: s.full_bytes_steps / s.bytes_steps.1 as f64,
                 cache: stats,
                 step_secs: std::mem::take(&mut s.step_secs),
                 policy_state_bytes_peak: s.side_peak,

@@ -86,6 +86,9 @@ pub fn load_model(files: ModelFiles, opts: &LoadOptions) -> Result<Model> {
     let template = opts
         .template
         .unwrap_or_else(|| ChatTemplate::detect(&tokenizer));
+    opts.kv_type
+        .check(config.head_dim, &opts.device)
+        .map_err(Error::Input)?;
     let mut transformer = Transformer::load(&mut source, config, opts.format, &opts.device)?;
     transformer.set_kv_type(opts.kv_type);
     let name = match &files {

@@ -31,62 +31,80 @@ pub fn attend_one(
     want_probs: bool,
     subset: Option<&[Vec<usize>]>,
 ) -> Option<OneTokenAttention> {
+    let shape = Shape {
+        hkv: layer.kv_heads(),
+        d: layer.head_dim(),
+        n: layer.len(),
+        group,
+        scale,
+    };
+    // KIVI's rows live on the host in a layout of their own: read a row at a time from there.
+    if let Some(store) = layer.kivi() {
+        let (out, probs) = attend_heads(store, q, &shape, subset);
+        return Some(OneTokenAttention {
+            out,
+            probs: want_probs.then_some(probs),
+        });
+    }
     let (k_buf, v_buf) = layer.buffers();
     let (k_store, k_layout) = k_buf.storage_and_layout();
     let (v_store, v_layout) = v_buf.storage_and_layout();
     let (Storage::Cpu(k_cpu), Storage::Cpu(v_cpu)) = (&*k_store, &*v_store) else {
         return None;
     };
-    let (hkv, cap, k_width) = k_buf.dims3().ok()?;
+    let (_, cap, k_width) = k_buf.dims3().ok()?;
     let kv_type = layer.kv_type();
-    let shape = Shape {
-        hkv,
-        cap,
-        d: layer.head_dim(),
-        widths: (k_width, v_buf.dim(2).ok()?),
-        blocks: (kv_type.keys.blocks(), kv_type.values.blocks()),
-        n: layer.len(),
-        group,
-        scale,
-    };
+    let v_width = v_buf.dim(2).ok()?;
+    let blocks = (kv_type.keys.blocks(), kv_type.values.blocks());
     let (ko, vo) = (k_layout.start_offset(), v_layout.start_offset());
+    macro_rules! rows {
+        ($k:expr, $v:expr) => {
+            Buffers {
+                k: $k,
+                v: $v,
+                cap,
+                widths: (k_width, v_width),
+                blocks,
+            }
+        };
+    }
     // Keys and values may be stored in different types: one instance per pair of them.
     macro_rules! with_values {
         ($ek:ty, $keys:expr) => {
             match v_buf.dtype() {
-                DType::F32 => attend_heads::<$ek, f32>(
-                    $keys,
-                    &v_cpu.as_slice().ok()?[vo..],
+                DType::F32 => attend_heads(
+                    &rows!($keys, &v_cpu.as_slice::<f32>().ok()?[vo..]),
                     q,
                     &shape,
                     subset,
                 ),
-                DType::F16 => attend_heads::<$ek, half::f16>(
-                    $keys,
-                    &v_cpu.as_slice().ok()?[vo..],
+                DType::F16 => attend_heads(
+                    &rows!($keys, &v_cpu.as_slice::<half::f16>().ok()?[vo..]),
                     q,
                     &shape,
                     subset,
                 ),
-                DType::BF16 => attend_heads::<$ek, half::bf16>(
-                    $keys,
-                    &v_cpu.as_slice().ok()?[vo..],
+                DType::BF16 => attend_heads(
+                    &rows!($keys, &v_cpu.as_slice::<half::bf16>().ok()?[vo..]),
                     q,
                     &shape,
                     subset,
                 ),
-                DType::U8 if shape.blocks.1.is_some() => {
-                    attend_heads::<$ek, u8>($keys, &v_cpu.as_slice().ok()?[vo..], q, &shape, subset)
-                }
+                DType::U8 if blocks.1.is_some() => attend_heads(
+                    &rows!($keys, &v_cpu.as_slice::<u8>().ok()?[vo..]),
+                    q,
+                    &shape,
+                    subset,
+                ),
                 _ => return None,
             }
         };
     }
     let out = match k_buf.dtype() {
-        DType::F32 => with_values!(f32, &k_cpu.as_slice().ok()?[ko..]),
-        DType::F16 => with_values!(half::f16, &k_cpu.as_slice().ok()?[ko..]),
-        DType::BF16 => with_values!(half::bf16, &k_cpu.as_slice().ok()?[ko..]),
-        DType::U8 if shape.blocks.0.is_some() => with_values!(u8, &k_cpu.as_slice().ok()?[ko..]),
+        DType::F32 => with_values!(f32, &k_cpu.as_slice::<f32>().ok()?[ko..]),
+        DType::F16 => with_values!(half::f16, &k_cpu.as_slice::<half::f16>().ok()?[ko..]),
+        DType::BF16 => with_values!(half::bf16, &k_cpu.as_slice::<half::bf16>().ok()?[ko..]),
+        DType::U8 if blocks.0.is_some() => with_values!(u8, &k_cpu.as_slice::<u8>().ok()?[ko..]),
         _ => return None,
     };
     let (out, probs) = out;
@@ -99,17 +117,52 @@ pub fn attend_one(
 /// The sizes [`attend_heads`] works with.
 struct Shape {
     hkv: usize,
-    /// Entries the buffers have room for per head (head `h`'s rows start at `h·cap`).
-    cap: usize,
     d: usize,
-    /// Buffer elements per stored key row and value row: `d`, or its blocks' bytes.
-    widths: (usize, usize),
-    /// The block formats of quantized keys and values.
-    blocks: (Option<Blocks>, Option<Blocks>),
     /// Entries held per head.
     n: usize,
     group: usize,
     scale: f32,
+}
+
+/// Where [`attend_heads`] reads the key and value of entry `j` of cache head `h`, as f32: in place
+/// when stored as f32, else converted (or dequantized) into `buf`.
+trait CacheRows: Sync {
+    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32];
+    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32];
+}
+
+/// The cache's own buffers: head `h`'s rows start at `h·cap`; a row is `widths` elements (`d`
+/// values, or its blocks' bytes).
+struct Buffers<'a, K, V> {
+    k: &'a [K],
+    v: &'a [V],
+    cap: usize,
+    widths: (usize, usize),
+    blocks: (Option<Blocks>, Option<Blocks>),
+}
+
+impl<K: Stored, V: Stored> CacheRows for Buffers<'_, K, V> {
+    #[inline(always)]
+    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let w = self.widths.0;
+        K::as_f32(&self.k[(h * self.cap + j) * w..][..w], self.blocks.0, buf)
+    }
+
+    #[inline(always)]
+    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let w = self.widths.1;
+        V::as_f32(&self.v[(h * self.cap + j) * w..][..w], self.blocks.1, buf)
+    }
+}
+
+impl CacheRows for crate::cache::kivi::KiviStore {
+    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        crate::cache::kivi::KiviStore::key(self, h, j, buf)
+    }
+
+    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        crate::cache::kivi::KiviStore::value(self, h, j, buf)
+    }
 }
 
 /// An element type the cache stores, read back as f32 a row at a time.
@@ -154,21 +207,17 @@ impl Stored for u8 {
     }
 }
 
-/// Every cache head's attention (see [`attend_one`]) over keys stored as `K` and values as `V`: the output `[heads·d]` and
-/// the probabilities `[kv_heads, group, n]`.
-fn attend_heads<K: Stored, V: Stored>(
-    k_all: &[K],
-    v_all: &[V],
+/// Every cache head's attention (see [`attend_one`]) over the rows `rows` reads: the output
+/// `[heads·d]` and the probabilities `[kv_heads, group, n]`.
+fn attend_heads<R: CacheRows>(
+    rows: &R,
     q: &[f32],
     s: &Shape,
     subset: Option<&[Vec<usize>]>,
 ) -> (Vec<f32>, Vec<f32>) {
     let Shape {
         hkv,
-        cap,
         d,
-        widths: (wk, wv),
-        blocks: (kb, vb),
         n,
         group,
         scale,
@@ -186,16 +235,13 @@ fn attend_heads<K: Stored, V: Stored>(
     crate::parallel::for_each_init_on_team(hkv, init, |(acc, conv), h| {
         let mut slot = slices[h].lock().unwrap_or_else(|e| e.into_inner());
         let (o_h, p_h) = &mut *slot;
-        let keys = &k_all[h * cap * wk..(h * cap + n) * wk];
-        let values = &v_all[h * cap * wv..(h * cap + n) * wv];
         if let Some(sub) = subset {
-            let rows = ((keys, wk, kb), (values, wv, vb));
-            attend_subset(q, h, (group, d, scale), rows, &sub[h], p_h, o_h);
+            attend_subset(rows, q, h, (group, d, scale), &sub[h], p_h, o_h);
             return;
         }
         // 1. Scores of every query head of the group, reading each key once.
-        for (j, key) in keys.chunks_exact(wk).enumerate() {
-            let key = K::as_f32(key, kb, conv);
+        for j in 0..n {
+            let key = rows.key(h, j, conv);
             for r in 0..group {
                 let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
                 p_h[r * n + j] = dot(qr, key) * scale;
@@ -216,8 +262,8 @@ fn attend_heads<K: Stored, V: Stored>(
         // 3. Weighted values, reading each value once, accumulated in f64 (order-independent).
         acc.clear();
         acc.resize(group * d, 0.0);
-        for (j, value) in values.chunks_exact(wv).enumerate() {
-            let value = V::as_f32(value, vb, conv);
+        for j in 0..n {
+            let value = rows.value(h, j, conv);
             for r in 0..group {
                 add_scaled(&mut acc[r * d..(r + 1) * d], p_h[r * n + j] as f64, value);
             }
@@ -232,14 +278,11 @@ fn attend_heads<K: Stored, V: Stored>(
 
 /// One cache head's attention over the entries `idx` only: scores, softmax over them, weighted values.
 /// `p_h` (`[group][n]`) receives the probabilities, zero elsewhere.
-/// Rows of one head's keys or values: the buffer, its elements per row, its block format.
-type Rows<'a, E> = (&'a [E], usize, Option<Blocks>);
-
-fn attend_subset<K: Stored, V: Stored>(
+fn attend_subset<R: CacheRows>(
+    rows: &R,
     q: &[f32],
     h: usize,
     (group, d, scale): (usize, usize, f32),
-    ((keys, wk, kb), (values, wv, vb)): (Rows<'_, K>, Rows<'_, V>),
     idx: &[usize],
     p_h: &mut [f32],
     o_h: &mut [f32],
@@ -250,14 +293,13 @@ fn attend_subset<K: Stored, V: Stored>(
         let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
         let mut s: Vec<f32> = idx
             .iter()
-            .map(|&j| dot(qr, K::as_f32(&keys[j * wk..(j + 1) * wk], kb, &mut row)) * scale)
+            .map(|&j| dot(qr, rows.key(h, j, &mut row)) * scale)
             .collect();
         crate::policy::score::softmax(&mut s);
         let mut acc = vec![0f64; d];
         for (&j, &p) in idx.iter().zip(&s) {
             p_h[r * n + j] = p;
-            let value = V::as_f32(&values[j * wv..(j + 1) * wv], vb, &mut row);
-            add_scaled(&mut acc, p as f64, value);
+            add_scaled(&mut acc, p as f64, rows.value(h, j, &mut row));
         }
         for (o, a) in o_h[r * d..(r + 1) * d].iter_mut().zip(acc) {
             *o = a as f32;

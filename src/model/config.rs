@@ -67,10 +67,11 @@ impl ModelConfig {
         self.num_heads / self.num_kv_heads
     }
 
-    /// Bytes of keys and values one cached token costs across all layers, stored as `kv`: what a
-    /// full cache of that type holds per token (the reference of every KV ratio).
-    pub fn kv_bytes_per_token(&self, kv: crate::cache::KvType) -> usize {
-        self.num_layers * self.num_kv_heads * kv.entry_row_bytes(self.head_dim)
+    /// Bytes of keys and values a full cache of `entries` tokens holds across all layers, stored
+    /// as `kv` (the reference of every KV ratio): entries times a token's bytes, except under KIVI,
+    /// whose full-precision window costs more than its packed entries.
+    pub fn kv_bytes(&self, kv: crate::cache::KvType, entries: usize) -> usize {
+        self.num_layers * self.num_kv_heads * kv.head_bytes(entries, self.head_dim)
     }
 
     /// Checks the invariants the forward pass relies on.

@@ -107,11 +107,11 @@ impl Model {
         } else {
             "the GPU's"
         };
-        let per_token = self
+        let per_sequence = self
             .transformer
             .config
-            .kv_bytes_per_token(self.transformer.kv_type()) as u128;
-        let need = batch as u128 * tokens as u128 * per_token;
+            .kv_bytes(self.transformer.kv_type(), tokens) as u128;
+        let need = batch as u128 * per_sequence;
         if need > total as u128 {
             return Err(Error::Input(format!(
                 "{flag}: {batch} sequences of {tokens} tokens need {:.1} GiB of KV cache without compression, more than {where_} {:.1} GiB",

@@ -1,0 +1,403 @@
+//! KIVI's asymmetric low-bit cache (Liu et al., 2024, "KIVI: A Tuning-Free Asymmetric 2bit
+//! Quantization for KV Cache"): keys quantized per channel over groups of [`GROUP`] tokens, values per
+//! token over groups of [`GROUP`] channels, both as `x ≈ q·s + m` with `q` in `0..2^bits` and the
+//! scale `s` and minimum `m` in f16; the most recent entries stay in a full-precision window (f16).
+//!
+//! Why a storage of its own: a key's scales belong to its group of tokens, not to its row, so rows are
+//! not self-contained as in the block formats of [`super::quant`]. Each head keeps its rows in storage
+//! order, each either in the window (f16) or packed (codes, plus the value's own scales and the index
+//! of its key group), and a table of key groups (per channel scale and minimum).
+//!
+//! Rules (kvbench's; KIVI itself never evicts):
+//! - **Window.** Entries are appended in f16. When a head holds `window + GROUP` entries in f16, the
+//!   [`GROUP`] oldest of them (smallest positions) are quantized together: their keys per channel
+//!   as one group, their values each per token. A head therefore keeps between `window` and
+//!   `window + GROUP − 1` recent entries in full precision once it has that many. (KIVI's reference
+//!   code flushes its whole key residual when it reaches the window and quantizes values one at a time;
+//!   here both leave in groups, so keys and values share one window.)
+//! - **Eviction.** A policy may evict any entry, packed or not. A packed key is read with its group's
+//!   scales, which stay as long as any member of the group is held; a group with no member left is
+//!   freed. Evicting from the window shrinks it; it refills from new entries.
+//! - **Bytes**, exact for this layout: a window entry 4·d (f16 key and value); a packed entry
+//!   2·d·bits/8 of codes, 4 bytes per 32 values of the value's scale and minimum, and 4 bytes for its
+//!   group's index; a live key group 4·d (f16 scale and minimum per channel).
+
+use half::f16;
+
+/// Tokens per key group and channels per value group (KIVI's default group size).
+pub const GROUP: usize = 32;
+
+/// The full-precision window when none is named (KIVI's default residual length).
+pub const DEFAULT_WINDOW: usize = 128;
+
+/// Bytes of one packed entry of one head (`d` values of key and value), its group's scales apart.
+pub fn packed_entry_bytes(bits: u8, d: usize) -> usize {
+    2 * d * bits as usize / 8 + d / GROUP * 4 + 4
+}
+
+/// Bytes of one full-precision (window) entry of one head.
+pub fn window_entry_bytes(d: usize) -> usize {
+    4 * d
+}
+
+/// Bytes of one key group of one head: an f16 scale and minimum per channel.
+pub fn group_bytes(d: usize) -> usize {
+    4 * d
+}
+
+/// Exact bytes one head of a full cache (nothing evicted) holds at `entries` entries.
+pub fn full_head_bytes(bits: u8, window: usize, d: usize, entries: usize) -> usize {
+    let packed = if entries < window + GROUP {
+        0
+    } else {
+        (entries - window) / GROUP * GROUP
+    };
+    (entries - packed) * window_entry_bytes(d)
+        + packed * packed_entry_bytes(bits, d)
+        + packed / GROUP * group_bytes(d)
+}
+
+/// One stored entry of one head.
+#[derive(Debug, Clone)]
+enum Row {
+    /// In the window: key and value in f16.
+    Window { k: Box<[f16]>, v: Box<[f16]> },
+    /// Quantized: key codes (scales in `groups[group]`), value scales and minima then codes.
+    Packed {
+        group: u32,
+        k: Box<[u8]>,
+        v: Box<[u8]>,
+    },
+}
+
+/// A key group's per-channel scales and minima, and how many held entries use it.
+#[derive(Debug, Clone)]
+struct KeyGroup {
+    scale: Box<[f16]>,
+    min: Box<[f16]>,
+    live: u32,
+}
+
+/// One KV head's entries in storage order and its key groups.
+#[derive(Debug, Clone, Default)]
+struct Head {
+    rows: Vec<Row>,
+    groups: Vec<KeyGroup>,
+    free: Vec<u32>,
+    in_window: usize,
+    live_groups: usize,
+}
+
+/// A layer's keys and values in KIVI's layout, for every KV head.
+#[derive(Debug, Clone)]
+pub struct KiviStore {
+    bits: u8,
+    window: usize,
+    d: usize,
+    heads: Vec<Head>,
+}
+
+impl KiviStore {
+    pub fn new(bits: u8, window: usize, kv_heads: usize, d: usize) -> Self {
+        KiviStore {
+            bits,
+            window,
+            d,
+            heads: vec![Head::default(); kv_heads],
+        }
+    }
+
+    /// Exact bytes held, all heads.
+    pub fn bytes(&self) -> usize {
+        let d = self.d;
+        self.heads
+            .iter()
+            .map(|h| {
+                h.in_window * window_entry_bytes(d)
+                    + (h.rows.len() - h.in_window) * packed_entry_bytes(self.bits, d)
+                    + h.live_groups * group_bytes(d)
+            })
+            .sum()
+    }
+
+    /// Entries of head `h` held in full precision.
+    pub fn in_window(&self, h: usize) -> usize {
+        self.heads[h].in_window
+    }
+
+    /// Appends head `h`'s new entries (`keys`, `values`: `[t][d]`) in f16, then quantizes what
+    /// leaves the window; `positions` are the head's positions after the append (storage order).
+    pub fn append(&mut self, h: usize, keys: &[f32], values: &[f32], positions: &[u32]) {
+        let d = self.d;
+        let head = &mut self.heads[h];
+        for (k, v) in keys.chunks_exact(d).zip(values.chunks_exact(d)) {
+            head.rows.push(Row::Window {
+                k: k.iter().map(|&x| f16::from_f32(x)).collect(),
+                v: v.iter().map(|&x| f16::from_f32(x)).collect(),
+            });
+            head.in_window += 1;
+        }
+        while self.heads[h].in_window >= self.window + GROUP {
+            self.quantize_oldest(h, positions);
+        }
+    }
+
+    /// Quantizes the [`GROUP`] window entries of head `h` with the smallest positions.
+    fn quantize_oldest(&mut self, h: usize, positions: &[u32]) {
+        let (bits, d) = (self.bits, self.d);
+        let head = &mut self.heads[h];
+        let mut oldest: Vec<usize> = (0..head.rows.len())
+            .filter(|&j| matches!(head.rows[j], Row::Window { .. }))
+            .collect();
+        oldest.sort_by_key(|&j| (positions[j], j));
+        oldest.truncate(GROUP);
+        // Keys: per channel over the group's tokens.
+        let mut lo = vec![f32::INFINITY; d];
+        let mut hi = vec![f32::NEG_INFINITY; d];
+        for &j in &oldest {
+            if let Row::Window { k, .. } = &head.rows[j] {
+                for (c, x) in k.iter().enumerate() {
+                    lo[c] = lo[c].min(x.to_f32());
+                    hi[c] = hi[c].max(x.to_f32());
+                }
+            }
+        }
+        let (scale, min): (Vec<f16>, Vec<f16>) = lo
+            .iter()
+            .zip(&hi)
+            .map(|(&l, &u)| scale_and_min(l, u, bits))
+            .unzip();
+        let group = KeyGroup {
+            scale: scale.into(),
+            min: min.into(),
+            live: oldest.len() as u32,
+        };
+        let g = match head.free.pop() {
+            Some(g) => {
+                head.groups[g as usize] = group;
+                g
+            }
+            None => {
+                head.groups.push(group);
+                (head.groups.len() - 1) as u32
+            }
+        };
+        head.live_groups += 1;
+        let kg = &head.groups[g as usize];
+        let mut x = vec![0f32; d];
+        for &j in &oldest {
+            let Row::Window { k, v } = &head.rows[j] else {
+                continue;
+            };
+            let mut kc = vec![0u8; d * bits as usize / 8];
+            for c in 0..d {
+                let (s, m) = (kg.scale[c].to_f32(), kg.min[c].to_f32());
+                put_code(&mut kc, bits, c, code(k[c].to_f32(), s, m, bits));
+            }
+            for (o, y) in x.iter_mut().zip(v.iter()) {
+                *o = y.to_f32();
+            }
+            let vc = pack_value(&x, bits);
+            head.rows[j] = Row::Packed {
+                group: g,
+                k: kc.into(),
+                v: vc.into(),
+            };
+        }
+        head.in_window -= oldest.len();
+    }
+
+    /// Key of entry `j` of head `h`, as f32, into `buf`.
+    pub fn key<'a>(&self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let (bits, d) = (self.bits, self.d);
+        let head = &self.heads[h];
+        buf.clear();
+        match &head.rows[j] {
+            Row::Window { k, .. } => buf.extend(k.iter().map(|x| x.to_f32())),
+            Row::Packed { group, k, .. } => {
+                let g = &head.groups[*group as usize];
+                buf.extend((0..d).map(|c| {
+                    get_code(k, bits, c) as f32 * g.scale[c].to_f32() + g.min[c].to_f32()
+                }));
+            }
+        }
+        buf
+    }
+
+    /// Value of entry `j` of head `h`, as f32, into `buf`.
+    pub fn value<'a>(&self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        buf.clear();
+        match &self.heads[h].rows[j] {
+            Row::Window { v, .. } => buf.extend(v.iter().map(|x| x.to_f32())),
+            Row::Packed { v, .. } => unpack_value(v, self.bits, self.d, buf),
+        }
+        buf
+    }
+
+    /// Keeps, for every head, the entries `kept[h]` in that order (indices checked by the caller).
+    /// A packed entry keeps its group's scales; groups left without members are freed.
+    pub fn gather(&mut self, kept: &[Vec<usize>]) {
+        for (head, idx) in self.heads.iter_mut().zip(kept) {
+            let rows: Vec<Row> = idx.iter().map(|&j| head.rows[j].clone()).collect();
+            head.rows = rows;
+            for g in head.groups.iter_mut() {
+                g.live = 0;
+            }
+            head.in_window = 0;
+            for r in &head.rows {
+                match r {
+                    Row::Window { .. } => head.in_window += 1,
+                    Row::Packed { group, .. } => head.groups[*group as usize].live += 1,
+                }
+            }
+            head.free.clear();
+            head.live_groups = 0;
+            for (i, g) in head.groups.iter_mut().enumerate() {
+                if g.live == 0 {
+                    g.scale = Box::default();
+                    g.min = Box::default();
+                    head.free.push(i as u32);
+                } else {
+                    head.live_groups += 1;
+                }
+            }
+        }
+    }
+}
+
+/// The f16 scale and minimum of values in `[lo, hi]` at `bits` bits: `s = (hi − lo) / (2^bits − 1)`.
+fn scale_and_min(lo: f32, hi: f32, bits: u8) -> (f16, f16) {
+    let levels = ((1u32 << bits) - 1) as f32;
+    (f16::from_f32((hi - lo) / levels), f16::from_f32(lo))
+}
+
+/// The code of `x` under scale `s` and minimum `m` (both as stored), rounded to the nearest level.
+fn code(x: f32, s: f32, m: f32, bits: u8) -> u8 {
+    let top = ((1u32 << bits) - 1) as f32;
+    if s <= 0.0 {
+        return 0;
+    }
+    ((x - m) / s).round().clamp(0.0, top) as u8
+}
+
+fn put_code(codes: &mut [u8], bits: u8, i: usize, q: u8) {
+    let bit = i * bits as usize;
+    codes[bit / 8] |= q << (bit % 8);
+}
+
+#[inline(always)]
+fn get_code(codes: &[u8], bits: u8, i: usize) -> u8 {
+    let bit = i * bits as usize;
+    (codes[bit / 8] >> (bit % 8)) & ((1u8 << bits) - 1)
+}
+
+/// A value row per token: for every [`GROUP`] channels an f16 scale and minimum, then the codes.
+fn pack_value(x: &[f32], bits: u8) -> Vec<u8> {
+    let d = x.len();
+    let head = d / GROUP * 4;
+    let mut out = vec![0u8; head + d * bits as usize / 8];
+    for (g, chunk) in x.chunks_exact(GROUP).enumerate() {
+        let lo = chunk.iter().copied().fold(f32::INFINITY, f32::min);
+        let hi = chunk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let (s, m) = scale_and_min(lo, hi, bits);
+        out[g * 4..g * 4 + 2].copy_from_slice(&s.to_le_bytes());
+        out[g * 4 + 2..g * 4 + 4].copy_from_slice(&m.to_le_bytes());
+        let (s, m) = (s.to_f32(), m.to_f32());
+        for (c, &v) in chunk.iter().enumerate() {
+            put_code(&mut out[head..], bits, g * GROUP + c, code(v, s, m, bits));
+        }
+    }
+    out
+}
+
+fn unpack_value(row: &[u8], bits: u8, d: usize, out: &mut Vec<f32>) {
+    let head = d / GROUP * 4;
+    for g in 0..d / GROUP {
+        let s = f16::from_le_bytes([row[g * 4], row[g * 4 + 1]]).to_f32();
+        let m = f16::from_le_bytes([row[g * 4 + 2], row[g * 4 + 3]]).to_f32();
+        out.extend((0..GROUP).map(|c| get_code(&row[head..], bits, g * GROUP + c) as f32 * s + m));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..n * d).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+    }
+
+    #[test]
+    fn the_window_stays_full_precision_and_older_entries_leave_in_groups() {
+        let (d, window) = (64, 8);
+        let mut s = KiviStore::new(2, window, 1, d);
+        let n = 50;
+        let (k, v) = (rows(n, d, 1), rows(n, d, 2));
+        let pos: Vec<u32> = (0..n as u32).collect();
+        for i in 0..n {
+            let p = &pos[..=i];
+            s.append(0, &k[i * d..(i + 1) * d], &v[i * d..(i + 1) * d], p);
+        }
+        // 50 = 32 packed (one group, reached at 8 + 32 = 40) + 18 in the window.
+        assert_eq!(s.in_window(0), 18);
+        let want = 18 * window_entry_bytes(d) + 32 * packed_entry_bytes(2, d) + group_bytes(d);
+        assert_eq!(s.bytes(), want);
+        assert_eq!(full_head_bytes(2, window, d, n), want);
+        let mut buf = Vec::new();
+        // Window entries read back as f16 rounds them.
+        let j = 45;
+        let back = s.key(0, j, &mut buf).to_vec();
+        for (a, b) in back.iter().zip(&k[j * d..(j + 1) * d]) {
+            assert_eq!(*a, f16::from_f32(*b).to_f32());
+        }
+        // Packed keys and values are within half a quantization step (plus f16 rounding).
+        for j in 0..32 {
+            let kb = s.key(0, j, &mut buf).to_vec();
+            for (c, (a, b)) in kb.iter().zip(&k[j * d..(j + 1) * d]).enumerate() {
+                let (lo, hi) = (0..32)
+                    .map(|i| k[i * d + c])
+                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), x| {
+                        (l.min(x), h.max(x))
+                    });
+                assert!((a - b).abs() <= (hi - lo) / 3.0 * 0.5 + 0.01, "key {j},{c}");
+            }
+            let vb = s.value(0, j, &mut buf).to_vec();
+            for (a, b) in vb.iter().zip(&v[j * d..(j + 1) * d]) {
+                assert!((a - b).abs() <= 4.0 / 3.0 * 0.5 + 0.01, "value {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn evicting_keeps_a_groups_scales_while_a_member_lives() {
+        let (d, window) = (32, 4);
+        let mut s = KiviStore::new(4, window, 2, d);
+        let n = 40; // one group of 32 packed, 8 in the window
+        let (k, v) = (rows(n, d, 3), rows(n, d, 4));
+        let pos: Vec<u32> = (0..n as u32).collect();
+        for h in 0..2 {
+            s.append(h, &k, &v, &pos);
+        }
+        let mut buf = Vec::new();
+        let before = s.key(0, 5, &mut buf).to_vec();
+        // Head 0 keeps one packed entry and two window entries; head 1 only window entries.
+        s.gather(&[vec![39, 5, 36], vec![33, 34, 35]]);
+        assert_eq!(
+            s.key(0, 1, &mut buf),
+            &before[..],
+            "same scales after eviction"
+        );
+        assert_eq!(s.in_window(0), 2);
+        assert_eq!(s.in_window(1), 3);
+        let head0 = 2 * window_entry_bytes(d) + packed_entry_bytes(4, d) + group_bytes(d);
+        assert_eq!(s.bytes(), head0 + 3 * window_entry_bytes(d));
+        // Head 1's group is freed and reused by the next group it packs.
+        assert_eq!(s.heads[1].live_groups, 0);
+        let after: Vec<u32> = (33..36).chain(40..75).collect();
+        s.append(1, &k[..35 * d], &v[..35 * d], &after);
+        assert_eq!(s.heads[1].groups.len(), 1, "the freed slot is reused");
+        assert_eq!(s.in_window(1), 38 - 32);
+    }
+}

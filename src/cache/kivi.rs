@@ -57,35 +57,48 @@ pub fn full_head_bytes(bits: u8, window: usize, d: usize, entries: usize) -> usi
         + packed / GROUP * group_bytes(d)
 }
 
-/// One stored entry of one head.
-#[derive(Debug, Clone)]
-enum Row {
-    /// In the window: key and value in f16.
-    Window { k: Box<[f16]>, v: Box<[f16]> },
-    /// Quantized: key codes (scales in `groups[group]`), value scales and minima then codes.
-    Packed {
-        group: u32,
-        k: Box<[u8]>,
-        v: Box<[u8]>,
-    },
+/// Where entry `j` of a head lives: row `index` of the window's rows or of the packed rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Window(u32),
+    Packed(u32),
 }
 
-/// A key group's per-channel scales and minima, and how many held entries use it.
+/// A key group's per-channel scales and minima, and how many held entries use it. The values are
+/// f16 (what [`group_bytes`] counts); they are kept widened to f32 so that a key is read without
+/// converting them each time.
 #[derive(Debug, Clone)]
 struct KeyGroup {
-    scale: Box<[f16]>,
-    min: Box<[f16]>,
+    scale: Box<[f32]>,
+    min: Box<[f32]>,
     live: u32,
 }
 
-/// One KV head's entries in storage order and its key groups.
+/// One KV head: its entries in storage order, the window's rows (f16 keys and values, `d` each) and
+/// the packed rows (key codes; value scales, minima and codes; the key group) each in one contiguous
+/// buffer, mostly in storage order (appends go last, a gather rebuilds them in the kept order), and
+/// its key groups.
 #[derive(Debug, Clone, Default)]
 struct Head {
-    rows: Vec<Row>,
+    slots: Vec<Slot>,
+    window_k: Vec<f16>,
+    window_v: Vec<f16>,
+    packed_k: Vec<u8>,
+    packed_v: Vec<u8>,
+    packed_group: Vec<u32>,
     groups: Vec<KeyGroup>,
     free: Vec<u32>,
-    in_window: usize,
     live_groups: usize,
+}
+
+impl Head {
+    fn in_window(&self, d: usize) -> usize {
+        self.window_k.len() / d
+    }
+
+    fn packed(&self) -> usize {
+        self.packed_group.len()
+    }
 }
 
 /// A layer's keys and values in KIVI's layout, for every KV head.
@@ -94,6 +107,9 @@ pub struct KiviStore {
     bits: u8,
     window: usize,
     d: usize,
+    /// Bytes of a packed key's codes, and of a packed value (scales, minima, codes).
+    key_bytes: usize,
+    value_bytes: usize,
     heads: Vec<Head>,
 }
 
@@ -103,6 +119,8 @@ impl KiviStore {
             bits,
             window,
             d,
+            key_bytes: d * bits as usize / 8,
+            value_bytes: d / GROUP * 4 + d * bits as usize / 8,
             heads: vec![Head::default(); kv_heads],
         }
     }
@@ -113,8 +131,8 @@ impl KiviStore {
         self.heads
             .iter()
             .map(|h| {
-                h.in_window * window_entry_bytes(d)
-                    + (h.rows.len() - h.in_window) * packed_entry_bytes(self.bits, d)
+                h.in_window(d) * window_entry_bytes(d)
+                    + h.packed() * packed_entry_bytes(self.bits, d)
                     + h.live_groups * group_bytes(d)
             })
             .sum()
@@ -122,7 +140,7 @@ impl KiviStore {
 
     /// Entries of head `h` held in full precision.
     pub fn in_window(&self, h: usize) -> usize {
-        self.heads[h].in_window
+        self.heads[h].in_window(self.d)
     }
 
     /// Appends head `h`'s new entries (`keys`, `values`: `[t][d]`) in f16, then quantizes what
@@ -131,42 +149,59 @@ impl KiviStore {
         let d = self.d;
         let head = &mut self.heads[h];
         for (k, v) in keys.chunks_exact(d).zip(values.chunks_exact(d)) {
-            head.rows.push(Row::Window {
-                k: k.iter().map(|&x| f16::from_f32(x)).collect(),
-                v: v.iter().map(|&x| f16::from_f32(x)).collect(),
-            });
-            head.in_window += 1;
+            head.slots.push(Slot::Window(head.in_window(d) as u32));
+            head.window_k.extend(k.iter().map(|&x| f16::from_f32(x)));
+            head.window_v.extend(v.iter().map(|&x| f16::from_f32(x)));
         }
-        while self.heads[h].in_window >= self.window + GROUP {
+        while self.heads[h].in_window(d) >= self.window + GROUP {
             self.quantize_oldest(h, positions);
         }
     }
 
-    /// Quantizes the [`GROUP`] window entries of head `h` with the smallest positions.
+    /// Quantizes the [`GROUP`] window entries of head `h` with the smallest positions: their keys
+    /// as one group, their values each on its own; the window's rows are then compacted.
     fn quantize_oldest(&mut self, h: usize, positions: &[u32]) {
         let (bits, d) = (self.bits, self.d);
         let head = &mut self.heads[h];
-        let mut oldest: Vec<usize> = (0..head.rows.len())
-            .filter(|&j| matches!(head.rows[j], Row::Window { .. }))
+        let mut oldest: Vec<usize> = (0..head.slots.len())
+            .filter(|&j| matches!(head.slots[j], Slot::Window(_)))
             .collect();
         oldest.sort_by_key(|&j| (positions[j], j));
         oldest.truncate(GROUP);
+        oldest.sort_unstable();
+        let row = |j: usize| match head.slots[j] {
+            Slot::Window(w) => w as usize * d..(w as usize + 1) * d,
+            Slot::Packed(_) => unreachable!("only window entries are chosen"),
+        };
         // Keys: per channel over the group's tokens.
         let mut lo = vec![f32::INFINITY; d];
         let mut hi = vec![f32::NEG_INFINITY; d];
         for &j in &oldest {
-            if let Row::Window { k, .. } = &head.rows[j] {
-                for (c, x) in k.iter().enumerate() {
-                    lo[c] = lo[c].min(x.to_f32());
-                    hi[c] = hi[c].max(x.to_f32());
-                }
+            for (c, x) in head.window_k[row(j)].iter().enumerate() {
+                lo[c] = lo[c].min(x.to_f32());
+                hi[c] = hi[c].max(x.to_f32());
             }
         }
-        let (scale, min): (Vec<f16>, Vec<f16>) = lo
+        let (scale, min): (Vec<f32>, Vec<f32>) = lo
             .iter()
             .zip(&hi)
-            .map(|(&l, &u)| scale_and_min(l, u, bits))
+            .map(|(&l, &u)| {
+                let (s, m) = scale_and_min(l, u, bits);
+                (s.to_f32(), m.to_f32())
+            })
             .unzip();
+        let mut x = vec![0f32; d];
+        let mut packed_k = Vec::with_capacity(oldest.len() * self.key_bytes);
+        let mut packed_v = Vec::with_capacity(oldest.len() * self.value_bytes);
+        for &j in &oldest {
+            let mut kc = vec![0u8; self.key_bytes];
+            for (c, y) in head.window_k[row(j)].iter().enumerate() {
+                put_code(&mut kc, bits, c, code(y.to_f32(), scale[c], min[c], bits));
+            }
+            packed_k.extend_from_slice(&kc);
+            widen(&head.window_v[row(j)], &mut x);
+            packed_v.extend_from_slice(&pack_value(&x, bits));
+        }
         let group = KeyGroup {
             scale: scale.into(),
             min: min.into(),
@@ -183,84 +218,107 @@ impl KiviStore {
             }
         };
         head.live_groups += 1;
-        let kg = &head.groups[g as usize];
-        let mut x = vec![0f32; d];
-        for &j in &oldest {
-            let Row::Window { k, v } = &head.rows[j] else {
-                continue;
-            };
-            let mut kc = vec![0u8; d * bits as usize / 8];
-            for c in 0..d {
-                let (s, m) = (kg.scale[c].to_f32(), kg.min[c].to_f32());
-                put_code(&mut kc, bits, c, code(k[c].to_f32(), s, m, bits));
-            }
-            for (o, y) in x.iter_mut().zip(v.iter()) {
-                *o = y.to_f32();
-            }
-            let vc = pack_value(&x, bits);
-            head.rows[j] = Row::Packed {
-                group: g,
-                k: kc.into(),
-                v: vc.into(),
-            };
+        for (i, &j) in oldest.iter().enumerate() {
+            head.slots[j] = Slot::Packed((head.packed() + i) as u32);
         }
-        head.in_window -= oldest.len();
+        head.packed_k.extend_from_slice(&packed_k);
+        head.packed_v.extend_from_slice(&packed_v);
+        head.packed_group
+            .extend(std::iter::repeat_n(g, oldest.len()));
+        // The window's remaining rows, renumbered in storage order.
+        let (mut wk, mut wv) = (Vec::new(), Vec::new());
+        for slot in head.slots.iter_mut() {
+            if let Slot::Window(w) = *slot {
+                let r = w as usize * d..(w as usize + 1) * d;
+                *slot = Slot::Window((wk.len() / d) as u32);
+                wk.extend_from_slice(&head.window_k[r.clone()]);
+                wv.extend_from_slice(&head.window_v[r]);
+            }
+        }
+        head.window_k = wk;
+        head.window_v = wv;
     }
 
     /// Key of entry `j` of head `h`, as f32, into `buf`.
+    #[inline]
     pub fn key<'a>(&self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        let (bits, d) = (self.bits, self.d);
-        let head = &self.heads[h];
-        buf.clear();
-        match &head.rows[j] {
-            Row::Window { k, .. } => buf.extend(k.iter().map(|x| x.to_f32())),
-            Row::Packed { group, k, .. } => {
-                let g = &head.groups[*group as usize];
-                buf.extend((0..d).map(|c| {
-                    get_code(k, bits, c) as f32 * g.scale[c].to_f32() + g.min[c].to_f32()
-                }));
+        let (head, d) = (&self.heads[h], self.d);
+        buf.resize(d, 0.0);
+        match head.slots[j] {
+            Slot::Window(w) => widen(&head.window_k[w as usize * d..][..d], buf),
+            Slot::Packed(p) => {
+                let p = p as usize;
+                let g = &head.groups[head.packed_group[p] as usize];
+                let kb = self.key_bytes;
+                unpack(&head.packed_k[p * kb..(p + 1) * kb], self.bits, buf);
+                for ((x, s), m) in buf.iter_mut().zip(&*g.scale).zip(&*g.min) {
+                    *x = *x * s + m;
+                }
             }
         }
         buf
     }
 
     /// Value of entry `j` of head `h`, as f32, into `buf`.
+    #[inline]
     pub fn value<'a>(&self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        buf.clear();
-        match &self.heads[h].rows[j] {
-            Row::Window { v, .. } => buf.extend(v.iter().map(|x| x.to_f32())),
-            Row::Packed { v, .. } => unpack_value(v, self.bits, self.d, buf),
+        let (head, d) = (&self.heads[h], self.d);
+        buf.resize(d, 0.0);
+        match head.slots[j] {
+            Slot::Window(w) => widen(&head.window_v[w as usize * d..][..d], buf),
+            Slot::Packed(p) => {
+                let vb = self.value_bytes;
+                let p = p as usize;
+                unpack_value(&head.packed_v[p * vb..(p + 1) * vb], self.bits, buf)
+            }
         }
         buf
     }
 
-    /// Keeps, for every head, the entries `kept[h]` in that order (indices checked by the caller).
-    /// A packed entry keeps its group's scales; groups left without members are freed.
+    /// Keeps, for every head, the entries `kept[h]` in that order (indices checked by the caller),
+    /// its rows rebuilt in that order. A packed entry keeps its group's scales; groups left without
+    /// members are freed.
     pub fn gather(&mut self, kept: &[Vec<usize>]) {
+        let (d, kb, vb) = (self.d, self.key_bytes, self.value_bytes);
         for (head, idx) in self.heads.iter_mut().zip(kept) {
-            let rows: Vec<Row> = idx.iter().map(|&j| head.rows[j].clone()).collect();
-            head.rows = rows;
-            for g in head.groups.iter_mut() {
+            let mut new = Head {
+                groups: std::mem::take(&mut head.groups),
+                ..Head::default()
+            };
+            for g in new.groups.iter_mut() {
                 g.live = 0;
             }
-            head.in_window = 0;
-            for r in &head.rows {
-                match r {
-                    Row::Window { .. } => head.in_window += 1,
-                    Row::Packed { group, .. } => head.groups[*group as usize].live += 1,
+            for &j in idx {
+                match head.slots[j] {
+                    Slot::Window(w) => {
+                        let r = w as usize * d..(w as usize + 1) * d;
+                        new.slots.push(Slot::Window(new.in_window(d) as u32));
+                        new.window_k.extend_from_slice(&head.window_k[r.clone()]);
+                        new.window_v.extend_from_slice(&head.window_v[r]);
+                    }
+                    Slot::Packed(p) => {
+                        let p = p as usize;
+                        let g = head.packed_group[p];
+                        new.slots.push(Slot::Packed(new.packed() as u32));
+                        new.packed_k
+                            .extend_from_slice(&head.packed_k[p * kb..(p + 1) * kb]);
+                        new.packed_v
+                            .extend_from_slice(&head.packed_v[p * vb..(p + 1) * vb]);
+                        new.packed_group.push(g);
+                        new.groups[g as usize].live += 1;
+                    }
                 }
             }
-            head.free.clear();
-            head.live_groups = 0;
-            for (i, g) in head.groups.iter_mut().enumerate() {
+            for (i, g) in new.groups.iter_mut().enumerate() {
                 if g.live == 0 {
                     g.scale = Box::default();
                     g.min = Box::default();
-                    head.free.push(i as u32);
+                    new.free.push(i as u32);
                 } else {
-                    head.live_groups += 1;
+                    new.live_groups += 1;
                 }
             }
+            *head = new;
         }
     }
 }
@@ -310,12 +368,55 @@ fn pack_value(x: &[f32], bits: u8) -> Vec<u8> {
     out
 }
 
-fn unpack_value(row: &[u8], bits: u8, d: usize, out: &mut Vec<f32>) {
-    let head = d / GROUP * 4;
-    for g in 0..d / GROUP {
-        let s = f16::from_le_bytes([row[g * 4], row[g * 4 + 1]]).to_f32();
-        let m = f16::from_le_bytes([row[g * 4 + 2], row[g * 4 + 3]]).to_f32();
-        out.extend((0..GROUP).map(|c| get_code(&row[head..], bits, g * GROUP + c) as f32 * s + m));
+/// f16 values into `out` (its length), eight at a time where the CPU converts them (F16C).
+#[inline]
+fn widen(x: &[f16], out: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    x.convert_to_f32_slice(out);
+}
+
+/// Every byte's four 2-bit codes, and two 4-bit codes, as f32: a byte becomes one 16- or 8-byte copy.
+static CODES_2: std::sync::LazyLock<[[f32; 4]; 256]> = std::sync::LazyLock::new(|| {
+    std::array::from_fn(|b| std::array::from_fn(|i| ((b >> (2 * i)) & 3) as f32))
+});
+static CODES_4: std::sync::LazyLock<[[f32; 2]; 256]> = std::sync::LazyLock::new(|| {
+    std::array::from_fn(|b| std::array::from_fn(|i| ((b >> (4 * i)) & 15) as f32))
+});
+
+/// The codes of `codes` as f32 (`out.len()` of them), a byte at a time through a table.
+#[inline]
+fn unpack(codes: &[u8], bits: u8, out: &mut [f32]) {
+    match bits {
+        2 => {
+            let table = &*CODES_2;
+            for (o, &b) in out.chunks_exact_mut(4).zip(codes) {
+                o.copy_from_slice(&table[b as usize]);
+            }
+        }
+        4 => {
+            let table = &*CODES_4;
+            for (o, &b) in out.chunks_exact_mut(2).zip(codes) {
+                o.copy_from_slice(&table[b as usize]);
+            }
+        }
+        _ => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = get_code(codes, bits, i) as f32;
+            }
+        }
+    }
+}
+
+/// A value row ([`pack_value`]'s layout) as f32 into `out` (`d` values).
+#[inline]
+fn unpack_value(row: &[u8], bits: u8, out: &mut [f32]) {
+    let groups = out.len() / GROUP;
+    let (params, codes) = row.split_at(groups * 4);
+    unpack(codes, bits, out);
+    for (o, p) in out.chunks_exact_mut(GROUP).zip(params.chunks_exact(4)) {
+        let s = f16::from_le_bytes([p[0], p[1]]).to_f32();
+        let m = f16::from_le_bytes([p[2], p[3]]).to_f32();
+        o.iter_mut().for_each(|x| *x = *x * s + m);
     }
 }
 
@@ -395,6 +496,7 @@ mod tests {
         assert_eq!(s.bytes(), head0 + 3 * window_entry_bytes(d));
         // Head 1's group is freed and reused by the next group it packs.
         assert_eq!(s.heads[1].live_groups, 0);
+        assert_eq!(s.heads[1].free, vec![0]);
         let after: Vec<u32> = (33..36).chain(40..75).collect();
         s.append(1, &k[..35 * d], &v[..35 * d], &after);
         assert_eq!(s.heads[1].groups.len(), 1, "the freed slot is reused");

@@ -235,6 +235,37 @@ impl LayerCache {
         (&self.k, &self.v)
     }
 
+    /// Keys `rows` of head `h` as f32, `[rows.len()][head_dim]`: only those rows are read (and
+    /// converted from the stored type, or copied from the device).
+    pub fn key_rows(&self, h: usize, rows: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        if rows.end > self.len || h >= self.kv_heads {
+            candle_core::bail!(
+                "key_rows: rows {rows:?} of head {h} beyond {} entries",
+                self.len
+            );
+        }
+        let d = self.head_dim;
+        let mut out = Vec::with_capacity(rows.len() * d);
+        if let Some(store) = &self.kivi {
+            let mut buf = Vec::with_capacity(d);
+            for j in rows {
+                out.extend_from_slice(store.key(h, j, &mut buf));
+            }
+            return Ok(out);
+        }
+        let part = self.k.narrow(0, h, 1)?.narrow(1, rows.start, rows.len())?;
+        let Some(blocks) = self.kv_type.keys.blocks() else {
+            return part.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        };
+        let bytes = part.flatten_all()?.to_vec1::<u8>()?;
+        let mut vals = Vec::with_capacity(d);
+        for r in bytes.chunks_exact(blocks.row_bytes(d)) {
+            blocks.dequantize(r, &mut vals);
+            out.extend_from_slice(&vals);
+        }
+        Ok(out)
+    }
+
     /// Original positions of head `h`'s entries, in storage order.
     pub fn positions(&self, h: usize) -> &[u32] {
         &self.positions[h]
@@ -606,6 +637,25 @@ mod tests {
         let k = Tensor::ones((2, 1, 4), DType::F32, &Device::Cpu).unwrap();
         c.append(&k, &k, 20).unwrap();
         assert_eq!(c.positions(0), &[19, 10, 14, 20]);
+    }
+
+    #[test]
+    fn key_rows_reads_the_rows_keys_holds_in_every_type() {
+        let dev = Device::Cpu;
+        let n = 45;
+        let x: Vec<f32> = (0..2 * n * 32)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let x = Tensor::from_vec(x, (2, n, 32), &dev).unwrap();
+        for kv in ["f32", "f16", "q8_0", "q4_0/f16", "kivi2:4"] {
+            let mut c = LayerCache::new(2, 32, kv.parse().unwrap(), &dev).unwrap();
+            c.append(&x, &x, 0).unwrap();
+            let all = c.keys().unwrap().to_dtype(DType::F32).unwrap();
+            let want = all.get(1).unwrap().narrow(0, 40, 5).unwrap();
+            let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(c.key_rows(1, 40..45).unwrap(), want, "{kv}");
+            assert!(c.key_rows(1, 40..46).is_err(), "{kv}");
+        }
     }
 
     #[test]

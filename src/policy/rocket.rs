@@ -162,17 +162,23 @@ impl ChunkSummary {
         }
     }
 
-    /// Adds entries `covered..` of `keys` (`[n][d]`).
-    pub fn update(&mut self, keys: &[f32]) {
+    /// Entries summarised so far.
+    pub fn covered(&self) -> usize {
+        self.covered
+    }
+
+    /// Adds the entries that follow the ones summarised: `new` holds keys `covered..` (`[m][d]`).
+    pub fn extend(&mut self, new: &[f32]) {
         let (s, d) = (self.chunk, self.d);
-        let n = keys.len() / d;
-        for j in self.covered..n {
+        let first = self.covered;
+        let n = first + new.len() / d;
+        for j in first..n {
             let b = j / s;
             if b * d >= self.max.len() {
                 self.max.resize((b + 1) * d, f32::NEG_INFINITY);
                 self.min.resize((b + 1) * d, f32::INFINITY);
             }
-            let key = &keys[j * d..(j + 1) * d];
+            let key = &new[(j - first) * d..(j - first + 1) * d];
             let (mx, mn) = (
                 &mut self.max[b * d..(b + 1) * d],
                 &mut self.min[b * d..(b + 1) * d],
@@ -266,7 +272,7 @@ pub fn approximate_scores(
     dims: usize,
 ) -> Vec<f32> {
     let mut summary = ChunkSummary::new(chunk, d);
-    summary.update(keys);
+    summary.extend(keys);
     let per_chunk = summary.chunk_probs(q, dims);
     (0..keys.len() / d).map(|j| per_chunk[j / chunk]).collect()
 }
@@ -365,17 +371,16 @@ impl Policy for RocketKv {
         }
         // Stage 2 reads, per head, one bound (max or min) of each kept dimension of every chunk.
         self.last_read = heads * n.div_ceil(split.chunk) * split.dims * 4;
-        let picked = cache.with_host(|kv| {
-            summaries
-                .iter_mut()
-                .enumerate()
-                .map(|(h, summary)| {
-                    summary.update(kv.keys(h));
-                    let probs = summary.chunk_probs(&query[h * g * d..(h + 1) * g * d], split.dims);
-                    summary.top_tokens(&probs, split.top_k)
-                })
-                .collect()
-        })?;
+        // Only the keys appended since the last step are read (converted from the cache's type).
+        let picked = summaries
+            .iter_mut()
+            .enumerate()
+            .map(|(h, summary)| {
+                summary.extend(&cache.key_rows(h, summary.covered()..n)?);
+                let probs = summary.chunk_probs(&query[h * g * d..(h + 1) * g * d], split.dims);
+                Ok(summary.top_tokens(&probs, split.top_k))
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Some(picked))
     }
 
@@ -440,8 +445,8 @@ mod tests {
         assert_eq!(s[0], s[1], "chunk scores are broadcast to their tokens");
         // Incremental summaries equal a fresh one, and token top-k expands chunks in index order.
         let mut inc = ChunkSummary::new(2, 2);
-        inc.update(&keys[..6]);
-        inc.update(&keys);
+        inc.extend(&keys[..6]);
+        inc.extend(&keys[6..]);
         let probs = inc.chunk_probs(&q, 2);
         assert_eq!(inc.top_tokens(&probs, 3), vec![4, 5, 0]);
         assert_eq!(top_k(&s, 3), vec![4, 5, 0]);

@@ -79,13 +79,29 @@ mod process_edges {
     /// the write fails with an error that names the file and the run ends with a message. SIGTERM
     /// ends the process with a line saying what is kept: results are written a unit at a time and
     /// synced, so the directory resumes where it stopped.
+    /// Whether the command writes work units that a rerun resumes (`run`, `sweep`); other commands'
+    /// SIGTERM line says only that they were terminated.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    static RESUMABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn signals() {
+        let command = std::env::args_os()
+            .skip(1)
+            .find(|a| !a.to_string_lossy().starts_with('-'));
+        let resumable = command.is_some_and(|c| c == "run" || c == "sweep");
+        RESUMABLE.store(resumable, std::sync::atomic::Ordering::Relaxed);
         extern "C" fn on_term(_: libc::c_int) {
-            const MSG: &[u8] = b"\nkvbench: terminated (SIGTERM); every finished unit is kept: rerun the same command to resume\n";
-            // SAFETY: write(2) and _exit(2) are async-signal-safe; MSG is a static buffer.
+            const UNITS: &[u8] = b"\nkvbench: terminated (SIGTERM); every finished unit is kept: rerun the same command to resume\n";
+            const PLAIN: &[u8] = b"\nkvbench: terminated (SIGTERM)\n";
+            let msg = match RESUMABLE.load(std::sync::atomic::Ordering::Relaxed) {
+                true => UNITS,
+                false => PLAIN,
+            };
+            // SAFETY: an atomic load, write(2) and _exit(2) are async-signal-safe; the messages are
+            // static buffers.
             unsafe {
-                libc::write(2, MSG.as_ptr().cast(), MSG.len());
+                libc::write(2, msg.as_ptr().cast(), msg.len());
                 libc::_exit(143);
             }
         }

@@ -131,7 +131,11 @@ fn kv_bytes_of_a_full_cache_are_entries_times_the_layout() {
     let kivi: KvType = "kivi2:8".parse().unwrap();
     let head = 32 * (32 + 2 * 4 + 4) + 64 * 4 + 8 * 64 * 4;
     assert_eq!(config.kv_bytes(kivi, 40), 30 * 3 * head);
-    assert_eq!(config.kv_bytes(kivi, 39), 30 * 3 * 39 * 64 * 4, "all in the window");
+    assert_eq!(
+        config.kv_bytes(kivi, 39),
+        30 * 3 * 39 * 64 * 4,
+        "all in the window"
+    );
     // The last token is produced, not fed: the cache holds the prompt and the other 19.
     let entries = prompt.len() + 19;
     assert_eq!(g.kv_bytes_peak, entries * per_token);

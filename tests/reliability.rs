@@ -359,3 +359,37 @@ fn a_sweep_of_a_hundred_thousand_units_plans_in_seconds() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("the most one sweep plans"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn sigterm_ends_other_commands_without_promising_a_resume() {
+    let dir = temp("term-plain");
+    let running = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args([
+            "scaling",
+            "--model",
+            "random:tiny",
+            "--lengths",
+            "4000",
+            "--threads",
+            "1",
+            "--out",
+            dir.join("scaling").to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    Command::new("kill")
+        .args(["-TERM", &running.id().to_string()])
+        .status()
+        .unwrap();
+    let done = running.wait_with_output().unwrap();
+    assert_eq!(done.status.code(), Some(143));
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        err.contains("terminated (SIGTERM)") && !err.contains("resume") && !err.contains("unit"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

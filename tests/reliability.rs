@@ -30,6 +30,17 @@ fn slow_config(dir: &Path, units: usize) -> PathBuf {
     cfg
 }
 
+/// Sends SIGTERM to `child`, checks it ended with 143 (128 + SIGTERM) and returns its standard error.
+fn terminate(child: std::process::Child) -> String {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert_eq!(done.status.code(), Some(143));
+    String::from_utf8_lossy(&done.stderr).into_owned()
+}
+
 fn sweep(cfg: &Path, out: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kvbench"));
     c.args([
@@ -100,13 +111,7 @@ fn sigterm_ends_a_sweep_with_a_message_and_it_resumes() {
     let running = sweep(&cfg, &out).spawn().unwrap();
     let samples = out.join("samples.jsonl");
     wait_for_lines(&samples, 1);
-    Command::new("kill")
-        .args(["-TERM", &running.id().to_string()])
-        .status()
-        .unwrap();
-    let done = running.wait_with_output().unwrap();
-    assert_eq!(done.status.code(), Some(143));
-    let err = String::from_utf8_lossy(&done.stderr);
+    let err = terminate(running);
     assert!(
         err.contains("terminated (SIGTERM)") && err.contains("resume"),
         "{err}"
@@ -380,13 +385,7 @@ fn sigterm_ends_other_commands_without_promising_a_resume() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_secs(2));
-    Command::new("kill")
-        .args(["-TERM", &running.id().to_string()])
-        .status()
-        .unwrap();
-    let done = running.wait_with_output().unwrap();
-    assert_eq!(done.status.code(), Some(143));
-    let err = String::from_utf8_lossy(&done.stderr);
+    let err = terminate(running);
     assert!(
         err.contains("terminated (SIGTERM)") && !err.contains("resume") && !err.contains("unit"),
         "{err}"

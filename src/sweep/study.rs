@@ -303,6 +303,15 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     let load_start = std::time::Instant::now();
     let model = load_model(p, flags.tokenizer)?;
     let load_secs = load_start.elapsed().as_secs_f64();
+    // Every cache type of the grid fits the model's heads and the device (the model's own was
+    // checked at load).
+    for kv in p.plan.specs.iter().filter_map(|s| s.kv_type()) {
+        kv.check(
+            model.transformer.config.head_dim,
+            model.transformer.device(),
+        )
+        .map_err(|e| crate::Error::Input(format!("kv_types: {e}")))?;
+    }
     let (longest_prompt, mean_prompt) = crate::sweep::execute::check_context(&model, &p.plan)?;
     let per_set = p.plan.units.len() / p.plan.specs.len().max(1);
     model.check_batch_memory(

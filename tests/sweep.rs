@@ -587,6 +587,16 @@ fn a_kv_types_grid_runs_every_policy_in_every_storage_type() {
     let text = ok(&kvbench(&["report", ds]));
     assert!(text.contains("| KV type |"), "{text}");
     assert!(text.contains("| q8_0/f16 |"), "{text}");
+    // Rows are compared with the full cache of the finest type there is (f16 here): the full
+    // q8_0/f16 row too, so its Δ shows what its storage costs; the f16 full row is the reference.
+    let full_row = |t: &str| {
+        text.lines()
+            .find(|l| l.starts_with("| full |") && l.contains(&format!("| {t} |")))
+            .unwrap_or_else(|| panic!("no full {t} row: {text}"))
+            .to_string()
+    };
+    assert!(full_row("q8_0/f16").contains(" ["), "{text}");
+    assert!(!full_row("f16").contains(" ["), "{text}");
     // The accuracy-vs-memory plot has a point per full cache type and a line per (policy, type).
     let svg = std::fs::read_to_string(d.join("report").join("accuracy_vs_memory.svg")).unwrap();
     for label in [

@@ -93,6 +93,18 @@ impl KvElement {
         }
     }
 
+    /// Bits per value before scales: how finely the type holds a value (f32 32, 16-bit 16, Q8_0 8,
+    /// Q4_0 and KIVI-4 4, KIVI-2 2).
+    pub fn nominal_bits(self) -> u32 {
+        match self {
+            KvElement::F32 => 32,
+            KvElement::F16 | KvElement::Bf16 => 16,
+            KvElement::Q8_0 => 8,
+            KvElement::Q4_0 | KvElement::Kivi4 => 4,
+            KvElement::Kivi2 => 2,
+        }
+    }
+
     /// The name the flag, the config key and every record use.
     pub fn name(self) -> &'static str {
         match self {
@@ -185,6 +197,12 @@ impl KvType {
             crate::device::DeviceSpec::Cpu => KvType::F16,
             crate::device::DeviceSpec::Cuda(_) => KvType::BF16,
         }
+    }
+
+    /// Bits per key value plus bits per value value, before scales: the finer of two types holds
+    /// more (a report compares every row with the full cache of the finest type it has).
+    pub fn nominal_bits(self) -> u32 {
+        self.keys.nominal_bits() + self.values.nominal_bits()
     }
 
     /// Whether heads of `d` values can be stored as keys and as values.

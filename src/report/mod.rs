@@ -351,21 +351,30 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
             .push(r);
     }
     let groups: Vec<Vec<&SampleRecord>> = groups.into_values().collect();
-    // The full records of each model and data, for the comparisons: the exact (f32) cache's where
-    // there are some, so that a row of another storage type shows what the storage costs too; else
-    // the full cache of the row's own type; else the first.
+    // The full records of each model and data, for the comparisons: the full cache of the finest
+    // storage type there is (f32, the exact reference, where there are some; else 16 bits; ...), so
+    // that a row of a coarser type, full ones included, shows what the storage costs too. Among types
+    // equally fine, the row's own, else the first.
     let mut fulls: HashMap<(String, String), Vec<&Vec<&SampleRecord>>> = HashMap::new();
     for rs in groups.iter().filter(|rs| is_full(rs[0])) {
         let key = (rs[0].model.clone(), dataset_identity(&rs[0].dataset));
         fulls.entry(key).or_default().push(rs);
     }
-    let exact = KvType::F32.to_string();
+    let bits = |r: &SampleRecord| {
+        kv_type_of(r)
+            .parse::<KvType>()
+            .map_or(0, KvType::nominal_bits)
+    };
     let full_for = |rs: &[&SampleRecord]| -> Option<&Vec<&SampleRecord>> {
         let candidates = fulls.get(&(rs[0].model.clone(), dataset_identity(&rs[0].dataset)))?;
-        let of_type = |t: &str| candidates.iter().find(|f| kv_type_of(f[0]) == t).copied();
-        of_type(&exact)
-            .or_else(|| of_type(&kv_type_of(rs[0])))
-            .or_else(|| candidates.first().copied())
+        let finest = candidates.iter().map(|f| bits(f[0])).max()?;
+        let finest: Vec<_> = candidates.iter().filter(|f| bits(f[0]) == finest).collect();
+        let own = kv_type_of(rs[0]);
+        finest
+            .iter()
+            .find(|f| kv_type_of(f[0]) == own)
+            .or_else(|| finest.first())
+            .map(|f| **f)
     };
     let rows: Vec<Row> = groups
         .iter()
@@ -375,7 +384,8 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
                 let p = paired(full, rs);
                 r.shared_problems = Some(p.problems);
                 r.accuracy_vs_full = (p.full_pass > 0.0).then(|| p.pass / p.full_pass);
-                if !is_full(rs[0]) {
+                // A full row compared with a full cache of another type: what its storage costs.
+                if !is_full(rs[0]) || !std::ptr::eq(full, rs) {
                     r.tokens_change_vs_full = p.tokens_change.map(|i| i.estimate);
                     r.tokens_change_lo = p.tokens_change.map(|i| i.lo);
                     r.tokens_change_hi = p.tokens_change.map(|i| i.hi);

@@ -237,9 +237,9 @@ pub fn markdown(s: &Summary) -> String {
         let _ = writeln!(
             out,
             "KV type: how the cache stored keys and values (f32 the exact reference; f16, bf16 converted, q8_0, \
-             q4_0 quantized when appended; KEYS/VALUES when they differ); every row is compared with the f32 full \
-             cache where there is one, so Δ includes what the storage costs, and KV bytes are those of the row's \
-             own type"
+             q4_0, kivi2, kivi4 quantized when appended; KEYS/VALUES when they differ); every row, full ones included, \
+             is compared with the full cache of the finest type the report has (f32 where there is one), so Δ \
+             includes what the storage costs, and KV bytes are those of the row's own type"
         );
     } else if let Some(r) = s.rows.first() {
         let _ = writeln!(

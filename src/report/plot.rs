@@ -136,8 +136,13 @@ impl LineChart {
             // Accuracy from 0, to a little above the best score (10% at least, 100% at most).
             (y0, y1) = (0.0, (y1 * 1.1).clamp(10.0, 100.0));
         }
+        // A long title (a model file's name, a data file's hash) gets a smaller font rather than
+        // running off the image: about 0.55 em per character of sans-serif.
+        let width = root.dim_in_pixel().0 as f64;
+        let chars = self.title.chars().count().max(1) as f64;
+        let font = (width * 0.95 / (0.55 * chars)).clamp(12.0, 22.0);
         let mut chart = ChartBuilder::on(root)
-            .caption(&self.title, ("sans-serif", 22))
+            .caption(&self.title, ("sans-serif", font))
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(72)
@@ -383,12 +388,18 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
         );
         // The full cache is a point here (its memory is the point of the comparison), one per cache
         // type: both axes of the memory/accuracy front.
+        // A full cache of a coarser type than the reference carries its interval against it.
+        let mut bars = bars;
         for f in rows.iter().filter(|r| r.policy == "full") {
             if let Some(m) = f.kv_mean_bytes {
-                lines.push((
+                let (label, x) = (
                     with_kv_type(&rows, f, "full cache".to_string()),
-                    vec![(m / (1 << 20) as f64, 100.0 * f.pass_at_1)],
-                ));
+                    m / (1 << 20) as f64,
+                );
+                if let Some((lo, hi)) = pass_band(f) {
+                    bars.push((label.clone(), vec![(x, 100.0 * f.pass_at_1, lo, hi)]));
+                }
+                lines.push((label, vec![(x, 100.0 * f.pass_at_1)]));
             }
         }
         (lines, bars)

@@ -248,13 +248,22 @@ pub fn compare(
     Ok(out)
 }
 
-/// Every row's selector, for the error that lists them.
+/// Every row's selector, for the error that lists them (with `+kv=TYPE` when the records hold
+/// several storage types).
 fn row_names(records: &[SampleRecord]) -> Vec<String> {
+    let first = records.first().map(kv_type_of);
+    let typed = records.iter().any(|r| Some(kv_type_of(r)) != first);
     let mut names: Vec<String> = records
         .iter()
-        .map(|r| match (is_full(r), r.budget) {
-            (true, _) | (false, None) => "full".to_string(),
-            (false, Some(b)) => format!("{}@{b}", r.policy_name),
+        .map(|r| {
+            let kv = match typed {
+                true => format!("+kv={}", kv_type_of(r)),
+                false => String::new(),
+            };
+            match (is_full(r), r.budget) {
+                (true, _) | (false, None) => format!("full{kv}"),
+                (false, Some(b)) => format!("{}{kv}@{b}", r.policy_name),
+            }
         })
         .collect();
     names.sort();
@@ -381,6 +390,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!((rows[0].pass_a, rows[0].pass_b), (0.25, 0.0));
+        // A selector that matches nothing lists the rows with their types.
+        let e = compare(&rs, &[(sel("lazy+kv=f16@64"), sel("lazy+kv=q8_0@64"))]).unwrap_err();
+        assert!(e.to_string().contains("lazy+kv=q8_0@64"), "{e}");
         // The report keeps the storage types apart and says which is which.
         let summary = crate::report::summarize(&rs);
         assert_eq!(summary.rows.len(), 3);

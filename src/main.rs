@@ -75,15 +75,15 @@ mod process_edges {
         }));
     }
 
-    /// SIGXFSZ (a file-size limit, `ulimit -f`) would kill the process silently: it is ignored, so
-    /// the write fails with an error that names the file and the run ends with a message. SIGTERM
-    /// ends the process with a line saying what is kept: results are written a unit at a time and
-    /// synced, so the directory resumes where it stopped.
     /// Whether the command writes work units that a rerun resumes (`run`, `sweep`); other commands'
     /// SIGTERM line says only that they were terminated.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     static RESUMABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+    /// SIGXFSZ (a file-size limit, `ulimit -f`) would kill the process silently: it is ignored, so
+    /// the write fails with an error that names the file and the run ends with a message. SIGTERM
+    /// ends the process with a line: for `run` and `sweep`, what is kept (results are written a unit
+    /// at a time and synced, so the directory resumes where it stopped).
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn signals() {
         let command = std::env::args_os()

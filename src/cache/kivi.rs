@@ -4,9 +4,10 @@
 //! scale `s` and minimum `m` in f16; the most recent entries stay in a full-precision window (f16).
 //!
 //! Why a storage of its own: a key's scales belong to its group of tokens, not to its row, so rows are
-//! not self-contained as in the block formats of [`super::quant`]. Each head keeps its rows in storage
-//! order, each either in the window (f16) or packed (codes, plus the value's own scales and the index
-//! of its key group), and a table of key groups (per channel scale and minimum).
+//! not self-contained as in the block formats of [`super::quant`]. Each head keeps, in storage order,
+//! where each entry lives: a row of its window buffer (f16 key and value) or of its packed buffer
+//! (codes, the value's own scales, the index of its key group); and a table of key groups (per
+//! channel scale and minimum).
 //!
 //! Rules (kvbench's; KIVI itself never evicts):
 //! - **Window.** Entries are appended in f16. When a head holds `window + GROUP` entries in f16, the
@@ -134,6 +135,25 @@ impl KiviStore {
                 h.in_window(d) * window_entry_bytes(d)
                     + h.packed() * packed_entry_bytes(self.bits, d)
                     + h.live_groups * group_bytes(d)
+            })
+            .sum()
+    }
+
+    /// Bytes the store has allocated: its buffers' capacities and the key groups' scales as kept
+    /// (f32, freed slots included), which can exceed [`bytes`](Self::bytes).
+    pub fn allocated_bytes(&self) -> usize {
+        self.heads
+            .iter()
+            .map(|h| {
+                h.slots.capacity() * std::mem::size_of::<Slot>()
+                    + (h.window_k.capacity() + h.window_v.capacity()) * 2
+                    + h.packed_k.capacity()
+                    + h.packed_v.capacity()
+                    + h.packed_group.capacity() * 4
+                    + h.groups
+                        .iter()
+                        .map(|g| 4 * (g.scale.len() + g.min.len()))
+                        .sum::<usize>()
             })
             .sum()
     }
@@ -273,6 +293,23 @@ impl KiviStore {
             }
         }
         buf
+    }
+
+    /// Keys (`keys`) or values of head `h`'s entries `rows` as f32, appended to `out`.
+    pub fn read_rows(
+        &self,
+        h: usize,
+        rows: std::ops::Range<usize>,
+        keys: bool,
+        out: &mut Vec<f32>,
+    ) {
+        let mut buf = Vec::with_capacity(self.d);
+        for j in rows {
+            out.extend_from_slice(match keys {
+                true => self.key(h, j, &mut buf),
+                false => self.value(h, j, &mut buf),
+            });
+        }
     }
 
     /// Keeps, for every head, the entries `kept[h]` in that order (indices checked by the caller),
@@ -446,6 +483,7 @@ mod tests {
         let want = 18 * window_entry_bytes(d) + 32 * packed_entry_bytes(2, d) + group_bytes(d);
         assert_eq!(s.bytes(), want);
         assert_eq!(full_head_bytes(2, window, d, n), want);
+        assert!(s.allocated_bytes() >= want, "allocated covers held");
         let mut buf = Vec::new();
         // Window entries read back as f16 rounds them.
         let j = 45;

@@ -86,10 +86,11 @@ impl KvElement {
     /// Whether a head of `d` values can be stored: block formats need whole blocks, KIVI whole
     /// channel groups.
     pub fn fits(self, d: usize) -> bool {
-        let whole = d > 0 && d.is_multiple_of(BLOCK);
         match self {
-            KvElement::Kivi2 | KvElement::Kivi4 => whole && BLOCK == super::kivi::GROUP,
-            _ => self.blocks().is_none_or(|_| whole),
+            KvElement::Kivi2 | KvElement::Kivi4 => d > 0 && d.is_multiple_of(super::kivi::GROUP),
+            _ => self
+                .blocks()
+                .is_none_or(|_| d > 0 && d.is_multiple_of(BLOCK)),
         }
     }
 

@@ -202,14 +202,8 @@ impl LayerCache {
         };
         if let Some(store) = &self.kivi {
             let mut out = Vec::with_capacity(self.kv_heads * self.len * self.head_dim);
-            let mut row = Vec::with_capacity(self.head_dim);
             for h in 0..self.kv_heads {
-                for j in 0..self.len {
-                    out.extend_from_slice(match keys {
-                        true => store.key(h, j, &mut row),
-                        false => store.value(h, j, &mut row),
-                    });
-                }
+                store.read_rows(h, 0..self.len, keys, &mut out);
             }
             return Tensor::from_vec(out, (self.kv_heads, self.len, self.head_dim), buf.device());
         }
@@ -247,10 +241,7 @@ impl LayerCache {
         let d = self.head_dim;
         let mut out = Vec::with_capacity(rows.len() * d);
         if let Some(store) = &self.kivi {
-            let mut buf = Vec::with_capacity(d);
-            for j in rows {
-                out.extend_from_slice(store.key(h, j, &mut buf));
-            }
+            store.read_rows(h, rows, true, &mut out);
             return Ok(out);
         }
         let part = self.k.narrow(0, h, 1)?.narrow(1, rows.start, rows.len())?;
@@ -285,10 +276,10 @@ impl LayerCache {
     }
 
     /// Bytes of the key and value buffers allocated (they grow by half when full and never shrink;
-    /// KIVI's rows are allocated one by one, as held).
+    /// under KIVI, its store's buffers as allocated).
     pub fn capacity_bytes(&self) -> usize {
         match &self.kivi {
-            Some(store) => store.bytes(),
+            Some(store) => store.allocated_bytes(),
             None => self.capacity() * self.entry_bytes(),
         }
     }

@@ -262,37 +262,48 @@ impl KiviStore {
     /// Key of entry `j` of head `h`, as f32, into `buf`.
     #[inline]
     pub fn key<'a>(&self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        let (head, d) = (&self.heads[h], self.d);
-        buf.resize(d, 0.0);
-        match head.slots[j] {
-            Slot::Window(w) => widen(&head.window_k[w as usize * d..][..d], buf),
-            Slot::Packed(p) => {
-                let p = p as usize;
-                let g = &head.groups[head.packed_group[p] as usize];
-                let kb = self.key_bytes;
-                unpack(&head.packed_k[p * kb..(p + 1) * kb], self.bits, buf);
-                for ((x, s), m) in buf.iter_mut().zip(&*g.scale).zip(&*g.min) {
-                    *x = *x * s + m;
-                }
-            }
-        }
+        buf.resize(self.d, 0.0);
+        self.key_into(h, j, buf);
         buf
     }
 
     /// Value of entry `j` of head `h`, as f32, into `buf`.
     #[inline]
     pub fn value<'a>(&self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        buf.resize(self.d, 0.0);
+        self.value_into(h, j, buf);
+        buf
+    }
+
+    /// Key of entry `j` of head `h`, as f32, into `out` (`d` values). Inlined where it is used, so
+    /// that it is compiled for the instructions its caller runs on (the same bits on every path).
+    #[inline(always)]
+    pub fn key_into(&self, h: usize, j: usize, out: &mut [f32]) {
         let (head, d) = (&self.heads[h], self.d);
-        buf.resize(d, 0.0);
         match head.slots[j] {
-            Slot::Window(w) => widen(&head.window_v[w as usize * d..][..d], buf),
+            Slot::Window(w) => widen(&head.window_k[w as usize * d..][..d], out),
+            Slot::Packed(p) => {
+                let p = p as usize;
+                let g = &head.groups[head.packed_group[p] as usize];
+                let kb = self.key_bytes;
+                let codes = &head.packed_k[p * kb..(p + 1) * kb];
+                super::rows::codes_scaled_each(codes, self.bits, &g.scale, &g.min, &mut out[..d]);
+            }
+        }
+    }
+
+    /// Value of entry `j` of head `h`, as f32, into `out` (`d` values); inlined as [`Self::key_into`].
+    #[inline(always)]
+    pub fn value_into(&self, h: usize, j: usize, out: &mut [f32]) {
+        let (head, d) = (&self.heads[h], self.d);
+        match head.slots[j] {
+            Slot::Window(w) => widen(&head.window_v[w as usize * d..][..d], out),
             Slot::Packed(p) => {
                 let vb = self.value_bytes;
                 let p = p as usize;
-                unpack_value(&head.packed_v[p * vb..(p + 1) * vb], self.bits, buf)
+                unpack_value(&head.packed_v[p * vb..(p + 1) * vb], self.bits, out)
             }
         }
-        buf
     }
 
     /// Keys (`keys`) or values of head `h`'s entries `rows` as f32, appended to `out`.
@@ -380,12 +391,6 @@ fn put_code(codes: &mut [u8], bits: u8, i: usize, q: u8) {
     codes[bit / 8] |= q << (bit % 8);
 }
 
-#[inline(always)]
-fn get_code(codes: &[u8], bits: u8, i: usize) -> u8 {
-    let bit = i * bits as usize;
-    (codes[bit / 8] >> (bit % 8)) & ((1u8 << bits) - 1)
-}
-
 /// A value row per token: for every [`GROUP`] channels an f16 scale and minimum, then the codes.
 fn pack_value(x: &[f32], bits: u8) -> Vec<u8> {
     let d = x.len();
@@ -406,54 +411,25 @@ fn pack_value(x: &[f32], bits: u8) -> Vec<u8> {
 }
 
 /// f16 values into `out` (its length), eight at a time where the CPU converts them (F16C).
-#[inline]
+#[inline(always)]
 fn widen(x: &[f16], out: &mut [f32]) {
-    use half::slice::HalfFloatSliceExt;
-    x.convert_to_f32_slice(out);
-}
-
-/// Every byte's four 2-bit codes, and two 4-bit codes, as f32: a byte becomes one 16- or 8-byte copy.
-static CODES_2: std::sync::LazyLock<[[f32; 4]; 256]> = std::sync::LazyLock::new(|| {
-    std::array::from_fn(|b| std::array::from_fn(|i| ((b >> (2 * i)) & 3) as f32))
-});
-static CODES_4: std::sync::LazyLock<[[f32; 2]; 256]> = std::sync::LazyLock::new(|| {
-    std::array::from_fn(|b| std::array::from_fn(|i| ((b >> (4 * i)) & 15) as f32))
-});
-
-/// The codes of `codes` as f32 (`out.len()` of them), a byte at a time through a table.
-#[inline]
-fn unpack(codes: &[u8], bits: u8, out: &mut [f32]) {
-    match bits {
-        2 => {
-            let table = &*CODES_2;
-            for (o, &b) in out.chunks_exact_mut(4).zip(codes) {
-                o.copy_from_slice(&table[b as usize]);
-            }
-        }
-        4 => {
-            let table = &*CODES_4;
-            for (o, &b) in out.chunks_exact_mut(2).zip(codes) {
-                o.copy_from_slice(&table[b as usize]);
-            }
-        }
-        _ => {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = get_code(codes, bits, i) as f32;
-            }
-        }
-    }
+    super::rows::f16s(x, out);
 }
 
 /// A value row ([`pack_value`]'s layout) as f32 into `out` (`d` values).
-#[inline]
+#[inline(always)]
 fn unpack_value(row: &[u8], bits: u8, out: &mut [f32]) {
     let groups = out.len() / GROUP;
     let (params, codes) = row.split_at(groups * 4);
-    unpack(codes, bits, out);
-    for (o, p) in out.chunks_exact_mut(GROUP).zip(params.chunks_exact(4)) {
-        let s = f16::from_le_bytes([p[0], p[1]]).to_f32();
-        let m = f16::from_le_bytes([p[2], p[3]]).to_f32();
-        o.iter_mut().for_each(|x| *x = *x * s + m);
+    let per = GROUP * bits as usize / 8;
+    for ((o, p), c) in out
+        .chunks_exact_mut(GROUP)
+        .zip(params.chunks_exact(4))
+        .zip(codes.chunks_exact(per))
+    {
+        let s = f16::from_le_bytes([p[0], p[1]]).to_f32_const();
+        let m = f16::from_le_bytes([p[2], p[3]]).to_f32_const();
+        super::rows::codes_scaled(c, bits, s, m, o);
     }
 }
 

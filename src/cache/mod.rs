@@ -14,6 +14,7 @@
 pub mod kivi;
 pub mod kv_type;
 pub mod quant;
+pub mod rows;
 
 pub use kv_type::{KvElement, KvType};
 

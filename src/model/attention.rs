@@ -8,7 +8,8 @@
 
 use crate::cache::quant::Blocks;
 use crate::cache::LayerCache;
-use crate::policy::score::{add_scaled, dot};
+use crate::kernels::dispatch::Path;
+use crate::policy::score::dot_body;
 use candle_core::{DType, Result, Storage, Tensor};
 
 /// Output of [`attend_one`]: the attention output `[heads·d]` and, when asked, the probabilities
@@ -20,9 +21,10 @@ pub struct OneTokenAttention {
 
 /// Attention of one token's queries (`q`: `[heads·d]`, after RoPE) over the cache of `layer`: every
 /// entry, or for each cache head only the entries `subset[h]` (sparse attention; probabilities of the
-/// others are 0). Reads the cache in place in its stored type (f32, f16 or bf16: each key and value
-/// row converted to f32 as it is read, never the whole cache). Returns `None` when the cache is not a
-/// CPU tensor of those types (the caller then uses candle ops).
+/// others are 0). Reads the cache in place in its stored type (f32, f16, bf16, Q8_0, Q4_0 or KIVI's:
+/// each key and value row converted to f32 as it is read, never the whole cache), on the widest
+/// instructions this CPU has. Returns `None` when the cache is not on the CPU in one of those types
+/// (the caller then uses candle ops).
 pub fn attend_one(
     layer: &LayerCache,
     q: &[f32],
@@ -31,6 +33,21 @@ pub fn attend_one(
     want_probs: bool,
     subset: Option<&[Vec<usize>]>,
 ) -> Option<OneTokenAttention> {
+    attend_one_on(Path::best(), layer, q, group, scale, want_probs, subset)
+}
+
+/// [`attend_one`] on `path` (or the widest path below it this CPU runs): every path computes the same
+/// operations in the same order, so the same bits; tests and the attention benchmark compare them.
+pub fn attend_one_on(
+    path: Path,
+    layer: &LayerCache,
+    q: &[f32],
+    group: usize,
+    scale: f32,
+    want_probs: bool,
+    subset: Option<&[Vec<usize>]>,
+) -> Option<OneTokenAttention> {
+    let path = path.supported();
     let shape = Shape {
         hkv: layer.kv_heads(),
         d: layer.head_dim(),
@@ -40,7 +57,7 @@ pub fn attend_one(
     };
     // KIVI's rows live on the host in a layout of their own: read a row at a time from there.
     if let Some(store) = layer.kivi() {
-        let (out, probs) = attend_heads(store, q, &shape, subset);
+        let (out, probs) = attend_heads(path, store, q, &shape, subset);
         return Some(OneTokenAttention {
             out,
             probs: want_probs.then_some(probs),
@@ -73,24 +90,28 @@ pub fn attend_one(
         ($ek:ty, $keys:expr) => {
             match v_buf.dtype() {
                 DType::F32 => attend_heads(
+                    path,
                     &rows!($keys, &v_cpu.as_slice::<f32>().ok()?[vo..]),
                     q,
                     &shape,
                     subset,
                 ),
                 DType::F16 => attend_heads(
+                    path,
                     &rows!($keys, &v_cpu.as_slice::<half::f16>().ok()?[vo..]),
                     q,
                     &shape,
                     subset,
                 ),
                 DType::BF16 => attend_heads(
+                    path,
                     &rows!($keys, &v_cpu.as_slice::<half::bf16>().ok()?[vo..]),
                     q,
                     &shape,
                     subset,
                 ),
                 DType::U8 if blocks.1.is_some() => attend_heads(
+                    path,
                     &rows!($keys, &v_cpu.as_slice::<u8>().ok()?[vo..]),
                     q,
                     &shape,
@@ -125,10 +146,11 @@ struct Shape {
 }
 
 /// Where [`attend_heads`] reads the key and value of entry `j` of cache head `h`, as f32: in place
-/// when stored as f32, else converted (or dequantized) into `buf`.
+/// when stored as f32, else converted (or dequantized) into `buf` (`d` values). Every implementation
+/// is inlined into the head's loop, so that it is compiled for the instructions that loop runs on.
 trait CacheRows: Sync {
-    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32];
-    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32];
+    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32];
+    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32];
 }
 
 /// The cache's own buffers: head `h`'s rows start at `h·cap`; a row is `widths` elements (`d`
@@ -143,84 +165,85 @@ struct Buffers<'a, K, V> {
 
 impl<K: Stored, V: Stored> CacheRows for Buffers<'_, K, V> {
     #[inline(always)]
-    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
         let w = self.widths.0;
         K::as_f32(&self.k[(h * self.cap + j) * w..][..w], self.blocks.0, buf)
     }
 
     #[inline(always)]
-    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
         let w = self.widths.1;
         V::as_f32(&self.v[(h * self.cap + j) * w..][..w], self.blocks.1, buf)
     }
 }
 
 impl CacheRows for crate::cache::kivi::KiviStore {
-    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        crate::cache::kivi::KiviStore::key(self, h, j, buf)
+    #[inline(always)]
+    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        self.key_into(h, j, buf);
+        buf
     }
 
-    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        crate::cache::kivi::KiviStore::value(self, h, j, buf)
+    #[inline(always)]
+    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        self.value_into(h, j, buf);
+        buf
     }
 }
 
 /// An element type the cache stores, read back as f32 a row at a time.
 trait Stored: Copy + Send + Sync + candle_core::WithDType {
     /// `row` as f32: itself when stored as f32 (no copy, the reference path's exact reads), else
-    /// converted (or, for bytes of `blocks`, dequantized) into `buf`.
-    fn as_f32<'a>(row: &'a [Self], blocks: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32];
+    /// converted (or, for bytes of `blocks`, dequantized) into `buf` (its length).
+    fn as_f32<'a>(row: &'a [Self], blocks: Option<Blocks>, buf: &'a mut [f32]) -> &'a [f32];
 }
 
 impl Stored for f32 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [f32], _: Option<Blocks>, _: &'a mut Vec<f32>) -> &'a [f32] {
+    fn as_f32<'a>(row: &'a [f32], _: Option<Blocks>, _: &'a mut [f32]) -> &'a [f32] {
         row
     }
 }
 
-/// 16-bit types: the row converted as it is read, a slice at a time (half's slice conversion uses F16C
-/// eight values an instruction where the CPU has it, chosen at run time; converting value by value
-/// checked the CPU and called the conversion once per value).
-macro_rules! converted {
-    ($($t:ty),*) => {$(
-        impl Stored for $t {
-            #[inline(always)]
-            fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32] {
-                use half::slice::HalfFloatSliceExt;
-                buf.resize(row.len(), 0.0);
-                row.convert_to_f32_slice(buf);
-                buf
-            }
-        }
-    )*};
-}
-converted!(half::f16, half::bf16);
-
-impl Stored for u8 {
+/// 16-bit types: the row converted as it is read (eight values an instruction where the CPU has AVX2:
+/// `cache::rows`).
+impl Stored for half::f16 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [u8], blocks: Option<Blocks>, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        blocks
-            .expect("a byte cache holds blocks")
-            .dequantize(row, buf);
+    fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut [f32]) -> &'a [f32] {
+        crate::cache::rows::f16s(row, buf);
         buf
     }
 }
 
-/// Every cache head's attention (see [`attend_one`]) over the rows `rows` reads: the output
-/// `[heads·d]` and the probabilities `[kv_heads, group, n]`.
+impl Stored for half::bf16 {
+    #[inline(always)]
+    fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut [f32]) -> &'a [f32] {
+        crate::cache::rows::bf16s(row, buf);
+        buf
+    }
+}
+
+impl Stored for u8 {
+    #[inline(always)]
+    fn as_f32<'a>(row: &'a [u8], blocks: Option<Blocks>, buf: &'a mut [f32]) -> &'a [f32] {
+        blocks
+            .expect("a byte cache holds blocks")
+            .dequantize_into(row, buf);
+        buf
+    }
+}
+
+/// Every cache head's attention (see [`attend_one`]) over the rows `rows` reads, on `path`: the
+/// output `[heads·d]` and the probabilities `[kv_heads, group, n]`.
 fn attend_heads<R: CacheRows>(
+    path: Path,
     rows: &R,
     q: &[f32],
     s: &Shape,
     subset: Option<&[Vec<usize>]>,
 ) -> (Vec<f32>, Vec<f32>) {
     let Shape {
-        hkv,
-        d,
-        n,
-        group,
-        scale,
+        hkv, d, n, group, ..
     } = *s;
     let mut out = vec![0f32; hkv * group * d];
     let mut probs = vec![0f32; hkv * group * n];
@@ -231,79 +254,171 @@ fn attend_heads<R: CacheRows>(
         .zip(probs.chunks_mut(group * n))
         .map(std::sync::Mutex::new)
         .collect();
-    let init = || (Vec::<f64>::new(), Vec::<f32>::new());
-    crate::parallel::for_each_init_on_team(hkv, init, |(acc, conv), h| {
+    crate::parallel::for_each_init_on_team(hkv, Scratch::default, |scratch, h| {
         let mut slot = slices[h].lock().unwrap_or_else(|e| e.into_inner());
         let (o_h, p_h) = &mut *slot;
-        if let Some(sub) = subset {
-            attend_subset(rows, q, h, (group, d, scale), &sub[h], p_h, o_h);
-            return;
+        let sub = subset.map(|sub| sub[h].as_slice());
+        let head = Head { h, sub };
+        match path {
+            // SAFETY: `path` is supported by this CPU (`attend_one_on` asks `Path::supported`).
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 => unsafe { attend_head_avx512(rows, q, s, head, scratch, p_h, o_h) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => unsafe { attend_head_avx2(rows, q, s, head, scratch, p_h, o_h) },
+            _ => attend_head(rows, q, s, head, scratch, p_h, o_h),
         }
-        // 1. Scores of every query head of the group, reading each key once.
-        for j in 0..n {
-            let key = rows.key(h, j, conv);
-            for r in 0..group {
-                let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
-                p_h[r * n + j] = dot(qr, key) * scale;
-            }
-        }
-        // 2. Softmax per query head. Sums are accumulated in f64 so that the result does not depend
-        //    on the order of the entries (policies store kept entries in score order).
-        for row in p_h.chunks_exact_mut(n) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f64;
-            for x in row.iter_mut() {
-                *x = (*x - max).exp();
-                sum += *x as f64;
-            }
-            let inv = 1.0 / sum;
-            row.iter_mut().for_each(|x| *x = (*x as f64 * inv) as f32);
-        }
-        // 3. Weighted values, reading each value once, accumulated in f64 (order-independent).
-        acc.clear();
-        acc.resize(group * d, 0.0);
-        for j in 0..n {
-            let value = rows.value(h, j, conv);
-            for r in 0..group {
-                add_scaled(&mut acc[r * d..(r + 1) * d], p_h[r * n + j] as f64, value);
-            }
-        }
-        o_h.iter_mut()
-            .zip(acc.iter())
-            .for_each(|(o, &a)| *o = a as f32);
     });
     drop(slices);
     (out, probs)
 }
 
-/// One cache head's attention over the entries `idx` only: scores, softmax over them, weighted values.
-/// `p_h` (`[group][n]`) receives the probabilities, zero elsewhere.
-fn attend_subset<R: CacheRows>(
+/// Which cache head [`attend_head`] computes, over all its entries or only `sub`.
+#[derive(Clone, Copy)]
+struct Head<'a> {
+    h: usize,
+    sub: Option<&'a [usize]>,
+}
+
+/// Buffers a thread reuses from head to head: a row as f32, a value row widened to f64, the f64 sums.
+#[derive(Default)]
+struct Scratch {
+    row: Vec<f32>,
+    wide: Vec<f64>,
+    acc: Vec<f64>,
+}
+
+/// [`attend_head`] compiled for AVX2 (the same operations, so the same bits).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_head_avx2<R: CacheRows>(
     rows: &R,
     q: &[f32],
-    h: usize,
-    (group, d, scale): (usize, usize, f32),
-    idx: &[usize],
+    s: &Shape,
+    head: Head<'_>,
+    scratch: &mut Scratch,
     p_h: &mut [f32],
     o_h: &mut [f32],
 ) {
-    let n = p_h.len() / group;
-    let mut row = Vec::new();
-    for r in 0..group {
-        let qr = &q[(h * group + r) * d..(h * group + r + 1) * d];
-        let mut s: Vec<f32> = idx
-            .iter()
-            .map(|&j| dot(qr, rows.key(h, j, &mut row)) * scale)
-            .collect();
-        crate::policy::score::softmax(&mut s);
-        let mut acc = vec![0f64; d];
-        for (&j, &p) in idx.iter().zip(&s) {
-            p_h[r * n + j] = p;
-            add_scaled(&mut acc, p as f64, rows.value(h, j, &mut row));
+    attend_head(rows, q, s, head, scratch, p_h, o_h)
+}
+
+/// [`attend_head`] compiled for AVX-512 (the same operations, so the same bits).
+///
+/// # Safety
+/// The CPU must support AVX-512F and BW besides the AVX2 path's features.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn attend_head_avx512<R: CacheRows>(
+    rows: &R,
+    q: &[f32],
+    s: &Shape,
+    head: Head<'_>,
+    scratch: &mut Scratch,
+    p_h: &mut [f32],
+    o_h: &mut [f32],
+) {
+    attend_head(rows, q, s, head, scratch, p_h, o_h)
+}
+
+/// One cache head's attention: every query head of its group over its entries (or over `head.sub`
+/// only, whose probabilities are then a softmax over them, zero elsewhere), reading each key and value
+/// once. `p_h` (`[group][n]`) receives the probabilities, `o_h` (`[group][d]`) the output.
+#[inline(always)]
+fn attend_head<R: CacheRows>(
+    rows: &R,
+    q: &[f32],
+    s: &Shape,
+    head: Head<'_>,
+    scratch: &mut Scratch,
+    p_h: &mut [f32],
+    o_h: &mut [f32],
+) {
+    let Shape {
+        d, n, group, scale, ..
+    } = *s;
+    let h = head.h;
+    let Scratch { row, wide, acc } = scratch;
+    row.resize(d, 0.0);
+    wide.resize(d, 0.0);
+    acc.clear();
+    acc.resize(group * d, 0.0);
+    let queries = &q[h * group * d..(h + 1) * group * d];
+    match head.sub {
+        None => {
+            // 1. Scores of every query head of the group, reading each key once.
+            for j in 0..n {
+                let key = rows.key(h, j, row);
+                for (r, qr) in queries.chunks_exact(d).enumerate() {
+                    p_h[r * n + j] = dot_body(qr, key) * scale;
+                }
+            }
+            // 2. Softmax per query head. Sums are accumulated in f64 so that the result does not
+            //    depend on the order of the entries (policies store kept entries in score order).
+            for p in p_h.chunks_exact_mut(n) {
+                let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f64;
+                for x in p.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x as f64;
+                }
+                let inv = 1.0 / sum;
+                p.iter_mut().for_each(|x| *x = (*x as f64 * inv) as f32);
+            }
+            // 3. Weighted values, reading each value once, accumulated in f64 (order-independent).
+            for j in 0..n {
+                widen(rows.value(h, j, row), wide);
+                for (r, a) in acc.chunks_exact_mut(d).enumerate() {
+                    add_scaled_wide(a, p_h[r * n + j] as f64, wide);
+                }
+            }
         }
-        for (o, a) in o_h[r * d..(r + 1) * d].iter_mut().zip(acc) {
-            *o = a as f32;
+        Some(idx) => {
+            // Sparse attention: the scores of the entries `idx`, a softmax over them per query head
+            // (f32 sums, as `policy::score::softmax`), their weighted values.
+            let m = idx.len();
+            let mut scores = vec![0f32; group * m];
+            for (k, &j) in idx.iter().enumerate() {
+                let key = rows.key(h, j, row);
+                for (r, qr) in queries.chunks_exact(d).enumerate() {
+                    scores[r * m + k] = dot_body(qr, key) * scale;
+                }
+            }
+            scores
+                .chunks_exact_mut(m.max(1))
+                .for_each(crate::policy::score::softmax);
+            for (k, &j) in idx.iter().enumerate() {
+                widen(rows.value(h, j, row), wide);
+                for (r, a) in acc.chunks_exact_mut(d).enumerate() {
+                    let p = scores[r * m + k];
+                    p_h[r * n + j] = p;
+                    add_scaled_wide(a, p as f64, wide);
+                }
+            }
         }
+    }
+    o_h.iter_mut()
+        .zip(acc.iter())
+        .for_each(|(o, &a)| *o = a as f32);
+}
+
+/// `x` as f64 into `out` (exact), so that each value row is widened once, not once per query head.
+#[inline(always)]
+fn widen(x: &[f32], out: &mut [f64]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v as f64;
+    }
+}
+
+/// `acc += p · v` in f64, `v` already widened: the same operations as `policy::score::add_scaled`,
+/// so the same bits.
+#[inline(always)]
+fn add_scaled_wide(acc: &mut [f64], p: f64, v: &[f64]) {
+    for (o, &x) in acc.iter_mut().zip(v) {
+        *o += p * x;
     }
 }
 
@@ -331,4 +446,63 @@ pub fn probs_tensor(
     device: &candle_core::Device,
 ) -> Result<Tensor> {
     Tensor::from_vec(probs, (hkv, group, 1, n), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::KvType;
+    use candle_core::Device;
+    use rand::{Rng, SeedableRng};
+
+    /// A cache of `kv` holding `n` random entries of `hkv` heads of `d`, appended in two parts.
+    fn cache(kv: KvType, hkv: usize, d: usize, n: usize) -> LayerCache {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let mut layer = LayerCache::new(hkv, d, kv, &Device::Cpu).unwrap();
+        for (start, t) in [(0, n / 3), (n / 3, n - n / 3)] {
+            let mut part = || {
+                let x: Vec<f32> = (0..hkv * t * d)
+                    .map(|_| rng.random_range(-3.0f32..3.0))
+                    .collect();
+                Tensor::from_vec(x, (hkv, t, d), &Device::Cpu).unwrap()
+            };
+            let (k, v) = (part(), part());
+            layer.append(&k, &v, start).unwrap();
+        }
+        layer
+    }
+
+    /// The portable, AVX2 and AVX-512 loops give the same bits (outputs and probabilities), over all
+    /// entries and over a subset, for every storage type (paths this CPU lacks run as the best below).
+    #[test]
+    fn every_path_gives_the_same_bits_for_every_cache_type() {
+        let (hkv, d, group, n) = (2, 64, 3, 300);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let q: Vec<f32> = (0..hkv * group * d)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let subset: Vec<Vec<usize>> = (0..hkv)
+            .map(|h| (0..n).filter(|j| (j + h) % 3 != 0).rev().collect())
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for kv in ["f32", "f16", "bf16", "q8_0", "q4_0", "kivi4:64", "kivi2:64"] {
+            let kv: KvType = kv.parse().unwrap();
+            let layer = cache(kv, hkv, d, n);
+            for sub in [None, Some(&subset[..])] {
+                let run = |path| {
+                    let a = attend_one_on(path, &layer, &q, group, 0.125, true, sub).unwrap();
+                    (bits(&a.out), bits(&a.probs.unwrap()))
+                };
+                let portable = run(Path::Portable);
+                assert!(portable.0.iter().all(|&b| f32::from_bits(b).is_finite()));
+                for path in [Path::Avx2, Path::Avx512] {
+                    assert!(
+                        run(path) == portable,
+                        "{kv}, subset {}: {path:?} differs from the portable loop",
+                        sub.is_some()
+                    );
+                }
+            }
+        }
+    }
 }

@@ -54,8 +54,10 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     dot_body(a, b)
 }
 
+/// [`dot`]'s operations, inlined into a caller compiled for the instructions it runs on (decoding
+/// attention: the same operations, so the same bits as [`dot`] on every path).
 #[inline(always)]
-fn dot_body(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca

@@ -288,41 +288,31 @@ struct Scratch {
     acc: Vec<f64>,
 }
 
-/// [`attend_head`] compiled for AVX2 (the same operations, so the same bits).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_head_avx2<R: CacheRows>(
-    rows: &R,
-    q: &[f32],
-    s: &Shape,
-    head: Head<'_>,
-    scratch: &mut Scratch,
-    p_h: &mut [f32],
-    o_h: &mut [f32],
-) {
-    attend_head(rows, q, s, head, scratch, p_h, o_h)
+/// [`attend_head`] compiled for an instruction set: the same operations, so the same bits.
+macro_rules! attend_head_for {
+    ($name:ident, $features:literal) => {
+        /// [`attend_head`] compiled for the target features named here (the same operations, so
+        /// the same bits).
+        ///
+        /// # Safety
+        /// The CPU must support those features.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<R: CacheRows>(
+            rows: &R,
+            q: &[f32],
+            s: &Shape,
+            head: Head<'_>,
+            scratch: &mut Scratch,
+            p_h: &mut [f32],
+            o_h: &mut [f32],
+        ) {
+            attend_head(rows, q, s, head, scratch, p_h, o_h)
+        }
+    };
 }
-
-/// [`attend_head`] compiled for AVX-512 (the same operations, so the same bits).
-///
-/// # Safety
-/// The CPU must support AVX-512F and BW besides the AVX2 path's features.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn attend_head_avx512<R: CacheRows>(
-    rows: &R,
-    q: &[f32],
-    s: &Shape,
-    head: Head<'_>,
-    scratch: &mut Scratch,
-    p_h: &mut [f32],
-    o_h: &mut [f32],
-) {
-    attend_head(rows, q, s, head, scratch, p_h, o_h)
-}
+attend_head_for!(attend_head_avx2, "avx2,fma,f16c");
+attend_head_for!(attend_head_avx512, "avx512f,avx512bw,avx2,fma,f16c");
 
 /// One cache head's attention: every query head of its group over its entries (or over `head.sub`
 /// only, whose probabilities are then a softmax over them, zero elsewhere), reading each key and value

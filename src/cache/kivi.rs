@@ -23,6 +23,7 @@
 //!   2·d·bits/8 of codes, 4 bytes per 32 values of the value's scale and minimum, and 4 bytes for its
 //!   group's index; a live key group 4·d (f16 scale and minimum per channel).
 
+use super::rows::f16s;
 use half::f16;
 
 /// Tokens per key group and channels per value group (KIVI's default group size).
@@ -219,7 +220,7 @@ impl KiviStore {
                 put_code(&mut kc, bits, c, code(y.to_f32(), scale[c], min[c], bits));
             }
             packed_k.extend_from_slice(&kc);
-            widen(&head.window_v[row(j)], &mut x);
+            f16s(&head.window_v[row(j)], &mut x);
             packed_v.extend_from_slice(&pack_value(&x, bits));
         }
         let group = KeyGroup {
@@ -259,29 +260,13 @@ impl KiviStore {
         head.window_v = wv;
     }
 
-    /// Key of entry `j` of head `h`, as f32, into `buf`.
-    #[inline]
-    pub fn key<'a>(&self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        buf.resize(self.d, 0.0);
-        self.key_into(h, j, buf);
-        buf
-    }
-
-    /// Value of entry `j` of head `h`, as f32, into `buf`.
-    #[inline]
-    pub fn value<'a>(&self, h: usize, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        buf.resize(self.d, 0.0);
-        self.value_into(h, j, buf);
-        buf
-    }
-
     /// Key of entry `j` of head `h`, as f32, into `out` (`d` values). Inlined where it is used, so
     /// that it is compiled for the instructions its caller runs on (the same bits on every path).
     #[inline(always)]
     pub fn key_into(&self, h: usize, j: usize, out: &mut [f32]) {
         let (head, d) = (&self.heads[h], self.d);
         match head.slots[j] {
-            Slot::Window(w) => widen(&head.window_k[w as usize * d..][..d], out),
+            Slot::Window(w) => f16s(&head.window_k[w as usize * d..][..d], out),
             Slot::Packed(p) => {
                 let p = p as usize;
                 let g = &head.groups[head.packed_group[p] as usize];
@@ -297,7 +282,7 @@ impl KiviStore {
     pub fn value_into(&self, h: usize, j: usize, out: &mut [f32]) {
         let (head, d) = (&self.heads[h], self.d);
         match head.slots[j] {
-            Slot::Window(w) => widen(&head.window_v[w as usize * d..][..d], out),
+            Slot::Window(w) => f16s(&head.window_v[w as usize * d..][..d], out),
             Slot::Packed(p) => {
                 let vb = self.value_bytes;
                 let p = p as usize;
@@ -314,12 +299,13 @@ impl KiviStore {
         keys: bool,
         out: &mut Vec<f32>,
     ) {
-        let mut buf = Vec::with_capacity(self.d);
-        for j in rows {
-            out.extend_from_slice(match keys {
-                true => self.key(h, j, &mut buf),
-                false => self.value(h, j, &mut buf),
-            });
+        let (d, start) = (self.d, out.len());
+        out.resize(start + rows.len() * d, 0.0);
+        for (j, o) in rows.zip(out[start..].chunks_exact_mut(d)) {
+            match keys {
+                true => self.key_into(h, j, o),
+                false => self.value_into(h, j, o),
+            }
         }
     }
 
@@ -410,12 +396,6 @@ fn pack_value(x: &[f32], bits: u8) -> Vec<u8> {
     out
 }
 
-/// f16 values into `out` (its length), eight at a time where the CPU converts them (F16C).
-#[inline(always)]
-fn widen(x: &[f16], out: &mut [f32]) {
-    super::rows::f16s(x, out);
-}
-
 /// A value row ([`pack_value`]'s layout) as f32 into `out` (`d` values).
 #[inline(always)]
 fn unpack_value(row: &[u8], bits: u8, out: &mut [f32]) {
@@ -437,6 +417,13 @@ fn unpack_value(row: &[u8], bits: u8, out: &mut [f32]) {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// Key (`keys`) or value of entry `j` of head `h`.
+    fn read(s: &KiviStore, h: usize, j: usize, keys: bool) -> Vec<f32> {
+        let mut out = Vec::new();
+        s.read_rows(h, j..j + 1, keys, &mut out);
+        out
+    }
 
     fn rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
@@ -460,16 +447,15 @@ mod tests {
         assert_eq!(s.bytes(), want);
         assert_eq!(full_head_bytes(2, window, d, n), want);
         assert!(s.allocated_bytes() >= want, "allocated covers held");
-        let mut buf = Vec::new();
         // Window entries read back as f16 rounds them.
         let j = 45;
-        let back = s.key(0, j, &mut buf).to_vec();
+        let back = read(&s, 0, j, true);
         for (a, b) in back.iter().zip(&k[j * d..(j + 1) * d]) {
             assert_eq!(*a, f16::from_f32(*b).to_f32());
         }
         // Packed keys and values are within half a quantization step (plus f16 rounding).
         for j in 0..32 {
-            let kb = s.key(0, j, &mut buf).to_vec();
+            let kb = read(&s, 0, j, true);
             for (c, (a, b)) in kb.iter().zip(&k[j * d..(j + 1) * d]).enumerate() {
                 let (lo, hi) = (0..32)
                     .map(|i| k[i * d + c])
@@ -478,7 +464,7 @@ mod tests {
                     });
                 assert!((a - b).abs() <= (hi - lo) / 3.0 * 0.5 + 0.01, "key {j},{c}");
             }
-            let vb = s.value(0, j, &mut buf).to_vec();
+            let vb = read(&s, 0, j, false);
             for (a, b) in vb.iter().zip(&v[j * d..(j + 1) * d]) {
                 assert!((a - b).abs() <= 4.0 / 3.0 * 0.5 + 0.01, "value {j}");
             }
@@ -495,15 +481,10 @@ mod tests {
         for h in 0..2 {
             s.append(h, &k, &v, &pos);
         }
-        let mut buf = Vec::new();
-        let before = s.key(0, 5, &mut buf).to_vec();
+        let before = read(&s, 0, 5, true);
         // Head 0 keeps one packed entry and two window entries; head 1 only window entries.
         s.gather(&[vec![39, 5, 36], vec![33, 34, 35]]);
-        assert_eq!(
-            s.key(0, 1, &mut buf),
-            &before[..],
-            "same scales after eviction"
-        );
+        assert_eq!(read(&s, 0, 1, true), before, "same scales after eviction");
         assert_eq!(s.in_window(0), 2);
         assert_eq!(s.in_window(1), 3);
         let head0 = 2 * window_entry_bytes(d) + packed_entry_bytes(4, d) + group_bytes(d);

@@ -35,18 +35,11 @@ pub fn bf16s(x: &[bf16], out: &mut [f32]) {
     }
 }
 
-/// The `out.len()` codes of `bits` bits packed in `codes` (code `i` at bit `i·bits`, low bits first)
-/// as f32.
-#[inline(always)]
-pub fn codes(codes: &[u8], bits: u8, out: &mut [f32]) {
-    codes_then(codes, bits, Affine::None, out)
-}
-
-/// KIVI's values from their codes: `q·s + m` (rounded after the product and after the sum, as
-/// written), with one scale and minimum for all of `out`.
+/// KIVI's values from their codes (`out.len()` of them, code `i` at bit `i·bits` of `codes`, low bits
+/// first): `q·s + m`, rounded after the product and after the sum, one scale and minimum for all.
 #[inline(always)]
 pub fn codes_scaled(codes: &[u8], bits: u8, s: f32, m: f32, out: &mut [f32]) {
-    codes_then(codes, bits, Affine::Each(s, m), out)
+    codes_then(codes, bits, Affine::One(s, m), out)
 }
 
 /// KIVI's keys from their codes: `q·s[i] + m[i]`, a scale and minimum per value (per channel).
@@ -55,11 +48,10 @@ pub fn codes_scaled_each(codes: &[u8], bits: u8, s: &[f32], m: &[f32], out: &mut
     codes_then(codes, bits, Affine::PerValue(s, m), out)
 }
 
-/// What follows a code's conversion to f32.
+/// The scales and minima of [`codes_then`]: one pair for all, or a pair per value.
 #[derive(Clone, Copy)]
 enum Affine<'a> {
-    None,
-    Each(f32, f32),
+    One(f32, f32),
     PerValue(&'a [f32], &'a [f32]),
 }
 
@@ -92,8 +84,7 @@ fn codes_then(codes: &[u8], bits: u8, affine: Affine<'_>, out: &mut [f32]) {
             // a per-value scale and minimum hold n values (asserted above).
             unsafe {
                 match affine {
-                    Affine::None => x86::eight_codes(word, bits, 1.0, 0.0, None, dst),
-                    Affine::Each(s, m) => x86::eight_codes(word, bits, s, m, None, dst),
+                    Affine::One(s, m) => x86::eight_codes(word, bits, s, m, None, dst),
                     Affine::PerValue(s, m) => x86::eight_codes(
                         word,
                         bits,
@@ -111,8 +102,7 @@ fn codes_then(codes: &[u8], bits: u8, affine: Affine<'_>, out: &mut [f32]) {
         let rest = &mut out[i..n];
         codes_portable(&codes[i * bits as usize / 8..], bits, rest);
         match affine {
-            Affine::None => {}
-            Affine::Each(s, m) => rest.iter_mut().for_each(|x| *x = *x * s + m),
+            Affine::One(s, m) => rest.iter_mut().for_each(|x| *x = *x * s + m),
             Affine::PerValue(s, m) => {
                 for ((x, s), m) in rest.iter_mut().zip(&s[i..]).zip(&m[i..]) {
                     *x = *x * s + m;
@@ -130,7 +120,7 @@ static CODES_4: std::sync::LazyLock<[[f32; 2]; 256]> = std::sync::LazyLock::new(
     std::array::from_fn(|b| std::array::from_fn(|i| ((b >> (4 * i)) & 15) as f32))
 });
 
-/// [`codes`] without vectors: 2- and 4-bit codes a byte at a time through a table, others one by one.
+/// Codes as f32 without vectors: 2- and 4-bit codes a byte at a time through a table, others one by one.
 fn codes_portable(codes: &[u8], bits: u8, out: &mut [f32]) {
     match bits {
         2 => {
@@ -276,20 +266,18 @@ mod tests {
                 let bytes: Vec<u8> = (0..n * bits as usize / 8 + 1)
                     .map(|_| rng.random())
                     .collect();
-                let m = n / 8 * 8;
-                let mut out = vec![0f32; m];
-                codes(&bytes, bits, &mut out);
-                let want: Vec<f32> = (0..m)
+                // Every value the bytes hold: vector steps of eight and a tail.
+                let k = n * bits as usize / 8 * 8 / bits as usize;
+                let raw: Vec<f32> = (0..k)
                     .map(|i| {
                         let bit = i * bits as usize;
                         ((bytes[bit / 8] >> (bit % 8)) & ((1 << bits) - 1)) as f32
                     })
                     .collect();
-                assert_eq!(out, want, "{bits}-bit codes, {m} values");
+                let mut out = vec![0f32; k];
                 codes_portable(&bytes, bits, &mut out);
-                assert_eq!(out, want, "{bits}-bit codes without vectors, {m} values");
-                // With KIVI's scales and minima, over every value (the vector steps and a tail).
-                let k = n * bits as usize / 8 * 8 / bits as usize;
+                assert_eq!(out, raw, "{bits}-bit codes without vectors, {k} values");
+                // With KIVI's scales and minima.
                 let (sc, mi): (Vec<f32>, Vec<f32>) = (0..k)
                     .map(|_| {
                         (
@@ -298,12 +286,6 @@ mod tests {
                         )
                     })
                     .unzip();
-                let raw: Vec<f32> = (0..k)
-                    .map(|i| {
-                        let bit = i * bits as usize;
-                        ((bytes[bit / 8] >> (bit % 8)) & ((1 << bits) - 1)) as f32
-                    })
-                    .collect();
                 let mut out = vec![0f32; k];
                 codes_scaled_each(&bytes, bits, &sc, &mi, &mut out);
                 let want: Vec<f32> = (0..k).map(|i| raw[i] * sc[i] + mi[i]).collect();

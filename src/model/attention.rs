@@ -403,8 +403,8 @@ fn widen(x: &[f32], out: &mut [f64]) {
     }
 }
 
-/// `acc += p · v` in f64, `v` already widened: the same operations as `policy::score::add_scaled`,
-/// so the same bits.
+/// `acc += p · v` in f64, `v` already widened (exactly), element by element: attention's weighted
+/// values as order-independent sums.
 #[inline(always)]
 fn add_scaled_wide(acc: &mut [f64], p: f64, v: &[f64]) {
     for (o, &x) in acc.iter_mut().zip(v) {

@@ -74,34 +74,6 @@ pub(crate) fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// `acc += p · v`, element by element in f64 (attention's weighted values: order-independent sums).
-#[inline]
-pub fn add_scaled(acc: &mut [f64], p: f64, v: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kernels::dispatch::has_avx2() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        return unsafe { add_scaled_avx2(acc, p, v) };
-    }
-    add_scaled_body(acc, p, v)
-}
-
-/// [`add_scaled`] compiled for AVX2 (four f64 lanes; the same operations, so the same bits).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn add_scaled_avx2(acc: &mut [f64], p: f64, v: &[f32]) {
-    add_scaled_body(acc, p, v)
-}
-
-#[inline(always)]
-fn add_scaled_body(acc: &mut [f64], p: f64, v: &[f32]) {
-    for (o, &x) in acc.iter_mut().zip(v) {
-        *o += p * x as f64;
-    }
-}
-
 /// Softmax of `x` in place (an empty slice stays empty).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -43,6 +43,10 @@ fn adversarial_inputs_get_a_verdict_quickly() {
         "-".repeat(100_000) + "1",
         "\\sin".repeat(100_000) + "x",
         "\\boxed{1} and ".repeat(50_000),
+        (0..40_000)
+            .map(|i| format!("\\boxed{{{i}}} and "))
+            .collect(),
+        (0..40_000).map(|i| format!("\\boxed{{x^{i}}}, ")).collect(),
         "İ the answer is ünïcödé İ".repeat(1000),
         "\\sqrt".repeat(50_000),
         "x".repeat(1 << 20),

@@ -106,6 +106,11 @@ fn box_content(text: &str, after: usize) -> Option<(String, usize)> {
     (!token.is_empty()).then_some((token, end))
 }
 
+/// At most this many boxes, counted back from the last, are joined into one answer. The spec sets no
+/// limit; a list of answers is a few boxes, and a degenerate output writing tens of thousands of boxes in
+/// a row would otherwise cost a normalisation each on every comparison (a deviation, in docs/deviations.md).
+pub const MAX_JOINED_BOXES: usize = 64;
+
 /// The last box, joined with the boxes just before it when only short glue separates them. Boxes
 /// whose contents normalise alike count once (spec §2 rule 2: a model caught in a loop that writes
 /// `\boxed{2}. \boxed{2}` has answered `2`); only distinct answers make a list.
@@ -119,7 +124,7 @@ fn boxed(region: &str) -> BoxResult {
     };
     let mut parts = vec![last];
     let mut next_start = starts.last().map(|s| s.0).unwrap_or(0);
-    for &(start, after) in starts.iter().rev().skip(1) {
+    for &(start, after) in starts.iter().rev().skip(1).take(MAX_JOINED_BOXES - 1) {
         let Some((content, end)) = box_content(region, after) else {
             break;
         };
@@ -217,8 +222,9 @@ pub fn tidy(s: &str) -> String {
         s.pop();
     }
     s = s.replace("\\displaystyle", "");
-    if let BoxResult::Found(inner) = boxed(&s) {
-        if s.trim_start().starts_with("\\boxed") || s.trim_start().starts_with("\\fbox") {
+    let head = s.trim_start();
+    if head.starts_with("\\boxed") || head.starts_with("\\fbox") {
+        if let BoxResult::Found(inner) = boxed(&s) {
             s = inner;
         }
     }
@@ -278,5 +284,18 @@ mod tests {
             extract_with("<think>\n\\boxed{5", false, true),
             Extracted::Answer("5".into())
         );
+    }
+
+    #[test]
+    fn a_chain_of_boxes_joins_at_most_the_last_max_joined() {
+        let chain: String = (0..100).map(|i| format!("\\boxed{{{i}}}, ")).collect();
+        let want: Vec<String> = (100 - MAX_JOINED_BOXES..100)
+            .map(|i| i.to_string())
+            .collect();
+        assert_eq!(answer(&chain), Some(want.join(",")));
+        // A loop of one answer is still that answer, however long.
+        assert_eq!(answer(&"\\boxed{7}. ".repeat(10_000)).as_deref(), Some("7"));
+        // The cap holds inside `tidy` too (an extracted answer that is itself a chain of boxes).
+        assert_eq!(tidy(&chain), want.join(","));
     }
 }

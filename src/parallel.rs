@@ -125,6 +125,12 @@ where
     }
 }
 
+/// Threads taking part in [`for_each_init_on_team`]'s tasks from this thread: its team's size on a
+/// team's owner, else 1 (the tasks then run one after the other).
+pub fn team_size() -> usize {
+    owned_team().map_or(1, |team| team.size)
+}
+
 /// The team this thread owns, if any.
 fn owned_team() -> Option<&'static Team> {
     let team = OWNED.with(|o| o.get());

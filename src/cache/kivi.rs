@@ -291,6 +291,25 @@ impl KiviStore {
         }
     }
 
+    /// Where the stored bytes of entry `j`'s key (`keys`) or value of head `h` start, and how many
+    /// there are, for a prefetch; `None` past the last entry.
+    #[inline(always)]
+    pub fn row_at(&self, h: usize, j: usize, keys: bool) -> Option<(*const u8, usize)> {
+        let (head, d) = (self.heads.get(h)?, self.d);
+        Some(match (*head.slots.get(j)?, keys) {
+            (Slot::Window(w), true) => (head.window_k[w as usize * d..].as_ptr().cast(), 2 * d),
+            (Slot::Window(w), false) => (head.window_v[w as usize * d..].as_ptr().cast(), 2 * d),
+            (Slot::Packed(p), true) => {
+                let kb = self.key_bytes;
+                (head.packed_k[p as usize * kb..].as_ptr(), kb)
+            }
+            (Slot::Packed(p), false) => {
+                let vb = self.value_bytes;
+                (head.packed_v[p as usize * vb..].as_ptr(), vb)
+            }
+        })
+    }
+
     /// Keys (`keys`) or values of head `h`'s entries `rows` as f32, appended to `out`.
     pub fn read_rows(
         &self,
@@ -407,8 +426,7 @@ fn unpack_value(row: &[u8], bits: u8, out: &mut [f32]) {
         .zip(params.chunks_exact(4))
         .zip(codes.chunks_exact(per))
     {
-        let s = f16::from_le_bytes([p[0], p[1]]).to_f32_const();
-        let m = f16::from_le_bytes([p[2], p[3]]).to_f32_const();
+        let (s, m) = super::rows::f16_pair([p[0], p[1], p[2], p[3]]);
         super::rows::codes_scaled(c, bits, s, m, o);
     }
 }

@@ -35,6 +35,22 @@ pub fn bf16s(x: &[bf16], out: &mut [f32]) {
     }
 }
 
+/// Two f16 values stored little-endian in `bytes` (KIVI's scale and minimum of a value group) as f32:
+/// by F16C where the CPU has it (a software conversion costs a dozen instructions each, per row).
+#[inline(always)]
+pub fn f16_pair(bytes: [u8; 4]) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::dispatch::has_avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        return unsafe { x86::f16_pair(u32::from_le_bytes(bytes)) };
+    }
+    let [a, b, c, d] = bytes;
+    (
+        f16::from_le_bytes([a, b]).to_f32_const(),
+        f16::from_le_bytes([c, d]).to_f32_const(),
+    )
+}
+
 /// KIVI's values from their codes (`out.len()` of them, code `i` at bit `i·bits` of `codes`, low bits
 /// first): `q·s + m`, rounded after the product and after the sum, one scale and minimum for all.
 #[inline(always)]
@@ -169,6 +185,17 @@ mod x86 {
         for (o, v) in out[i..n].iter_mut().zip(&x[i..n]) {
             *o = v.to_f32();
         }
+    }
+
+    /// [`super::f16_pair`]: one `vcvtph2ps` of the two values.
+    ///
+    /// # Safety
+    /// As [`f16s`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn f16_pair(bits: u32) -> (f32, f32) {
+        let x = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+        (_mm_cvtss_f32(x), _mm_cvtss_f32(_mm_movehdup_ps(x)))
     }
 
     /// [`super::bf16s`]: sixteen bits widened and shifted up, eight at a time.

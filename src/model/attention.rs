@@ -151,6 +151,30 @@ struct Shape {
 trait CacheRows: Sync {
     fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32];
     fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32];
+    /// Asks for the bytes of entry `j`'s key (`keys`) or value to be brought into L1 (a hint).
+    fn prefetch(&self, h: usize, j: usize, keys: bool);
+}
+
+/// How many entries ahead of the one it converts [`attend_head`] asks for the next rows. At a few
+/// thousand tokens a step's caches no longer fit in L2 (SmolLM2's f16 cache at 3,072 tokens is 69 MiB
+/// over its 30 layers), and `perf` showed a seventh of a step waiting on the loads of f16 rows.
+const AHEAD: usize = 8;
+
+/// Prefetches `len` elements of `s` from `start` (nothing when they are not all inside it).
+#[inline(always)]
+fn prefetch_slice<T>(s: &[T], start: usize, len: usize) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, start, len);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(row) = s.get(start..start + len) {
+        // SAFETY: a prefetch never faults; the bytes are inside `s` anyway.
+        unsafe {
+            crate::kernels::x86::loads::prefetch_lines(
+                row.as_ptr().cast(),
+                std::mem::size_of_val(row),
+            )
+        }
+    }
 }
 
 /// The cache's own buffers: head `h`'s rows start at `h·cap`; a row is `widths` elements (`d`
@@ -175,6 +199,15 @@ impl<K: Stored, V: Stored> CacheRows for Buffers<'_, K, V> {
         let w = self.widths.1;
         V::as_f32(&self.v[(h * self.cap + j) * w..][..w], self.blocks.1, buf)
     }
+
+    #[inline(always)]
+    fn prefetch(&self, h: usize, j: usize, keys: bool) {
+        let (wk, wv) = self.widths;
+        match keys {
+            true => prefetch_slice(self.k, (h * self.cap + j) * wk, wk),
+            false => prefetch_slice(self.v, (h * self.cap + j) * wv, wv),
+        }
+    }
 }
 
 impl CacheRows for crate::cache::kivi::KiviStore {
@@ -188,6 +221,17 @@ impl CacheRows for crate::cache::kivi::KiviStore {
     fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
         self.value_into(h, j, buf);
         buf
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, h: usize, j: usize, keys: bool) {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (h, j, keys);
+        #[cfg(target_arch = "x86_64")]
+        if let Some((at, len)) = self.row_at(h, j, keys) {
+            // SAFETY: a prefetch never faults.
+            unsafe { crate::kernels::x86::loads::prefetch_lines(at, len) }
+        }
     }
 }
 
@@ -247,46 +291,86 @@ fn attend_heads<R: CacheRows>(
     } = *s;
     let mut out = vec![0f32; hkv * group * d];
     let mut probs = vec![0f32; hkv * group * n];
-    // Each cache head writes its own slices; on a decoding team's owner the heads run in parallel (the
-    // team's threads spin between products anyway), elsewhere one after the other.
-    let slices: Vec<std::sync::Mutex<(&mut [f32], &mut [f32])>> = out
-        .chunks_mut(group * d)
-        .zip(probs.chunks_mut(group * n))
-        .map(std::sync::Mutex::new)
-        .collect();
-    crate::parallel::for_each_init_on_team(hkv, Scratch::default, |scratch, h| {
-        let mut slot = slices[h].lock().unwrap_or_else(|e| e.into_inner());
-        let (o_h, p_h) = &mut *slot;
-        let sub = subset.map(|sub| sub[h].as_slice());
-        let head = Head { h, sub };
-        match path {
-            // SAFETY: `path` is supported by this CPU (`attend_one_on` asks `Path::supported`).
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx512 => unsafe { attend_head_avx512(rows, q, s, head, scratch, p_h, o_h) },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx2 => unsafe { attend_head_avx2(rows, q, s, head, scratch, p_h, o_h) },
-            _ => attend_head(rows, q, s, head, scratch, p_h, o_h),
+    // The query rows (`hkv·group`, each cache head's `group` consecutive) are cut into parts that write
+    // their own slices. Outside a decoding team's owner the parts are the cache heads, one after the
+    // other; on a team they run in parallel (its threads spin between products anyway). When the
+    // team's threads do not divide the heads (SmolLM2's 3 on 2 threads, or 2 heads on 16 threads), the
+    // rows are cut into as many even parts as threads instead: a head split between two parts has its
+    // rows read by both, but no thread waits while another does a second head. Each query row's
+    // arithmetic is the same whatever the cut.
+    let total = hkv * group;
+    let team = crate::parallel::team_size();
+    let parts = match team > 1 && hkv % team != 0 {
+        true => team.min(total),
+        false => hkv,
+    };
+    let bounds: Vec<usize> = (0..=parts).map(|p| p * total / parts).collect();
+    let mut slices = Vec::with_capacity(parts);
+    let (mut o_rest, mut p_rest) = (&mut out[..], &mut probs[..]);
+    for w in bounds.windows(2) {
+        let rows = w[1] - w[0];
+        let (o, o_tail) = std::mem::take(&mut o_rest).split_at_mut(rows * d);
+        let (p, p_tail) = std::mem::take(&mut p_rest).split_at_mut(rows * n);
+        (o_rest, p_rest) = (o_tail, p_tail);
+        slices.push(std::sync::Mutex::new((o, p)));
+    }
+    crate::parallel::for_each_init_on_team(parts, Scratch::default, |scratch, part| {
+        let mut slot = slices[part].lock().unwrap_or_else(|e| e.into_inner());
+        let (o_part, p_part) = &mut *slot;
+        let (start, end) = (bounds[part], bounds[part + 1]);
+        let mut r = start;
+        // One call per cache head the part touches, over the rows of that head it holds.
+        while r < end {
+            let (h, first) = (r / group, r % group);
+            let rows_here = (group - first).min(end - r);
+            let o_h = &mut o_part[(r - start) * d..(r - start + rows_here) * d];
+            let p_h = &mut p_part[(r - start) * n..(r - start + rows_here) * n];
+            let sub = subset.map(|sub| sub[h].as_slice());
+            let head = Head {
+                h,
+                first,
+                rows: rows_here,
+                sub,
+            };
+            match path {
+                // SAFETY: `path` is supported by this CPU (`attend_one_on` asks `Path::supported`).
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx512 => unsafe { attend_head_avx512(rows, q, s, head, scratch, p_h, o_h) },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx2 => unsafe { attend_head_avx2(rows, q, s, head, scratch, p_h, o_h) },
+                _ => attend_head(rows, q, s, head, scratch, p_h, o_h),
+            }
+            r += rows_here;
         }
     });
     drop(slices);
     (out, probs)
 }
 
-/// Which cache head [`attend_head`] computes, over all its entries or only `sub`.
+/// Which cache head [`attend_head`] computes, for which of its query rows (`rows` from `first`), over
+/// all its entries or only `sub`.
 #[derive(Clone, Copy)]
 struct Head<'a> {
     h: usize,
+    first: usize,
+    rows: usize,
     sub: Option<&'a [usize]>,
 }
 
-/// Buffers a thread reuses from head to head: a row as f32, a value row widened to f64, the f64 sums.
+/// Buffers a thread reuses from head to head: a row as f32, a block of value rows widened to f64 and
+/// their weights per query head (`[group][BLOCK]`), the f64 sums.
 #[derive(Default)]
 struct Scratch {
     row: Vec<f32>,
     wide: Vec<f64>,
+    weights: Vec<f64>,
     acc: Vec<f64>,
 }
+
+/// Entries whose weighted values are added together: each sum is loaded and stored once per block, not
+/// once per entry (the additions themselves, and their order, are those of one entry at a time).
+const BLOCK: usize = 8;
 
 /// [`attend_head`] compiled for an instruction set: the same operations, so the same bits.
 macro_rules! attend_head_for {
@@ -314,9 +398,10 @@ macro_rules! attend_head_for {
 attend_head_for!(attend_head_avx2, "avx2,fma,f16c");
 attend_head_for!(attend_head_avx512, "avx512f,avx512bw,avx2,fma,f16c");
 
-/// One cache head's attention: every query head of its group over its entries (or over `head.sub`
-/// only, whose probabilities are then a softmax over them, zero elsewhere), reading each key and value
-/// once. `p_h` (`[group][n]`) receives the probabilities, `o_h` (`[group][d]`) the output.
+/// One cache head's attention: the query heads `head.rows` of its group, from `head.first`, over its
+/// entries (or over `head.sub` only, whose probabilities are then a softmax over them, zero
+/// elsewhere), reading each key and value once. `p_h` (`[rows][n]`) receives the probabilities, `o_h`
+/// (`[rows][d]`) the output.
 #[inline(always)]
 fn attend_head<R: CacheRows>(
     rows: &R,
@@ -331,16 +416,26 @@ fn attend_head<R: CacheRows>(
         d, n, group, scale, ..
     } = *s;
     let h = head.h;
-    let Scratch { row, wide, acc } = scratch;
+    // The query rows this call computes: `head.rows` of the group's, from `head.first`.
+    let first = h * group + head.first;
+    let group = head.rows;
+    let Scratch {
+        row,
+        wide,
+        weights,
+        acc,
+    } = scratch;
     row.resize(d, 0.0);
-    wide.resize(d, 0.0);
+    wide.resize(BLOCK * d, 0.0);
+    weights.resize(group * BLOCK, 0.0);
     acc.clear();
     acc.resize(group * d, 0.0);
-    let queries = &q[h * group * d..(h + 1) * group * d];
+    let queries = &q[first * d..(first + group) * d];
     match head.sub {
         None => {
             // 1. Scores of every query head of the group, reading each key once.
             for j in 0..n {
+                rows.prefetch(h, j + AHEAD, true);
                 let key = rows.key(h, j, row);
                 for (r, qr) in queries.chunks_exact(d).enumerate() {
                     p_h[r * n + j] = dot_body(qr, key) * scale;
@@ -358,12 +453,18 @@ fn attend_head<R: CacheRows>(
                 let inv = 1.0 / sum;
                 p.iter_mut().for_each(|x| *x = (*x as f64 * inv) as f32);
             }
-            // 3. Weighted values, reading each value once, accumulated in f64 (order-independent).
-            for j in 0..n {
-                widen(rows.value(h, j, row), wide);
-                for (r, a) in acc.chunks_exact_mut(d).enumerate() {
-                    add_scaled_wide(a, p_h[r * n + j] as f64, wide);
+            // 3. Weighted values, reading each value once, accumulated in f64 (order-independent),
+            //    a block of entries at a time.
+            for j0 in (0..n).step_by(BLOCK) {
+                let t = BLOCK.min(n - j0);
+                for k in 0..t {
+                    rows.prefetch(h, j0 + k + AHEAD, false);
+                    widen(rows.value(h, j0 + k, row), &mut wide[k * d..(k + 1) * d]);
+                    for r in 0..group {
+                        weights[r * BLOCK + k] = p_h[r * n + j0 + k] as f64;
+                    }
                 }
+                add_block(acc, d, &wide[..t * d], weights, t);
             }
         }
         Some(idx) => {
@@ -372,6 +473,9 @@ fn attend_head<R: CacheRows>(
             let m = idx.len();
             let mut scores = vec![0f32; group * m];
             for (k, &j) in idx.iter().enumerate() {
+                if let Some(&ahead) = idx.get(k + AHEAD) {
+                    rows.prefetch(h, ahead, true);
+                }
                 let key = rows.key(h, j, row);
                 for (r, qr) in queries.chunks_exact(d).enumerate() {
                     scores[r * m + k] = dot_body(qr, key) * scale;
@@ -380,13 +484,19 @@ fn attend_head<R: CacheRows>(
             scores
                 .chunks_exact_mut(m.max(1))
                 .for_each(crate::policy::score::softmax);
-            for (k, &j) in idx.iter().enumerate() {
-                widen(rows.value(h, j, row), wide);
-                for (r, a) in acc.chunks_exact_mut(d).enumerate() {
-                    let p = scores[r * m + k];
-                    p_h[r * n + j] = p;
-                    add_scaled_wide(a, p as f64, wide);
+            for (b, block) in idx.chunks(BLOCK).enumerate() {
+                for (k, &j) in block.iter().enumerate() {
+                    if let Some(&ahead) = idx.get(b * BLOCK + k + AHEAD) {
+                        rows.prefetch(h, ahead, false);
+                    }
+                    widen(rows.value(h, j, row), &mut wide[k * d..(k + 1) * d]);
+                    for r in 0..group {
+                        let p = scores[r * m + b * BLOCK + k];
+                        p_h[r * n + j] = p;
+                        weights[r * BLOCK + k] = p as f64;
+                    }
                 }
+                add_block(acc, d, &wide[..block.len() * d], weights, block.len());
             }
         }
     }
@@ -403,14 +513,37 @@ fn widen(x: &[f32], out: &mut [f64]) {
     }
 }
 
-/// `acc += p · v` in f64, `v` already widened (exactly), element by element: attention's weighted
-/// values as order-independent sums.
+/// For every query head `r`, `acc[r] += Σₖ weights[r][k] · wide[k]` over the block's `t` entries in
+/// order, in f64 (the value rows already widened, exactly): attention's weighted values as
+/// order-independent sums. Each run of [`RUN`] sums stays in registers over the block (enough
+/// independent additions in flight to hide their latency).
 #[inline(always)]
-fn add_scaled_wide(acc: &mut [f64], p: f64, v: &[f64]) {
-    for (o, &x) in acc.iter_mut().zip(v) {
-        *o += p * x;
+fn add_block(acc: &mut [f64], d: usize, wide: &[f64], weights: &[f64], t: usize) {
+    for (a_r, w_r) in acc.chunks_exact_mut(d).zip(weights.chunks_exact(BLOCK)) {
+        let w_r = &w_r[..t];
+        let mut runs = a_r.chunks_exact_mut(RUN);
+        for (c, run) in runs.by_ref().enumerate() {
+            let mut a = [0f64; RUN];
+            a.copy_from_slice(run);
+            for (k, &p) in w_r.iter().enumerate() {
+                let v = &wide[k * d + c * RUN..][..RUN];
+                for i in 0..RUN {
+                    a[i] += p * v[i];
+                }
+            }
+            run.copy_from_slice(&a);
+        }
+        let done = d - d % RUN;
+        for (i, o) in runs.into_remainder().iter_mut().enumerate() {
+            for (k, &p) in w_r.iter().enumerate() {
+                *o += p * wide[k * d + done + i];
+            }
+        }
     }
 }
+
+/// Sums [`add_block`] keeps in registers at once.
+const RUN: usize = 32;
 
 /// Keys and values of the entries `subset[h]` of every head, `[heads, m, d]` each (all heads select
 /// the same number of entries): sparse attention on devices without the CPU loop.
@@ -462,18 +595,31 @@ mod tests {
         layer
     }
 
+    /// Queries for `hkv·group` heads of `d`, and for each cache head a subset of its `n` entries
+    /// (two in three, in reverse: sparse attention reads them in any order).
+    fn queries_and_subset(
+        hkv: usize,
+        group: usize,
+        d: usize,
+        n: usize,
+        seed: u64,
+    ) -> (Vec<f32>, Vec<Vec<usize>>) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let q = (0..hkv * group * d)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let subset = (0..hkv)
+            .map(|h| (0..n).filter(|j| (j + h) % 3 != 0).rev().collect())
+            .collect();
+        (q, subset)
+    }
+
     /// The portable, AVX2 and AVX-512 loops give the same bits (outputs and probabilities), over all
     /// entries and over a subset, for every storage type (paths this CPU lacks run as the best below).
     #[test]
     fn every_path_gives_the_same_bits_for_every_cache_type() {
         let (hkv, d, group, n) = (2, 64, 3, 300);
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        let q: Vec<f32> = (0..hkv * group * d)
-            .map(|_| rng.random_range(-1.0f32..1.0))
-            .collect();
-        let subset: Vec<Vec<usize>> = (0..hkv)
-            .map(|h| (0..n).filter(|j| (j + h) % 3 != 0).rev().collect())
-            .collect();
+        let (q, subset) = queries_and_subset(hkv, group, d, n, 5);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for kv in ["f32", "f16", "bf16", "q8_0", "q4_0", "kivi4:64", "kivi2:64"] {
             let kv: KvType = kv.parse().unwrap();
@@ -491,6 +637,94 @@ mod tests {
                         "{kv}, subset {}: {path:?} differs from the portable loop",
                         sub.is_some()
                     );
+                }
+            }
+        }
+    }
+
+    /// On a decoding team whose threads do not divide the cache heads, the query rows are cut into even
+    /// parts across heads: the same bits as one head after the other, for every cache type.
+    #[test]
+    fn rows_cut_across_heads_on_a_team_give_the_same_bits() {
+        let (hkv, d, group, n) = (3, 64, 3, 200);
+        let (q, subset) = queries_and_subset(hkv, group, d, n, 8);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for kv in ["f32", "f16", "q8_0", "kivi2:64"] {
+            let layer = cache(kv.parse().unwrap(), hkv, d, n);
+            for sub in [None, Some(&subset[..])] {
+                let run = || {
+                    let a = attend_one(&layer, &q, group, 0.125, true, sub).unwrap();
+                    (a.out, a.probs.unwrap())
+                };
+                let alone = run();
+                let (on_team, team) = pool.install(|| {
+                    crate::parallel::with_team(true, || (run(), crate::parallel::team_size()))
+                });
+                let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+                assert_eq!(team, if cores >= 2 { 2 } else { 1 }, "the team formed");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&alone.0),
+                    bits(&on_team.0),
+                    "{kv}, subset {}",
+                    sub.is_some()
+                );
+                assert_eq!(
+                    bits(&alone.1),
+                    bits(&on_team.1),
+                    "{kv}, subset {}",
+                    sub.is_some()
+                );
+            }
+        }
+    }
+
+    /// The weighted values, summed a block of entries at a time with the sums in registers, are the
+    /// sums of one entry at a time in f64 (all entries, or the subset's) rounded to f32, to the bit:
+    /// for head sizes and entry counts that are and are not multiples of the block and of the run.
+    #[test]
+    fn blocked_sums_equal_entry_by_entry_sums() {
+        for (d, n) in [(64, 300), (48, 37), (40, 8), (32, 5)] {
+            let (hkv, group) = (2, 3);
+            let (q, subset) = queries_and_subset(hkv, group, d, n, d as u64);
+            for kv in ["f32", "f16"] {
+                let layer = cache(kv.parse().unwrap(), hkv, d, n);
+                let values: Vec<f32> = layer
+                    .values()
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                let all: Vec<Vec<usize>> = vec![(0..n).collect(); hkv];
+                for sub in [None, Some(&subset[..])] {
+                    let a =
+                        attend_one_on(Path::best(), &layer, &q, group, 0.125, true, sub).unwrap();
+                    let probs = a.probs.unwrap();
+                    let order = sub.unwrap_or(&all);
+                    for h in 0..hkv {
+                        for r in 0..group {
+                            for c in 0..d {
+                                let mut sum = 0f64;
+                                for &j in &order[h] {
+                                    let p = probs[(h * group + r) * n + j] as f64;
+                                    sum += p * values[(h * n + j) * d + c] as f64;
+                                }
+                                let got = a.out[(h * group + r) * d + c];
+                                assert_eq!(
+                                    got.to_bits(),
+                                    (sum as f32).to_bits(),
+                                    "{kv}, d {d}, n {n}, subset {}: head {h}, query {r}, channel {c}",
+                                    sub.is_some()
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -5,7 +5,8 @@
 //! thread shows the work itself). Prints microseconds per call and the cache bytes read per second.
 //! A benchmark, not a test: `cargo bench --bench attention` (`-- --lengths 2048,4096`, `-- --types
 //! f16,q8_0`, `-- --repeats N`, default 15; `-- --paths portable,avx2,avx512` to time the code paths in
-//! turn, default the best this CPU runs).
+//! turn, default the best this CPU runs; `-- --layers L` gives each type L caches called in turn, a
+//! call's time being their mean, so that the caches read are out of L2 as in a model's decoding step).
 
 use candle_core::{Device, Tensor};
 use kvbench::cache::{KvType, LayerCache};
@@ -38,6 +39,9 @@ fn main() {
     let repeats: usize = list(&args, "--repeats", "15")[0]
         .parse()
         .expect("--repeats: a number");
+    let layers: usize = list(&args, "--layers", "1")[0]
+        .parse()
+        .expect("--layers: a number");
     let paths: Vec<Path> = match args.iter().any(|a| a == "--paths") {
         false => vec![Path::best()],
         true => list(&args, "--paths", "")
@@ -67,9 +71,12 @@ fn main() {
             let q = random(hkv * group * d);
             // Every (type, path) is timed in turn within each repeat, so that they share the
             // machine's state (a VM's speed drifts by tens of percent from second to second).
-            let caches: Vec<(KvType, LayerCache)> = types
+            let caches: Vec<(KvType, Vec<LayerCache>)> = types
                 .iter()
-                .map(|&kv| (kv, filled(kv, hkv, d, n, &keys, &values)))
+                .map(|&kv| {
+                    let layer = || filled(kv, hkv, d, n, &keys, &values);
+                    (kv, (0..layers).map(|_| layer()).collect())
+                })
                 .collect();
             let scale = 1.0 / (d as f32).sqrt();
             let runs: Vec<(usize, Path)> = (0..caches.len())
@@ -79,11 +86,13 @@ fn main() {
             for i in 0..repeats + 3 {
                 for (t, &(c, path)) in times.iter_mut().zip(&runs) {
                     let t0 = Instant::now();
-                    let out = attend_one_on(path, &caches[c].1, &q, group, scale, false, None)
-                        .expect("a CPU cache");
-                    std::hint::black_box(out.out);
+                    for layer in &caches[c].1 {
+                        let out = attend_one_on(path, layer, &q, group, scale, false, None)
+                            .expect("a CPU cache");
+                        std::hint::black_box(out.out);
+                    }
                     if i >= 3 {
-                        t.push(t0.elapsed().as_secs_f64());
+                        t.push(t0.elapsed().as_secs_f64() / layers as f64);
                     }
                 }
             }

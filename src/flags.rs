@@ -44,7 +44,9 @@ pub struct ModelFlags {
     pub device: Option<DeviceSpec>,
     /// How the KV cache stores keys and values: f32 (the exact reference), f16 (llama.cpp's default
     /// cache type), bf16, or llama.cpp's q8_0 / q4_0 blocks; KEYS/VALUES for two types (q8_0/f16,
-    /// as llama.cpp's -ctk q8_0 -ctv f16) [default: f16 on the CPU, bf16 on a GPU].
+    /// as llama.cpp's -ctk q8_0 -ctv f16); or KIVI's kivi2 / kivi4 (2- or 4-bit keys per channel and
+    /// values per token, the 128 most recent entries in f16; kivi2:WINDOW sets that window; CPU only)
+    /// [default: f16 on the CPU, bf16 on a GPU].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_type: Option<KvType>,

@@ -419,28 +419,16 @@ fn attend_head<R: CacheRows>(
     // The query rows this call computes: `head.rows` of the group's, from `head.first`.
     let first = h * group + head.first;
     let group = head.rows;
-    let Scratch {
-        row,
-        wide,
-        weights,
-        acc,
-    } = scratch;
-    row.resize(d, 0.0);
-    wide.resize(BLOCK * d, 0.0);
-    weights.resize(group * BLOCK, 0.0);
-    acc.clear();
-    acc.resize(group * d, 0.0);
+    scratch.row.resize(d, 0.0);
+    scratch.wide.resize(BLOCK * d, 0.0);
+    scratch.weights.resize(group * BLOCK, 0.0);
+    scratch.acc.clear();
+    scratch.acc.resize(group * d, 0.0);
     let queries = &q[first * d..(first + group) * d];
     match head.sub {
         None => {
             // 1. Scores of every query head of the group, reading each key once.
-            for j in 0..n {
-                rows.prefetch(h, j + AHEAD, true);
-                let key = rows.key(h, j, row);
-                for (r, qr) in queries.chunks_exact(d).enumerate() {
-                    p_h[r * n + j] = dot_body(qr, key) * scale;
-                }
-            }
+            scores_into(rows, h, n, |k| k, queries, scale, &mut scratch.row, p_h);
             // 2. Softmax per query head. Sums are accumulated in f64 so that the result does not
             //    depend on the order of the entries (policies store kept entries in score order).
             for p in p_h.chunks_exact_mut(n) {
@@ -453,56 +441,101 @@ fn attend_head<R: CacheRows>(
                 let inv = 1.0 / sum;
                 p.iter_mut().for_each(|x| *x = (*x as f64 * inv) as f32);
             }
-            // 3. Weighted values, reading each value once, accumulated in f64 (order-independent),
-            //    a block of entries at a time.
-            for j0 in (0..n).step_by(BLOCK) {
-                let t = BLOCK.min(n - j0);
-                for k in 0..t {
-                    rows.prefetch(h, j0 + k + AHEAD, false);
-                    widen(rows.value(h, j0 + k, row), &mut wide[k * d..(k + 1) * d]);
-                    for r in 0..group {
-                        weights[r * BLOCK + k] = p_h[r * n + j0 + k] as f64;
-                    }
-                }
-                add_block(acc, d, &wide[..t * d], weights, t);
-            }
+            // 3. Weighted values, reading each value once.
+            add_values(rows, h, n, |k| k, p_h, scratch);
         }
         Some(idx) => {
             // Sparse attention: the scores of the entries `idx`, a softmax over them per query head
-            // (f32 sums, as `policy::score::softmax`), their weighted values.
+            // (f32 sums, as `policy::score::softmax`), placed at their entries; their weighted values.
             let m = idx.len();
             let mut scores = vec![0f32; group * m];
-            for (k, &j) in idx.iter().enumerate() {
-                if let Some(&ahead) = idx.get(k + AHEAD) {
-                    rows.prefetch(h, ahead, true);
-                }
-                let key = rows.key(h, j, row);
-                for (r, qr) in queries.chunks_exact(d).enumerate() {
-                    scores[r * m + k] = dot_body(qr, key) * scale;
-                }
-            }
-            scores
+            scores_into(
+                rows,
+                h,
+                m,
+                |k| idx[k],
+                queries,
+                scale,
+                &mut scratch.row,
+                &mut scores,
+            );
+            for (s_r, p_r) in scores
                 .chunks_exact_mut(m.max(1))
-                .for_each(crate::policy::score::softmax);
-            for (b, block) in idx.chunks(BLOCK).enumerate() {
-                for (k, &j) in block.iter().enumerate() {
-                    if let Some(&ahead) = idx.get(b * BLOCK + k + AHEAD) {
-                        rows.prefetch(h, ahead, false);
-                    }
-                    widen(rows.value(h, j, row), &mut wide[k * d..(k + 1) * d]);
-                    for r in 0..group {
-                        let p = scores[r * m + b * BLOCK + k];
-                        p_h[r * n + j] = p;
-                        weights[r * BLOCK + k] = p as f64;
-                    }
+                .zip(p_h.chunks_exact_mut(n))
+            {
+                crate::policy::score::softmax(s_r);
+                for (&p, &j) in s_r.iter().zip(idx) {
+                    p_r[j] = p;
                 }
-                add_block(acc, d, &wide[..block.len() * d], weights, block.len());
             }
+            add_values(rows, h, m, |k| idx[k], p_h, scratch);
         }
     }
     o_h.iter_mut()
-        .zip(acc.iter())
+        .zip(scratch.acc.iter())
         .for_each(|(o, &a)| *o = a as f32);
+}
+
+/// `out[r][k] = q_r · key(entry(k)) · scale` for the `count` entries, every query row `r` of `queries`
+/// (`[rows][d]`), reading each key once (`out`: `[rows][count]`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores_into<R: CacheRows>(
+    rows: &R,
+    h: usize,
+    count: usize,
+    entry: impl Fn(usize) -> usize,
+    queries: &[f32],
+    scale: f32,
+    row: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = row.len();
+    for k in 0..count {
+        if k + AHEAD < count {
+            rows.prefetch(h, entry(k + AHEAD), true);
+        }
+        let key = rows.key(h, entry(k), row);
+        for (r, qr) in queries.chunks_exact(d).enumerate() {
+            out[r * count + k] = dot_body(qr, key) * scale;
+        }
+    }
+}
+
+/// `acc[r] += p_h[r][j] · value(j)` in f64 for the `count` entries `j = entry(k)` in that order, every
+/// query row `r` (`p_h`: `[rows][n]`, `acc`: `[rows][d]`, the scratch sized for them): each value
+/// read once and widened once, a block of entries at a time (order-independent sums: `add_block`).
+#[inline(always)]
+fn add_values<R: CacheRows>(
+    rows: &R,
+    h: usize,
+    count: usize,
+    entry: impl Fn(usize) -> usize,
+    p_h: &[f32],
+    scratch: &mut Scratch,
+) {
+    let Scratch {
+        row,
+        wide,
+        weights,
+        acc,
+    } = scratch;
+    let d = row.len();
+    let n = p_h.len() / (acc.len() / d);
+    for k0 in (0..count).step_by(BLOCK) {
+        let t = BLOCK.min(count - k0);
+        for k in 0..t {
+            if k0 + k + AHEAD < count {
+                rows.prefetch(h, entry(k0 + k + AHEAD), false);
+            }
+            let j = entry(k0 + k);
+            widen(rows.value(h, j, row), &mut wide[k * d..(k + 1) * d]);
+            for (r, p_r) in p_h.chunks_exact(n).enumerate() {
+                weights[r * BLOCK + k] = p_r[j] as f64;
+            }
+        }
+        add_block(acc, d, &wide[..t * d], weights, t);
+    }
 }
 
 /// `x` as f64 into `out` (exact), so that each value row is widened once, not once per query head.

@@ -116,7 +116,12 @@ pub struct KiviStore {
 }
 
 impl KiviStore {
+    /// A store of `bits` (2 or 4: `KvType` parses no other) codes per value.
     pub fn new(bits: u8, window: usize, kv_heads: usize, d: usize) -> Self {
+        assert!(
+            matches!(bits, 2 | 4),
+            "KIVI codes are 2 or 4 bits, not {bits}"
+        );
         KiviStore {
             bits,
             window,
@@ -272,7 +277,11 @@ impl KiviStore {
                 let g = &head.groups[head.packed_group[p] as usize];
                 let kb = self.key_bytes;
                 let codes = &head.packed_k[p * kb..(p + 1) * kb];
-                super::rows::codes_scaled_each(codes, self.bits, &g.scale, &g.min, &mut out[..d]);
+                let out = &mut out[..d];
+                match self.bits {
+                    2 => super::rows::codes_scaled_each::<2>(codes, &g.scale, &g.min, out),
+                    _ => super::rows::codes_scaled_each::<4>(codes, &g.scale, &g.min, out),
+                }
             }
         }
     }
@@ -286,7 +295,11 @@ impl KiviStore {
             Slot::Packed(p) => {
                 let vb = self.value_bytes;
                 let p = p as usize;
-                unpack_value(&head.packed_v[p * vb..(p + 1) * vb], self.bits, out)
+                let row = &head.packed_v[p * vb..(p + 1) * vb];
+                match self.bits {
+                    2 => unpack_value::<2>(row, out),
+                    _ => unpack_value::<4>(row, out),
+                }
             }
         }
     }
@@ -415,19 +428,19 @@ fn pack_value(x: &[f32], bits: u8) -> Vec<u8> {
     out
 }
 
-/// A value row ([`pack_value`]'s layout) as f32 into `out` (`d` values).
+/// A value row of `B`-bit codes ([`pack_value`]'s layout) as f32 into `out` (`d` values).
 #[inline(always)]
-fn unpack_value(row: &[u8], bits: u8, out: &mut [f32]) {
+fn unpack_value<const B: usize>(row: &[u8], out: &mut [f32]) {
     let groups = out.len() / GROUP;
     let (params, codes) = row.split_at(groups * 4);
-    let per = GROUP * bits as usize / 8;
+    let per = GROUP * B / 8;
     for ((o, p), c) in out
         .chunks_exact_mut(GROUP)
         .zip(params.chunks_exact(4))
         .zip(codes.chunks_exact(per))
     {
         let (s, m) = super::rows::f16_pair([p[0], p[1], p[2], p[3]]);
-        super::rows::codes_scaled(c, bits, s, m, o);
+        super::rows::codes_scaled::<B>(c, s, m, o);
     }
 }
 

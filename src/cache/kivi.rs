@@ -66,20 +66,13 @@ enum Slot {
     Packed(u32),
 }
 
-/// A key group's per-channel scales and minima, and how many held entries use it. The values are
-/// f16 (what [`group_bytes`] counts); they are kept widened to f32 so that a key is read without
-/// converting them each time.
-#[derive(Debug, Clone)]
-struct KeyGroup {
-    scale: Box<[f32]>,
-    min: Box<[f32]>,
-    live: u32,
-}
-
 /// One KV head: its entries in storage order, the window's rows (f16 keys and values, `d` each) and
 /// the packed rows (key codes; value scales, minima and codes; the key group) each in one contiguous
 /// buffer, mostly in storage order (appends go last, a gather rebuilds them in the kept order), and
-/// its key groups.
+/// its key groups: group `g`'s per-channel scales then minima at `g·2d` of `group_params`, and how
+/// many held entries use it. The scales and minima are f16 (what [`group_bytes`] counts), kept
+/// widened to f32 so that a key is read without converting them, and all in one buffer: a separate
+/// allocation per group put a cache miss on the first key of every group in a model's step.
 #[derive(Debug, Clone, Default)]
 struct Head {
     slots: Vec<Slot>,
@@ -88,7 +81,8 @@ struct Head {
     packed_k: Vec<u8>,
     packed_v: Vec<u8>,
     packed_group: Vec<u32>,
-    groups: Vec<KeyGroup>,
+    group_params: Vec<f32>,
+    group_live: Vec<u32>,
     free: Vec<u32>,
     live_groups: usize,
 }
@@ -156,10 +150,7 @@ impl KiviStore {
                     + h.packed_k.capacity()
                     + h.packed_v.capacity()
                     + h.packed_group.capacity() * 4
-                    + h.groups
-                        .iter()
-                        .map(|g| 4 * (g.scale.len() + g.min.len()))
-                        .sum::<usize>()
+                    + (h.group_params.capacity() + h.group_live.capacity()) * 4
             })
             .sum()
     }
@@ -228,19 +219,20 @@ impl KiviStore {
             f16s(&head.window_v[row(j)], &mut x);
             packed_v.extend_from_slice(&pack_value(&x, bits));
         }
-        let group = KeyGroup {
-            scale: scale.into(),
-            min: min.into(),
-            live: oldest.len() as u32,
-        };
+        let live = oldest.len() as u32;
         let g = match head.free.pop() {
             Some(g) => {
-                head.groups[g as usize] = group;
+                let at = g as usize * 2 * d;
+                head.group_params[at..at + d].copy_from_slice(&scale);
+                head.group_params[at + d..at + 2 * d].copy_from_slice(&min);
+                head.group_live[g as usize] = live;
                 g
             }
             None => {
-                head.groups.push(group);
-                (head.groups.len() - 1) as u32
+                head.group_params.extend_from_slice(&scale);
+                head.group_params.extend_from_slice(&min);
+                head.group_live.push(live);
+                (head.group_live.len() - 1) as u32
             }
         };
         head.live_groups += 1;
@@ -274,13 +266,14 @@ impl KiviStore {
             Slot::Window(w) => f16s(&head.window_k[w as usize * d..][..d], out),
             Slot::Packed(p) => {
                 let p = p as usize;
-                let g = &head.groups[head.packed_group[p] as usize];
+                let at = head.packed_group[p] as usize * 2 * d;
+                let (scale, min) = head.group_params[at..at + 2 * d].split_at(d);
                 let kb = self.key_bytes;
                 let codes = &head.packed_k[p * kb..(p + 1) * kb];
                 let out = &mut out[..d];
                 match self.bits {
-                    2 => super::rows::codes_scaled_each::<2>(codes, &g.scale, &g.min, out),
-                    _ => super::rows::codes_scaled_each::<4>(codes, &g.scale, &g.min, out),
+                    2 => super::rows::codes_scaled_each::<2>(codes, scale, min, out),
+                    _ => super::rows::codes_scaled_each::<4>(codes, scale, min, out),
                 }
             }
         }
@@ -348,12 +341,10 @@ impl KiviStore {
         let (d, kb, vb) = (self.d, self.key_bytes, self.value_bytes);
         for (head, idx) in self.heads.iter_mut().zip(kept) {
             let mut new = Head {
-                groups: std::mem::take(&mut head.groups),
+                group_params: std::mem::take(&mut head.group_params),
+                group_live: vec![0; head.group_live.len()],
                 ..Head::default()
             };
-            for g in new.groups.iter_mut() {
-                g.live = 0;
-            }
             for &j in idx {
                 match head.slots[j] {
                     Slot::Window(w) => {
@@ -371,17 +362,16 @@ impl KiviStore {
                         new.packed_v
                             .extend_from_slice(&head.packed_v[p * vb..(p + 1) * vb]);
                         new.packed_group.push(g);
-                        new.groups[g as usize].live += 1;
+                        new.group_live[g as usize] += 1;
                     }
                 }
             }
-            for (i, g) in new.groups.iter_mut().enumerate() {
-                if g.live == 0 {
-                    g.scale = Box::default();
-                    g.min = Box::default();
-                    new.free.push(i as u32);
-                } else {
-                    new.live_groups += 1;
+            // A group without members is free for the next group this head packs (its space stays
+            // allocated, and counted by `allocated_bytes`, until then).
+            for (i, &live) in new.group_live.iter().enumerate() {
+                match live {
+                    0 => new.free.push(i as u32),
+                    _ => new.live_groups += 1,
                 }
             }
             *head = new;
@@ -525,7 +515,7 @@ mod tests {
         assert_eq!(s.heads[1].free, vec![0]);
         let after: Vec<u32> = (33..36).chain(40..75).collect();
         s.append(1, &k[..35 * d], &v[..35 * d], &after);
-        assert_eq!(s.heads[1].groups.len(), 1, "the freed slot is reused");
+        assert_eq!(s.heads[1].group_live.len(), 1, "the freed slot is reused");
         assert_eq!(s.in_window(1), 38 - 32);
     }
 }

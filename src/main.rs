@@ -10,6 +10,7 @@ fn main() -> ExitCode {
     process_edges::install();
     // Read deep inside the kernels, so checked here, before any command runs.
     let env = [
+        kvbench::kernels::dispatch::path_from_env().map(|_| ()),
         kvbench::kernels::dispatch::prefetch_from_env().map(|_| ()),
         kvbench::kernels::dispatch::repack_from_env().map(|_| ()),
         kvbench::kernels::dispatch::vnni_from_env().map(|_| ()),

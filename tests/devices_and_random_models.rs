@@ -133,6 +133,49 @@ fn forward(model: &str, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&ok(&kvbench(&args))).unwrap()
 }
 
+/// `KVBENCH_PATH` caps the code path for the whole process: the record names the path that ran, and
+/// the tokens do not change (every path computes the same bits on a float model).
+#[test]
+fn the_path_cap_is_named_in_the_record_and_changes_no_token() {
+    let run = |path: Option<&str>| -> serde_json::Value {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"));
+        cmd.args([
+            "forward",
+            "--model",
+            "random:tiny",
+            "--tokens",
+            "24",
+            "--token-seed",
+            "5",
+            "--generate",
+            "12",
+            "--policy",
+            "h2o",
+            "--budget",
+            "8",
+            "--kv-type",
+            "kivi2:16",
+        ]);
+        cmd.env_remove("KVBENCH_PATH");
+        if let Some(p) = path {
+            cmd.env("KVBENCH_PATH", p);
+        }
+        serde_json::from_str(&ok(&cmd.output().expect("run kvbench"))).unwrap()
+    };
+    let widest = run(None);
+    for (cap, name) in [
+        ("portable", "kvbench kernels: portable"),
+        ("avx2", "kvbench kernels: "),
+    ] {
+        let capped = run(Some(cap));
+        let machine = capped["machine"].as_str().unwrap();
+        assert!(machine.contains(name), "{cap}: {machine}");
+        assert!(!machine.contains("kernels: AVX-512"), "{cap}: {machine}");
+        assert_eq!(capped["argmax"], widest["argmax"], "{cap}");
+        assert_eq!(capped["generated"], widest["generated"], "{cap}");
+    }
+}
+
 #[test]
 fn an_exported_random_model_runs_as_the_model_itself() {
     let dir = temp("export");

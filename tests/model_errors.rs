@@ -719,7 +719,7 @@ fn devices_and_directories_in_place_of_files_are_refused_by_name() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A malformed kernel setting (`KVBENCH_PREFETCH`, `KVBENCH_REPACK`: read inside the kernels) is
+/// A malformed kernel setting (`KVBENCH_PREFETCH`, `KVBENCH_REPACK`, `KVBENCH_VNNI`, `KVBENCH_PATH`: read inside the kernels) is
 /// refused before any command runs, naming the variable and its value.
 #[test]
 fn a_bad_kernel_setting_exits_with_code_2_and_names_the_variable() {
@@ -734,6 +734,7 @@ fn a_bad_kernel_setting_exits_with_code_2_and_names_the_variable() {
         ("KVBENCH_PREFETCH", "4k", "0"),
         ("KVBENCH_REPACK", "yes", "0"),
         ("KVBENCH_VNNI", "on", "1"),
+        ("KVBENCH_PATH", "sse9", "avx2"),
     ] {
         let out = run(var, bad);
         assert_eq!(out.status.code(), Some(2), "{var}={bad}");

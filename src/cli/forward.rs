@@ -151,6 +151,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
         "random_weights": model.files.is_random(),
         "weights": args.model.weights(),
         "device": device,
+        "machine": kvbench::metrics::machine(),
         "kvbench": env!("CARGO_PKG_VERSION"),
         "commit": env!("KVBENCH_GIT_COMMIT"),
         "policy": spec.describe_resolved(),

@@ -1,5 +1,5 @@
 //! The one place that decides which kernel runs: what this CPU can do (checked once per process), the
-//! environment's overrides (`KVBENCH_VNNI`, `KVBENCH_REPACK`, `KVBENCH_PREFETCH`), and the row counts at
+//! environment's overrides (`KVBENCH_PATH`, `KVBENCH_VNNI`, `KVBENCH_REPACK`, `KVBENCH_PREFETCH`), and the row counts at
 //! which one kernel family hands over to another, gathered per product into a [`Plan`].
 //!
 //! Why it exists: the kernels themselves only compute; a new instruction set or a new threshold is a
@@ -7,8 +7,8 @@
 
 use super::format::BlockFormat;
 
-/// Which code computes the products.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which code computes the products, narrowest first (the order `KVBENCH_PATH` caps by).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Path {
     Portable,
     Avx2,
@@ -52,13 +52,16 @@ impl Path {
     }
 }
 
-/// Whether this CPU runs the AVX2 path (AVX2, FMA and F16C).
+/// Whether this CPU runs the AVX2 path (AVX2, FMA and F16C), and `KVBENCH_PATH` allows it. Everything
+/// that converts or multiplies on vectors asks here or [`has_avx512`], so the cap holds for the whole
+/// process: kernels, attention, the cache's row conversions.
 pub fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *AVX2.get_or_init(|| {
-            is_x86_feature_detected!("avx2")
+            ceiling() >= Path::Avx2
+                && is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
         })
@@ -76,6 +79,7 @@ pub fn has_avx512() -> bool {
         static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *AVX512.get_or_init(|| {
             has_avx2()
+                && ceiling() >= Path::Avx512
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
         })
@@ -83,6 +87,34 @@ pub fn has_avx512() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// The widest path `KVBENCH_PATH` allows (the widest of all when unset).
+fn ceiling() -> Path {
+    // A malformed value is refused by the binary before any kernel runs (`path_from_env`).
+    path_from_env().ok().flatten().unwrap_or(Path::Avx512)
+}
+
+/// `KVBENCH_PATH` (`avx512`, `avx2` or `portable`): the widest code path the process may take, to
+/// measure on an AVX-512 machine what an AVX2-only machine runs. `None` when unset; an error naming
+/// the variable, its value and the accepted ones otherwise. It caps, never raises: `avx512` on an AVX2
+/// machine still runs AVX2, and every record names the path that ran.
+pub fn path_from_env() -> Result<Option<Path>, String> {
+    let Some(raw) = std::env::var_os("KVBENCH_PATH") else {
+        return Ok(None);
+    };
+    match raw
+        .to_str()
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("avx512" | "avx-512") => Ok(Some(Path::Avx512)),
+        Some("avx2") => Ok(Some(Path::Avx2)),
+        Some("portable") => Ok(Some(Path::Portable)),
+        _ => Err(format!(
+            "KVBENCH_PATH={raw:?} must be avx512, avx2 or portable (the widest code path to use)"
+        )),
     }
 }
 

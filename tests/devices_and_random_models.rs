@@ -117,7 +117,8 @@ fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
-fn forward(model: &str, extra: &[&str]) -> serde_json::Value {
+/// `forward` on `model`: 24 seeded prompt tokens, 12 generated, then `extra`.
+fn forward_args<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "forward",
         "--model",
@@ -130,7 +131,11 @@ fn forward(model: &str, extra: &[&str]) -> serde_json::Value {
         "12",
     ];
     args.extend(extra);
-    serde_json::from_str(&ok(&kvbench(&args))).unwrap()
+    args
+}
+
+fn forward(model: &str, extra: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&ok(&kvbench(&forward_args(model, extra)))).unwrap()
 }
 
 /// `KVBENCH_PATH` caps the code path for the whole process: the record names the path that ran, and
@@ -139,23 +144,8 @@ fn forward(model: &str, extra: &[&str]) -> serde_json::Value {
 fn the_path_cap_is_named_in_the_record_and_changes_no_token() {
     let run = |path: Option<&str>| -> serde_json::Value {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"));
-        cmd.args([
-            "forward",
-            "--model",
-            "random:tiny",
-            "--tokens",
-            "24",
-            "--token-seed",
-            "5",
-            "--generate",
-            "12",
-            "--policy",
-            "h2o",
-            "--budget",
-            "8",
-            "--kv-type",
-            "kivi2:16",
-        ]);
+        let extra = ["--policy", "h2o", "--budget", "8", "--kv-type", "kivi2:16"];
+        cmd.args(forward_args("random:tiny", &extra));
         cmd.env_remove("KVBENCH_PATH");
         if let Some(p) = path {
             cmd.env("KVBENCH_PATH", p);

@@ -82,6 +82,12 @@ const STEP: usize = 32;
 fn codes_then<const B: usize>(codes: &[u8], affine: Affine<'_>, out: &mut [f32]) {
     const { assert!(B == 2 || B == 4, "2- or 4-bit codes") };
     let n = out.len().min(codes.len() * 8 / B);
+    if let Affine::PerValue(s, m) = affine {
+        debug_assert!(
+            s.len() >= n && m.len() >= n,
+            "a scale and minimum per value"
+        );
+    }
     #[allow(unused_mut)]
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]

@@ -6,7 +6,8 @@
 //! A benchmark, not a test: `cargo bench --bench attention` (`-- --lengths 2048,4096`, `-- --types
 //! f16,q8_0`, `-- --repeats N`, default 15; `-- --paths portable,avx2,avx512` to time the code paths in
 //! turn, default the best this CPU runs; `-- --layers L` gives each type L caches called in turn, a
-//! call's time being their mean, so that the caches read are out of L2 as in a model's decoding step).
+//! call's time being their mean, so that the caches read are out of L2 as in a model's decoding step;
+//! `-- --threads T` runs the calls on a decoding team of T threads, as a model's step does).
 
 use candle_core::{Device, Tensor};
 use kvbench::cache::{KvType, LayerCache};
@@ -54,6 +55,22 @@ fn main() {
             })
             .collect(),
     };
+    let threads: usize = list(&args, "--threads", "1")[0]
+        .parse()
+        .expect("--threads: a number");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool");
+    pool.install(|| {
+        kvbench::parallel::with_team(threads > 1, || {
+            time_all(&lengths, &types, repeats, layers, &paths)
+        })
+    });
+}
+
+/// Times every shape, length, type and path, printing a table row for each.
+fn time_all(lengths: &[usize], types: &[KvType], repeats: usize, layers: usize, paths: &[Path]) {
     let shapes = [
         ("smollm2-135m", 3usize, 64usize, 3usize),
         ("qwen2.5-1.5b", 2, 128, 6),
@@ -61,7 +78,7 @@ fn main() {
     println!("| shape | entries | cache | path | µs per call (median) | min | cache MB/s |");
     println!("|---|---:|---|---|---:|---:|---:|");
     for &(name, hkv, d, group) in &shapes {
-        for &n in &lengths {
+        for &n in lengths {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
             let mut random = |len: usize| -> Vec<f32> {
                 (0..len).map(|_| rng.random_range(-2.0f32..2.0)).collect()

@@ -57,13 +57,20 @@ fn main() {
     };
     let threads: usize = list(&args, "--threads", "1")[0]
         .parse()
-        .expect("--threads: a number");
+        .ok()
+        .filter(|&t| t >= 1)
+        .expect("--threads: a number of threads, at least 1");
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .expect("a thread pool");
     pool.install(|| {
         kvbench::parallel::with_team(threads > 1, || {
+            // A team forms only where the machine has the cores: say what the calls ran on.
+            let team = kvbench::parallel::team_size();
+            if team != threads {
+                eprintln!("--threads {threads}: this machine runs the calls on {team} thread(s)");
+            }
             time_all(&lengths, &types, repeats, layers, &paths)
         })
     });

@@ -719,8 +719,8 @@ fn devices_and_directories_in_place_of_files_are_refused_by_name() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A malformed kernel setting (`KVBENCH_PREFETCH`, `KVBENCH_REPACK`, `KVBENCH_VNNI`, `KVBENCH_PATH`: read inside the kernels) is
-/// refused before any command runs, naming the variable and its value.
+/// A malformed kernel setting (`KVBENCH_PREFETCH`, `KVBENCH_REPACK`, `KVBENCH_VNNI`, `KVBENCH_PATH`:
+/// read inside the kernels) is refused before any command runs, naming the variable and its value.
 #[test]
 fn a_bad_kernel_setting_exits_with_code_2_and_names_the_variable() {
     let run = |var: &str, value: &str| {

@@ -1,6 +1,7 @@
 //! The one place that decides which kernel runs: what this CPU can do (checked once per process), the
-//! environment's overrides (`KVBENCH_PATH`, `KVBENCH_VNNI`, `KVBENCH_REPACK`, `KVBENCH_PREFETCH`), and the row counts at
-//! which one kernel family hands over to another, gathered per product into a [`Plan`].
+//! environment's overrides (`KVBENCH_PATH`, `KVBENCH_VNNI`, `KVBENCH_REPACK`, `KVBENCH_PREFETCH`), and
+//! the row counts at which one kernel family hands over to another, gathered per product into a
+//! [`Plan`].
 //!
 //! Why it exists: the kernels themselves only compute; a new instruction set or a new threshold is a
 //! change here and in its own folder (`x86/`), never a search through the kernels for the checks.

@@ -6,13 +6,15 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
 
 1. env: the GPU, driver, library versions, and what the kvbench binary links.
 2. cpu_vs_gpu: one random-weight model (same seed) on both devices, in f32: teacher-forced logits over 256
-   tokens (max and mean absolute difference, top-1 agreement) and greedy tokens under full, rkv,
-   snapkv and h2o (first divergence).
+   tokens (max and mean absolute difference, top-1 agreement) and the greedy tokens of a batch of
+   four prompts of different lengths decoded together under full, rkv, snapkv and h2o (first
+   divergence per sequence).
 3. vs_transformers: a random Qwen2 model at DeepSeek-R1-Distill-Qwen-1.5B's shapes, exported once as
    safetensors by kvbench and loaded by both kvbench and transformers (bf16, sdpa): teacher-forced
    logits over 256 tokens and the first greedy divergence; the logits again with both in f32.
 4. speed_kvbench / speed_transformers / speed_compressed: R1-Distill-Qwen-7B shapes (random weights,
-   bf16): prefill of 1,024 tokens; decoding after a 1,024-token prompt at batch 1, 8 and 32 (full);
+   bf16): prefill of 1,024 tokens; decoding after a 1,024-token prompt at batch 1, 8 and 32 (full),
+   and at batch 8 with per-sequence attention (the engine before pooled attention);
    device memory; transformers' generate at the same shapes and batches; rkv and snapkv at B = 1,024
    at batch 32.
 5. long_outputs: at an 8K-token context, full against rkv at B = 1,024: the largest batch whose KV
@@ -171,6 +173,9 @@ def cpu_vs_gpu(c):
     if "gpu_bf16" in files:
         res["gpu_bf16_vs_cpu_f32"] = compare_logits(files["cpu"], files["gpu_bf16"])
     c.save()
+    # Greedy tokens of a batch of four sequences decoded together (prompts of 128, 125, 122 and 119
+    # tokens): on a GPU they attend through pooled caches, padded and masked; the CPU decodes them
+    # with its own loop. Sequence 0 is the single-sequence comparison of earlier runs.
     greedy = {}
     new = 32 if q else 64
     for policy in ["full", "rkv", "snapkv", "h2o"]:
@@ -179,9 +184,13 @@ def cpu_vs_gpu(c):
         for name, dev in [("cpu", cpu), ("gpu", gpu)]:
             path = c.scratch / f"greedy-{policy}-{name}.json"
             c.kv("forward", "--model", model, *dev, "--tokens", 128, "--token-seed", 3, "--generate", new,
-                 "--policy", policy, *budget, "--json", path)
-            outs[name] = json.loads(path.read_text())["generated"]
-        greedy[policy] = {"tokens": new, "first_divergence": first_divergence(outs["cpu"], outs["gpu"])}
+                 "--batch", 4, "--policy", policy, *budget, "--json", path)
+            outs[name] = json.loads(path.read_text())["generated_batch"]
+        greedy[policy] = {
+            "tokens": new,
+            "sequences": len(outs["gpu"]),
+            "first_divergence": [first_divergence(a, b) for a, b in zip(outs["cpu"], outs["gpu"])],
+        }
     res["greedy"] = greedy
     for f in files.values():
         f.unlink(missing_ok=True)
@@ -255,6 +264,14 @@ def speed_kvbench(c):
          ",".join(map(str, s["batches"])), "--policy", "full", "--warmup", 1, "--warmup-tokens", 16, "--repeats", 1,
          "--export-json", full)
     res["full"] = json.loads(full.read_text())
+    c.save()
+    # The engine before pooled attention, at batch 8 in the same run: what batching the attention gives.
+    per_seq = c.out / "perf_per_sequence.json"
+    c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
+         "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch",
+         s["batches"][1], "--policy", "full", "--attention", "per-sequence", "--warmup", 1, "--warmup-tokens",
+         16, "--repeats", 1, "--no-bandwidth", "--export-json", per_seq)
+    res["per_sequence"] = json.loads(per_seq.read_text())
     return res
 
 

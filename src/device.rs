@@ -89,12 +89,22 @@ impl DeviceSpec {
 
 #[cfg(feature = "cuda")]
 fn open_cuda(n: usize, flag: &str) -> Result<Device> {
-    Device::new_cuda(n).map_err(|e| {
+    let device = Device::new_cuda(n).map_err(|e| {
         Error::Input(format!(
             "{flag} cuda:{n}: no usable CUDA device ({}): check `nvidia-smi`, the driver and CUDA_VISIBLE_DEVICES",
             crate::error::candle_message(&e).lines().next().unwrap_or("")
         ))
-    })
+    })?;
+    if let Device::Cuda(d) = &device {
+        // candle puts its work on a stream of its own, which switches cudarc into tracking every
+        // buffer's reads and writes with CUDA events (created, recorded and waited on per buffer and
+        // operation) to order work across streams. kvbench queues everything on that one stream, so
+        // the ordering is the stream's own and the events are pure per-operation overhead.
+        // SAFETY: no tensor exists on this device yet, and kvbench uses no other stream: nothing is
+        // freed, read or written from a second stream.
+        unsafe { d.disable_event_tracking() };
+    }
+    Ok(device)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -40,3 +40,101 @@ fn every_policy_gives_the_same_logits_on_the_device_path_as_on_the_cpu_loop() {
         );
     }
 }
+
+/// Teacher-forced logits of a batch decoded together: prefill each prompt, then feed every
+/// sequence its next token in one forward call per step. Sequence `drop.0` leaves the batch after
+/// `drop.1` steps (as a sequence that met its end does), which rebuilds the pooled caches.
+fn batch_teacher_forced(
+    m: &kvbench::model::Model,
+    spec: &kvbench::policy::PolicySpec,
+    prompts: &[Vec<u32>],
+    tokens: &[Vec<u32>],
+    drop: (usize, usize),
+) -> Vec<Vec<Vec<f32>>> {
+    use kvbench::model::SeqInput;
+    let steps = tokens[0].len();
+    let ctx = m.policy_context(spec, steps);
+    let mut states: Vec<_> = prompts
+        .iter()
+        .map(|_| {
+            m.transformer
+                .new_state_with(spec.build(&ctx).unwrap(), KvType::F32)
+                .unwrap()
+        })
+        .collect();
+    let mut out: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .zip(states.iter_mut())
+        .map(|(p, st)| vec![common::logits_of(m, st, p)])
+        .collect();
+    for step in 0..steps {
+        let active: Vec<usize> = (0..prompts.len())
+            .filter(|&i| i != drop.0 || step < drop.1)
+            .collect();
+        let toks: Vec<[u32; 1]> = active.iter().map(|&i| [tokens[i][step]]).collect();
+        let mut inputs: Vec<SeqInput<'_>> = Vec::new();
+        for (k, (i, st)) in states
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| active.contains(i))
+            .enumerate()
+        {
+            let pos = active.iter().position(|&a| a == i).unwrap();
+            assert_eq!(pos, k);
+            inputs.push(SeqInput {
+                tokens: &toks[k],
+                state: st,
+            });
+        }
+        let logits = m
+            .transformer
+            .forward(&mut inputs)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for (&i, row) in active.iter().zip(logits) {
+            out[i].push(row);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() {
+    // Sequences of different lengths (so attention masks the pool's padding), under every policy,
+    // one of them leaving the batch part-way: the pooled path against one sequence at a time, both
+    // through candle's operations. The arithmetic is the same row for row; only the products'
+    // blocking over a longer, padded row may round differently.
+    kvbench::init_threads(None).unwrap();
+    let pooled = tiny_random(true);
+    let mut per_sequence = tiny_random(true);
+    per_sequence.transformer.set_batched_attention(false);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let prompts: Vec<Vec<u32>> = [40, 29, 47]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    let tokens: Vec<Vec<u32>> = (0..3)
+        .map(|_| (0..72).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    for spec in common::compressing_specs() {
+        let name = spec.name().to_string();
+        let a = batch_teacher_forced(&pooled, &spec, &prompts, &tokens, (1, 30));
+        let b = batch_teacher_forced(&per_sequence, &spec, &prompts, &tokens, (1, 30));
+        for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(sa.len(), sb.len());
+            for (s, (x, y)) in sa.iter().zip(sb).enumerate() {
+                let worst = common::max_abs_diff(x, y);
+                assert!(
+                    worst < 1e-4,
+                    "{name}: sequence {i} step {s}: logits differ by {worst}"
+                );
+                assert_eq!(
+                    kvbench::model::llama::argmax(x),
+                    kvbench::model::llama::argmax(y),
+                    "{name}: sequence {i} step {s}: top-1 differs"
+                );
+            }
+        }
+    }
+}

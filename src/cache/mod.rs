@@ -13,6 +13,7 @@
 
 pub mod kivi;
 pub mod kv_type;
+pub mod pool;
 pub mod quant;
 pub mod rows;
 
@@ -28,6 +29,8 @@ pub struct LayerCache {
     k: Tensor,
     v: Tensor,
     kivi: Option<kivi::KiviStore>,
+    /// Set while `k` and `v` are views of a pool shared with other sequences ([`pool`]).
+    pool: Option<pool::PoolSlot>,
     kv_type: KvType,
     len: usize,
     kv_heads: usize,
@@ -88,6 +91,7 @@ impl LayerCache {
             k: buffer(kv_type.keys)?,
             v: buffer(kv_type.values)?,
             kivi,
+            pool: None,
             kv_type,
             len: 0,
             kv_heads,
@@ -310,9 +314,31 @@ impl LayerCache {
                 .slice_set(&Self::stored(v, self.kv_type.values)?, 1, self.len)?;
         }
         self.len += t;
+        self.note_growth();
+        Ok(())
+    }
+
+    /// Records `t` entries that were written into this cache's buffer from outside it (a pool's
+    /// batched append, [`pool`]), the first at logical position `first_pos`.
+    pub(crate) fn note_appended(&mut self, t: usize, first_pos: usize) -> Result<()> {
+        if self.kivi.is_some() || self.len + t > self.capacity() {
+            candle_core::bail!(
+                "note_appended: {t} entries beyond the buffer of {} entries holding {}",
+                self.capacity(),
+                self.len
+            );
+        }
+        for p in &mut self.positions {
+            p.extend((first_pos..first_pos + t).map(|x| x as u32));
+        }
+        self.len += t;
+        self.note_growth();
+        Ok(())
+    }
+
+    fn note_growth(&mut self) {
         self.peak_len = self.peak_len.max(self.len);
         self.step_max_bytes = self.step_max_bytes.max(self.bytes());
-        Ok(())
     }
 
     /// New rows `[kv_heads, t, head_dim]` as stored: converted, or quantized into blocks (on the host).
@@ -348,6 +374,8 @@ impl LayerCache {
         };
         self.k = grown(&self.k)?;
         self.v = grown(&self.v)?;
+        // Its own buffers now: it leaves any pool it was in.
+        self.pool = None;
         Ok(())
     }
 

@@ -38,6 +38,11 @@ pub struct ForwardArgs {
     /// it (0: the logits only).
     #[arg(long, default_value_t = 0)]
     pub generate: usize,
+    /// Sequences generated together, as one batch (greedy): sequence i's prompt is the prompt's first
+    /// (length − 3·i) ids, so their caches differ in length. `generated` is sequence 0's tokens,
+    /// `generated_batch` every sequence's.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Write the prompt's teacher-forced logits, `[tokens, vocab]` f32, as tensor `logits` of a
     /// safetensors file.
     #[arg(long, value_name = "FILE")]
@@ -83,6 +88,22 @@ fn prompt(args: &ForwardArgs, vocab: usize) -> anyhow::Result<Vec<u32>> {
         .collect())
 }
 
+/// The prompts of a `--batch` of `n`: the prompt's first `len − 3·i` ids for sequence `i`.
+fn batch_prompts(ids: &[u32], n: usize) -> anyhow::Result<Vec<Vec<u32>>> {
+    const STEP: usize = 3;
+    if n == 0 || STEP * (n - 1) >= ids.len() {
+        return Err(UsageError(format!(
+            "--batch {n}: must be at least 1, and with a prompt of {} tokens at most {} (sequence i's prompt drops 3·i tokens)",
+            ids.len(),
+            (ids.len() - 1) / STEP + 1
+        ))
+        .into());
+    }
+    Ok((0..n)
+        .map(|i| ids[..ids.len() - STEP * i].to_vec())
+        .collect())
+}
+
 /// Teacher-forced logits of `prompt` (full cache), `[tokens, vocab]`, and the seconds they took.
 fn logits(t: &Transformer, prompt: &[u32]) -> anyhow::Result<(candle_core::Tensor, f64)> {
     let mut state = t.new_state(Box::new(kvbench::policy::Full))?;
@@ -124,27 +145,26 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
     drop(logits);
     let mut generated = Vec::new();
     let mut decode_secs = 0.0;
+    let mut generated_batch = Vec::new();
     if args.generate > 0 {
         let ctx = model.policy_context(&spec, args.generate);
-        let gens = generate_batch(
-            t,
-            vec![Request {
-                prompt: ids.clone(),
-                sampling: SamplingParams::greedy(),
-                max_new_tokens: args.generate,
-                policy: spec.build(&ctx)?,
-                trace: false,
-                kv_type: None,
-            }],
-            &[],
-            &mut |_, _| {},
-        )?;
-        decode_secs = gens[0].decode_time.as_secs_f64();
-        generated = gens
+        let requests = batch_prompts(&ids, args.batch)?
             .into_iter()
-            .next()
-            .map(|g| g.tokens)
-            .unwrap_or_default();
+            .map(|prompt| {
+                Ok(Request {
+                    prompt,
+                    sampling: SamplingParams::greedy(),
+                    max_new_tokens: args.generate,
+                    policy: spec.build(&ctx)?,
+                    trace: false,
+                    kv_type: None,
+                })
+            })
+            .collect::<kvbench::Result<Vec<_>>>()?;
+        let gens = generate_batch(t, requests, &[], &mut |_, _| {})?;
+        decode_secs = gens[0].decode_time.as_secs_f64();
+        generated_batch = gens.into_iter().map(|g| g.tokens).collect();
+        generated = generated_batch[0].clone();
     }
     let doc = serde_json::json!({
         "model": model.name,
@@ -160,6 +180,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
         "logits_file": args.logits,
         "logits_secs": logits_secs,
         "generated": generated,
+        "generated_batch": generated_batch,
         "decode_secs": decode_secs,
     });
     let text = serde_json::to_string(&doc)?;

@@ -56,6 +56,19 @@ pub struct PerfArgs {
     /// sequences' peak KV cache and policy state fit in it (measured at batch 1), up to 256.
     #[arg(long, value_name = "MIB")]
     pub mem_limit: Option<f64>,
+    /// How a decoding batch attends off the CPU's own loop (on a GPU): `batched`, all sequences at
+    /// once over caches pooled per layer, or `per-sequence`, one at a time (the earlier engine, kept
+    /// to measure what batching gives).
+    #[arg(long, value_enum, default_value_t = Attention::Batched)]
+    pub attention: Attention,
+}
+
+/// `--attention`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Attention {
+    Batched,
+    PerSequence,
 }
 
 /// What one decode measurement gave: per measured repeat, aggregate tokens/s, the policy's share of
@@ -196,8 +209,11 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         .map(|s| s.resolve(args.decode_tokens as f64, args.decode_prompt_tokens as f64))
         .collect::<kvbench::Result<Vec<PolicySpec>>>()?;
     let load_start = Instant::now();
-    let model = super::load_model(&args.model, &args.runtime)?;
+    let mut model = super::load_model(&args.model, &args.runtime)?;
     let load_secs = load_start.elapsed().as_secs_f64();
+    model
+        .transformer
+        .set_batched_attention(args.attention == Attention::Batched);
     model.check_fits(args.prompt_tokens, 0, "--prompt-tokens")?;
     model.check_fits(
         args.decode_prompt_tokens,
@@ -220,6 +236,9 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     );
     let device = kvbench::device::describe(args.model.device(), model.transformer.device());
     println!("device: {device}");
+    if on_device_path(&model) {
+        println!("attention: {:?}", args.attention);
+    }
     println!(
         "warm-up {} run(s), then median of {} repeats (min … max)\n",
         args.warmup, args.repeats
@@ -363,6 +382,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             "machine": metrics::machine(),
             "device": device,
             "threads": threads,
+            "attention": on_device_path(&model).then_some(args.attention),
             "copy_bandwidth_bytes_per_s": bandwidth,
             "warmup": args.warmup,
             "repeats": args.repeats,
@@ -387,4 +407,9 @@ fn export_row(what: serde_json::Value, rates: &[f64]) -> serde_json::Value {
         "tokens_per_s_max": rates.iter().copied().reduce(f64::max),
         "tokens_per_s": rates,
     })
+}
+
+/// Whether decoding attends through candle's operations (a GPU), where `--attention` applies.
+fn on_device_path(model: &Model) -> bool {
+    !model.transformer.device().is_cpu()
 }

@@ -16,6 +16,8 @@ use crate::policy::{AttentionView, StepInfo};
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
+mod batched;
+
 struct Block {
     attn_norm: RmsNorm,
     /// q, k and v projections stacked: `[(heads + 2·kv_heads)·head_dim, hidden]`.
@@ -45,6 +47,9 @@ pub struct Transformer {
     /// Attention through candle's operations even on the CPU: the path other devices take, so that
     /// tests can check it against the CPU's own loop without a GPU.
     generic_attention: bool,
+    /// A decoding batch attends through its pooled caches in one set of operations (off: one
+    /// sequence at a time, the reference the pooled path is checked against).
+    batched_attention: bool,
     /// How each sequence's cache stores keys and values.
     kv_type: crate::cache::KvType,
 }
@@ -166,6 +171,7 @@ impl Transformer {
             device: device.clone(),
             weight_bytes,
             generic_attention: false,
+            batched_attention: true,
             kv_type: crate::cache::KvType::F32,
         })
     }
@@ -188,6 +194,12 @@ impl Transformer {
     /// decoding loop otherwise): for checking the device path's semantics on a machine without one.
     pub fn set_generic_attention(&mut self, on: bool) {
         self.generic_attention = on;
+    }
+
+    /// Whether a decoding batch off the CPU loop attends for all its sequences at once, through
+    /// caches pooled per layer (the default), or one sequence at a time.
+    pub fn set_batched_attention(&mut self, on: bool) {
+        self.batched_attention = on;
     }
 
     /// Whether this model attends with the CPU's own loop.
@@ -326,6 +338,7 @@ impl Transformer {
         // Decoding on the CPU takes a path with fewer, larger steps (see `decode_attention_cpu`); the
         // generic path needs the tables as tensors.
         let decode_cpu = self.cpu_loop() && !cfg.qk_norm && spans.iter().all(|&(_, t)| t == 1);
+        let batched = !decode_cpu && self.can_batch_attention(batch);
         let tables = match decode_cpu {
             true => None,
             false => Some((
@@ -369,32 +382,41 @@ impl Transformer {
                     .squeeze(0)?;
                 let v = v.transpose(0, 1)?;
 
-                // 4. Per sequence (in parallel across a batch): cache, attend over its own cache, let its
+                // 4. A decoding batch attends at once through its pooled caches; otherwise per
+                //    sequence (in parallel across a batch): cache, attend over its own cache, let its
                 //    policy act.
-                let work =
-                    |((s, &(off, t)), step): ((&mut SeqInput<'_>, &(usize, usize)), &StepInfo)| {
+                if batched {
+                    self.attend_batch(l, &q, &k, &v, batch, &steps)?
+                } else {
+                    // 4'. Per sequence (in parallel across a batch): cache, attend over its own cache, let its
+                    //    policy act.
+                    let work = |((s, &(off, t)), step): (
+                        (&mut SeqInput<'_>, &(usize, usize)),
+                        &StepInfo,
+                    )| {
                         self.attend_sequence(l, &q, &k, &v, off, t, step, &mut *s.state)
                     };
-                // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
-                let mut outs: Vec<Tensor> = if batch.len() > 1 {
-                    batch
-                        .par_iter_mut()
-                        .zip(spans.par_iter())
-                        .zip(steps.par_iter())
-                        .map(work)
-                        .collect::<candle_core::Result<_>>()?
-                } else {
-                    batch
-                        .iter_mut()
-                        .zip(spans.iter())
-                        .zip(steps.iter())
-                        .map(work)
-                        .collect::<candle_core::Result<_>>()?
-                };
-                if outs.len() == 1 {
-                    outs.pop().expect("one output")
-                } else {
-                    Tensor::cat(&outs, 0)?
+                    // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
+                    let mut outs: Vec<Tensor> = if batch.len() > 1 {
+                        batch
+                            .par_iter_mut()
+                            .zip(spans.par_iter())
+                            .zip(steps.par_iter())
+                            .map(work)
+                            .collect::<candle_core::Result<_>>()?
+                    } else {
+                        batch
+                            .iter_mut()
+                            .zip(spans.iter())
+                            .zip(steps.iter())
+                            .map(work)
+                            .collect::<candle_core::Result<_>>()?
+                    };
+                    if outs.len() == 1 {
+                        outs.pop().expect("one output")
+                    } else {
+                        Tensor::cat(&outs, 0)?
+                    }
                 }
             };
 

@@ -1,0 +1,137 @@
+//! A decoding step's attention for a whole batch in one set of device operations, over the batch's
+//! pooled caches ([`crate::cache::pool`]): one scatter appends every sequence's new key and value,
+//! one product scores every query head of every sequence against its cache (padded to the longest,
+//! the rest masked), one softmax, one product with the values. The per-sequence path
+//! (`Transformer::attend_sequence`) launches about a dozen operations per sequence and layer; on a
+//! GPU those launches, not the bytes, bounded a batch's speed.
+//!
+//! The arithmetic is the per-sequence path's, row for row: the same products over the same keys,
+//! masked entries adding exact zeros. Policies then run per sequence as before, on their own slot
+//! of the pool, with their own slice of the probabilities.
+
+use super::{SeqInput, Transformer};
+use crate::cache::pool;
+use crate::model::state::SeqState;
+use crate::policy::StepInfo;
+use candle_core::Tensor;
+
+impl Transformer {
+    /// Whether a decoding step of `batch` may attend through the pool: more than one sequence, one
+    /// new token each, and every cache plain rows of one type with one entry per KV head (no sparse
+    /// attention, no per-query-head storage, no block or KIVI storage).
+    pub(super) fn can_batch_attention(&self, batch: &[SeqInput<'_>]) -> bool {
+        self.batched_attention
+            && !self.cpu_loop()
+            && batch.len() > 1
+            && batch.iter().all(|s| {
+                s.tokens.len() == 1
+                    && s.state.seen > 0
+                    && !s.state.caps.sparse_attention
+                    && s.state.cache.num_layers() > 0
+                    && s.state.cache.layer(0).kv_heads() == self.config.num_kv_heads
+            })
+            && {
+                let first = batch[0].state.cache.kv_type();
+                batch.iter().all(|s| s.state.cache.kv_type() == first)
+                    && first.kivi().is_none()
+                    && first.keys.blocks().is_none()
+                    && first.values.blocks().is_none()
+            }
+    }
+
+    /// Layer `l`'s attention for a decoding batch through its pool. `q` is `[heads, batch, d]`,
+    /// `k` and `v` `[kv_heads, batch, d]` (after RoPE); returns `[batch, heads·d]`.
+    pub(super) fn attend_batch(
+        &self,
+        l: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        batch: &mut [SeqInput<'_>],
+        steps: &[StepInfo],
+    ) -> candle_core::Result<Tensor> {
+        let cfg = &self.config;
+        let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (b, g) = (batch.len(), hq / hkv);
+        let scale = 1.0 / (d as f64).sqrt();
+        // 1. The pool (built or grown when needed) and every sequence's new entry in its slot.
+        let (pool_k, pool_v, lens) = {
+            let mut layers: Vec<&mut crate::cache::LayerCache> = batch
+                .iter_mut()
+                .map(|s| s.state.cache.layer_mut(l))
+                .collect();
+            let (pool_k, pool_v) = pool::pooled(&mut layers, 1)?;
+            let lens: Vec<usize> = layers.iter().map(|c| c.len()).collect();
+            (pool_k, pool_v, lens)
+        };
+        let at: Vec<u32> = lens
+            .iter()
+            .flat_map(|&n| std::iter::repeat_n(n as u32, hkv))
+            .collect();
+        let at = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?;
+        let scatter = |pool: &Tensor, new: &Tensor| -> candle_core::Result<()> {
+            // [kv_heads, batch, d] → [batch·kv_heads, 1, d], in the pool's type.
+            let rows = new
+                .transpose(0, 1)?
+                .to_dtype(pool.dtype())?
+                .contiguous()?
+                .reshape((b * hkv, 1, d))?;
+            let index = at.broadcast_as((b * hkv, 1, d))?.contiguous()?;
+            pool.scatter_set(&index, &rows, 1)
+        };
+        scatter(&pool_k, k)?;
+        scatter(&pool_v, v)?;
+        for (s, step) in batch.iter_mut().zip(steps) {
+            s.state
+                .cache
+                .layer_mut(l)
+                .note_appended(1, step.seen_before)?;
+            s.state.count_decode_read(l, None);
+        }
+
+        // 2. Scores of every sequence's query heads over its cache, padded to the longest.
+        let n = lens.iter().max().copied().unwrap_or(0) + 1;
+        let q3 = q.transpose(0, 1)?.contiguous()?.reshape((b * hkv, g, d))?;
+        let keys = pool_k.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
+        let values = pool_v.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
+        let scores = (q3.matmul(&keys.t()?)? * scale)?; // [batch·kv_heads, g, n]
+        let scores = match lens.iter().any(|&m| m + 1 != n) {
+            false => scores,
+            true => {
+                let mask: Vec<f32> = lens
+                    .iter()
+                    .flat_map(|&m| {
+                        (0..n).map(move |j| if j <= m { 0.0 } else { f32::NEG_INFINITY })
+                    })
+                    .collect();
+                let mask =
+                    Tensor::from_vec(mask, (b, 1, 1, n), &self.device)?.to_dtype(scores.dtype())?;
+                scores
+                    .reshape((b, hkv, g, n))?
+                    .broadcast_add(&mask)?
+                    .reshape((b * hkv, g, n))?
+            }
+        };
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = probs.matmul(&values)?.reshape((b, hq * d))?;
+
+        // 3. Each sequence's query window and policy, on its own slot and probabilities.
+        for (i, (s, step)) in batch.iter_mut().zip(steps).enumerate() {
+            let st: &mut SeqState = s.state;
+            let m = lens[i] + 1;
+            let probs_i = match st.caps.attention_probs {
+                true => Some(
+                    probs
+                        .narrow(0, i * hkv, hkv)?
+                        .narrow(2, 0, m)?
+                        .contiguous()?
+                        .reshape((hkv, g, 1, m))?,
+                ),
+                false => None,
+            };
+            let q_s = q.narrow(1, i, 1)?;
+            self.finish_layer(l, step, st, &q_s, probs_i.as_ref())?;
+        }
+        Ok(out)
+    }
+}

@@ -15,8 +15,9 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
 4. speed_kvbench / speed_transformers / speed_compressed: R1-Distill-Qwen-7B shapes (random weights,
    bf16): prefill of 1,024 tokens; decoding after a 1,024-token prompt at batch 1, 8 and 32 (full),
    and at batch 8 with per-sequence attention (the engine before pooled attention);
-   device memory; transformers' generate at the same shapes and batches; rkv and snapkv at B = 1,024
-   at batch 32.
+   device memory; transformers' generate at the same shapes and batches (and its model's own decoding
+   step in a plain loop); rkv and snapkv at B = 1,024 at batch 32; batch 1 with a bf16 and an f32
+   cache (`speed_batch1`, not in the default steps).
 5. long_outputs: at an 8K-token context, full against rkv at B = 1,024: the largest batch whose KV
    cache fits the GPU and its decode throughput.
 
@@ -289,6 +290,22 @@ def speed_compressed(c):
     return res
 
 
+def speed_batch1(c):
+    """Batch-1 decoding with the cache in bf16 (the GPU default) and in f32, the rest as the speed
+    step: a bf16 cache is converted to the f32 queries' type at every step."""
+    s = speed_shapes(c)
+    res = {"shapes": s}
+    for kv_type in ["bf16", "f32"]:
+        path = c.out / f"perf_batch1_{kv_type}.json"
+        c.kv("perf", "--model", s["model"], "--device", c.args.device, "--kv-type", kv_type, "--prompt-tokens",
+             s["prompt"], "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch", 1,
+             "--policy", "full", "--warmup", 1, "--warmup-tokens", 16, "--repeats", 1, "--no-bandwidth",
+             "--export-json", path)
+        res[kv_type] = json.loads(path.read_text())
+        c.save()
+    return res
+
+
 def hf_config(c):
     """The config of the speed shapes, as transformers reads it (R1-Distill-Qwen-7B's config.json)."""
     from transformers import Qwen2Config
@@ -330,10 +347,28 @@ def speed_transformers(c):
             sync()
             total = time.time() - t
         decode = max(total - prefill, 1e-9)
+        # The model's own decoding step without generate's loop around it: the prompt through the
+        # model once, then `loop` greedy steps each fed its last token with the cache, timed after the
+        # first (generate's figure above includes its per-step overhead; this one does not).
+        loop = 8 if c.args.quick else 32
+        with torch.no_grad():
+            out = model(ids, use_cache=True)
+            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out = model(nxt, past_key_values=past, use_cache=True)
+            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            sync()
+            t = time.time()
+            for _ in range(loop):
+                out = model(nxt, past_key_values=past, use_cache=True)
+                past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            sync()
+            forward_loop = time.time() - t
+        del out, past
         res["rows"].append({
             "batch": b,
             "prefill_tokens_per_s": b * s["prompt"] / prefill,
             "decode_tokens_per_s": b * (s["decode"] - 1) / decode,
+            "forward_loop_decode_tokens_per_s": b * loop / forward_loop,
             "end_to_end_s": total,
             "peak_memory_bytes": torch.cuda.max_memory_allocated() if dev == "cuda" else None,
         })
@@ -389,6 +424,7 @@ def main():
         "speed_transformers": (60, speed_transformers),
         "speed_compressed": (60, speed_compressed),
         "long_outputs": (45, long_outputs),
+        "speed_batch1": (40, speed_batch1),
     }
     for name in args.steps.split(","):
         allowance, fn = plan[name]

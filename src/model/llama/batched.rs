@@ -14,6 +14,7 @@ use crate::cache::pool;
 use crate::model::state::SeqState;
 use crate::policy::StepInfo;
 use candle_core::Tensor;
+use rayon::prelude::*;
 
 impl Transformer {
     /// Whether a decoding step of `batch` may attend through the pool: more than one sequence, one
@@ -115,8 +116,10 @@ impl Transformer {
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let out = probs.matmul(&values)?.reshape((b, hq * d))?;
 
-        // 3. Each sequence's query window and policy, on its own slot and probabilities.
-        for (i, (s, step)) in batch.iter_mut().zip(steps).enumerate() {
+        // 3. Each sequence's query window and policy, on its own slot and probabilities, in
+        //    parallel: a compression event's scoring runs on the host (R-KV's redundancy is
+        //    quadratic in the entries), and a batch's sequences one after another took minutes.
+        let finish = |(i, (s, step)): (usize, (&mut SeqInput<'_>, &StepInfo))| {
             let st: &mut SeqState = s.state;
             let m = lens[i] + 1;
             let probs_i = match st.caps.attention_probs {
@@ -130,8 +133,13 @@ impl Transformer {
                 false => None,
             };
             let q_s = q.narrow(1, i, 1)?;
-            self.finish_layer(l, step, st, &q_s, probs_i.as_ref())?;
-        }
+            self.finish_layer(l, step, st, &q_s, probs_i.as_ref())
+        };
+        batch
+            .par_iter_mut()
+            .zip(steps.par_iter())
+            .enumerate()
+            .try_for_each(finish)?;
         Ok(out)
     }
 }

@@ -138,3 +138,60 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
         }
     }
 }
+
+#[test]
+fn copies_of_one_prefill_decode_as_sequences_prefilled_apart() {
+    // `generate_copies` (one prefill, the others' states copied and their policies forked) against
+    // `generate_batch` (every sequence prefilled), under every policy, on the CPU's loop and through
+    // pooled caches. Each copy samples with its own seed, so the copies part after their first
+    // tokens: a copy sharing buffers with another would overwrite its entries and change its tokens.
+    use kvbench::generate::{generate_batch, generate_copies, Request, SamplingParams};
+    kvbench::init_threads(None).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+    let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..4096)).collect();
+    for generic in [false, true] {
+        let m = tiny_random(generic);
+        for spec in common::compressing_specs() {
+            let name = spec.name().to_string();
+            let ctx = m.policy_context(&spec, 40);
+            let requests = || -> Vec<Request> {
+                (0..3)
+                    .map(|i| Request {
+                        prompt: prompt.clone(),
+                        sampling: SamplingParams {
+                            temperature: 1.0,
+                            top_p: 1.0,
+                            seed: 100 + i,
+                        },
+                        max_new_tokens: 40,
+                        policy: spec.build(&ctx).unwrap(),
+                        trace: false,
+                        kv_type: None,
+                    })
+                    .collect()
+            };
+            let copies = generate_copies(&m.transformer, requests(), &[], &mut |_, _| {}).unwrap();
+            let apart = generate_batch(&m.transformer, requests(), &[], &mut |_, _| {}).unwrap();
+            assert_ne!(
+                copies[0].tokens, copies[1].tokens,
+                "{name}: the copies never parted"
+            );
+            for (i, (a, b)) in copies.iter().zip(&apart).enumerate() {
+                assert_eq!(
+                    a.tokens, b.tokens,
+                    "{name} (generic {generic}): copy {i}'s tokens"
+                );
+                assert_eq!(
+                    a.cache.final_entries, b.cache.final_entries,
+                    "{name}: copy {i}"
+                );
+                assert_eq!(
+                    a.cache.compressions, b.cache.compressions,
+                    "{name}: copy {i}"
+                );
+                assert_eq!(a.kv_bytes_peak, b.kv_bytes_peak, "{name}: copy {i}");
+                assert_eq!(a.decode_bytes_read, b.decode_bytes_read, "{name}: copy {i}");
+            }
+        }
+    }
+}

@@ -104,6 +104,16 @@ impl LayerCache {
         })
     }
 
+    /// A copy with buffers of its own (a clone would share them, and appends write in place), out
+    /// of any pool.
+    pub fn deep_copy(&self) -> Result<Self> {
+        let mut copy = self.clone();
+        copy.k = self.k.copy()?;
+        copy.v = self.v.copy()?;
+        copy.pool = None;
+        Ok(copy)
+    }
+
     /// Number of entries each KV head holds.
     pub fn len(&self) -> usize {
         self.len
@@ -464,6 +474,17 @@ impl KvCache {
             peak_bytes: 0,
             peak_capacity_bytes: 0,
         })
+    }
+
+    /// A copy whose layers have buffers of their own ([`LayerCache::deep_copy`]).
+    pub fn deep_copy(&self) -> Result<Self> {
+        let mut copy = self.clone();
+        copy.layers = self
+            .layers
+            .iter()
+            .map(LayerCache::deep_copy)
+            .collect::<Result<_>>()?;
+        Ok(copy)
     }
 
     pub fn layer(&self, l: usize) -> &LayerCache {

@@ -5,7 +5,7 @@ use super::UsageError;
 use clap::Args;
 use kvbench::eval::builtin;
 use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
-use kvbench::generate::{generate_batch, Request, SamplingParams};
+use kvbench::generate::{generate_copies, Request, SamplingParams};
 use kvbench::metrics;
 use kvbench::model::{Model, SeqInput};
 use kvbench::policy::{Full, PolicySpec};
@@ -118,8 +118,10 @@ fn measure_decode(
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        // No end tokens: every sequence decodes exactly --decode-tokens tokens.
-        let gens = generate_batch(&model.transformer, requests, &[], &mut |_, _| {})?;
+        // No end tokens: every sequence decodes exactly --decode-tokens tokens. The batch's requests
+        // are copies: one prefill, the others start from copies of its state (prefill is measured
+        // apart; prefilling every copy of a long prompt took minutes at large batches).
+        let gens = generate_copies(&model.transformer, requests, &[], &mut |_, _| {})?;
         let secs = gens
             .iter()
             .map(|g| g.decode_time.as_secs_f64())

@@ -90,6 +90,42 @@ pub fn generate_batch(
     eos: &[u32],
     on_token: &mut OnToken<'_>,
 ) -> Result<Vec<Generation>> {
+    generate(model, requests, false, eos, on_token)
+}
+
+/// Like [`generate_batch`] for requests that are copies of one another (the same prompt, storage
+/// type and policy specification: the caller's promise; prompts and types are checked; sampling may
+/// differ): the first is prefilled, and the others start from a copy of its state after prefill
+/// (cache copied, policy forked), each drawing its first token from the same logits with its own
+/// sampler. Every copy reports the shared
+/// prefill's time. Where the policy cannot be forked each request is prefilled. For measuring decoding
+/// at large batches (`kvbench perf`), where prefilling every copy of a long prompt took minutes.
+pub fn generate_copies(
+    model: &Transformer,
+    requests: Vec<Request>,
+    eos: &[u32],
+    on_token: &mut OnToken<'_>,
+) -> Result<Vec<Generation>> {
+    if let Some(first) = requests.first() {
+        if requests
+            .iter()
+            .any(|r| r.prompt != first.prompt || r.kv_type != first.kv_type)
+        {
+            return Err(crate::Error::Input(
+                "generate_copies: the requests' prompts or storage types differ".into(),
+            ));
+        }
+    }
+    generate(model, requests, true, eos, on_token)
+}
+
+fn generate(
+    model: &Transformer,
+    requests: Vec<Request>,
+    share_prefill: bool,
+    eos: &[u32],
+    on_token: &mut OnToken<'_>,
+) -> Result<Vec<Generation>> {
     struct Active {
         state: SeqState,
         sampler: Sampler,
@@ -110,21 +146,44 @@ pub fn generate_batch(
     }
     let mut seqs = Vec::with_capacity(requests.len());
     let mut device_memory = crate::device::PeakMemory::default();
+    // The first copy's state right after its prefill, its logits and prefill time (shared prefill).
+    let mut shared: Option<(SeqState, Vec<f32>, Duration)> = None;
     for (i, req) in requests.into_iter().enumerate() {
         let kv_type = req.kv_type.unwrap_or(model.kv_type());
-        let mut state = model.new_state_with(req.policy, kv_type)?;
-        if req.trace {
+        let mut sampler = Sampler::new(req.sampling);
+        let forked = match &shared {
+            Some((first, logits, time)) => {
+                first.fork()?.map(|state| (state, logits.clone(), *time))
+            }
+            None => None,
+        };
+        let (mut state, logits, prefill_time) = match forked {
+            Some(copy) => copy,
+            None => {
+                let mut state = model.new_state_with(req.policy, kv_type)?;
+                if req.trace {
+                    state.trace = Some(Vec::new());
+                }
+                let start = Instant::now();
+                let logits = model.forward(&mut [SeqInput {
+                    tokens: &req.prompt,
+                    state: &mut state,
+                }])?;
+                // The copy to the host waits for the device: the time is the work's, not its
+                // queueing.
+                let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
+                let prefill_time = start.elapsed();
+                if share_prefill && i == 0 {
+                    if let Some(copy) = state.fork()? {
+                        shared = Some((copy, logits.clone(), prefill_time));
+                    }
+                }
+                (state, logits, prefill_time)
+            }
+        };
+        if req.trace && state.trace.is_none() {
             state.trace = Some(Vec::new());
         }
-        let mut sampler = Sampler::new(req.sampling);
-        let start = Instant::now();
-        let logits = model.forward(&mut [SeqInput {
-            tokens: &req.prompt,
-            state: &mut state,
-        }])?;
-        // The copy to the host waits for the device: the time is the work's, not its queueing.
-        let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
-        let prefill_time = start.elapsed();
         device_memory.sample(model.device());
         let next = sampler.sample(&logits)?;
         let held = state.cache.bytes();
@@ -152,6 +211,7 @@ pub fn generate_batch(
         }
         seqs.push(a);
     }
+    drop(shared);
     /// Records a sampled token; returns whether it became part of the output.
     fn accept(
         out: &mut Vec<u32>,

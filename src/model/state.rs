@@ -97,6 +97,27 @@ impl SeqState {
 }
 
 impl SeqState {
+    /// An independent copy of this sequence as it stands (its cache copied, its policy forked), or
+    /// `None` when the policy cannot be forked. The copy continues exactly as the original would.
+    pub fn fork(&self) -> Result<Option<SeqState>> {
+        let Some(policy) = self.policy.fork() else {
+            return Ok(None);
+        };
+        Ok(Some(SeqState {
+            cache: self.cache.deep_copy()?,
+            policy,
+            caps: self.caps,
+            // Windows are replaced, never written in place: sharing their tensors is safe.
+            query_windows: self.query_windows.clone(),
+            seen: self.seen,
+            generated: self.generated,
+            prompt_len: self.prompt_len,
+            policy_time: self.policy_time,
+            decode_bytes_read: self.decode_bytes_read,
+            trace: self.trace.clone(),
+        }))
+    }
+
     /// Counts what one decode step's attention over layer `l` reads: every entry's key and value,
     /// or those of `subset` plus what the policy read to choose them.
     pub(crate) fn count_decode_read(&mut self, l: usize, subset: Option<&[Vec<usize>]>) {

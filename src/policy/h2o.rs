@@ -50,6 +50,7 @@ impl Config {
     }
 }
 
+#[derive(Clone)]
 pub struct H2o {
     config: Config,
     /// Per layer, per cache head: accumulated attention of each entry, in storage order.
@@ -66,6 +67,10 @@ impl H2o {
 }
 
 impl Policy for H2o {
+    fn fork(&self) -> Option<Box<dyn Policy>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn name(&self) -> &str {
         "h2o"
     }

@@ -132,6 +132,7 @@ pub fn token_to_chunk(
     (0..w).filter(|&j| taken[j]).collect()
 }
 
+#[derive(Clone)]
 pub struct Kara {
     config: Config,
     delimiters: Option<Arc<Vec<bool>>>,
@@ -153,6 +154,10 @@ impl Kara {
 }
 
 impl Policy for Kara {
+    fn fork(&self) -> Option<Box<dyn Policy>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn name(&self) -> &str {
         "kara"
     }

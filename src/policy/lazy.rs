@@ -126,6 +126,7 @@ impl Tracker {
     }
 }
 
+#[derive(Clone)]
 pub struct LazyEviction {
     config: Config,
     alpha: f32,
@@ -145,6 +146,10 @@ impl LazyEviction {
 }
 
 impl Policy for LazyEviction {
+    fn fork(&self) -> Option<Box<dyn Policy>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn name(&self) -> &str {
         "lazy"
     }

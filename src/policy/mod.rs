@@ -135,6 +135,12 @@ pub trait Policy: Send {
     fn state_bytes(&self) -> usize {
         0
     }
+
+    /// An independent copy of this policy in its current state, for a copy of its sequence
+    /// ([`crate::model::SeqState::fork`]); `None` when it cannot be copied.
+    fn fork(&self) -> Option<Box<dyn Policy>> {
+        None
+    }
 }
 
 /// Heap bytes of nested vectors' elements (lengths, not capacities).
@@ -147,6 +153,10 @@ pub(crate) fn vec_bytes<T>(v: &[T]) -> usize {
 pub struct Full;
 
 impl Policy for Full {
+    fn fork(&self) -> Option<Box<dyn Policy>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn name(&self) -> &str {
         "full"
     }

@@ -104,6 +104,7 @@ impl Split {
     }
 }
 
+#[derive(Clone)]
 pub struct RocketKv {
     config: Config,
     max_new: usize,
@@ -278,6 +279,10 @@ pub fn approximate_scores(
 }
 
 impl Policy for RocketKv {
+    fn fork(&self) -> Option<Box<dyn Policy>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn name(&self) -> &str {
         "rocket"
     }

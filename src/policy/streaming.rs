@@ -52,6 +52,7 @@ impl Config {
     }
 }
 
+#[derive(Clone)]
 pub struct StreamingLlm {
     config: Config,
 }
@@ -63,6 +64,10 @@ impl StreamingLlm {
 }
 
 impl Policy for StreamingLlm {
+    fn fork(&self) -> Option<Box<dyn Policy>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn name(&self) -> &str {
         "streaming"
     }

@@ -2,8 +2,10 @@
 //! step, until each meets an end-of-sequence token or its token limit.
 //!
 //! Batching is across sequences with their own caches and lengths: the projections and MLP of all
-//! active sequences run as one matrix product, attention runs per sequence. For greedy decoding a
-//! batch gives the same tokens as running each sequence alone (a test checks it on f32 weights).
+//! active sequences run as one matrix product; attention runs per sequence on the CPU and for the
+//! whole batch at once over pooled caches elsewhere (`cache::pool`). For greedy decoding a batch gives
+//! the same tokens as running each sequence alone (a test checks it on f32 weights). Copies of one
+//! request can share its prefill ([`generate_copies`]).
 
 pub mod fidelity;
 pub mod sampler;
@@ -97,9 +99,9 @@ pub fn generate_batch(
 /// type and policy specification: the caller's promise; prompts and types are checked; sampling may
 /// differ): the first is prefilled, and the others start from a copy of its state after prefill
 /// (cache copied, policy forked), each drawing its first token from the same logits with its own
-/// sampler. Every copy reports the shared
-/// prefill's time. Where the policy cannot be forked each request is prefilled. For measuring decoding
-/// at large batches (`kvbench perf`), where prefilling every copy of a long prompt took minutes.
+/// sampler. Every copy reports the shared prefill's time. Where the policy cannot be forked each
+/// request is prefilled. For measuring decoding at large batches (`kvbench perf`), where prefilling
+/// every copy of a long prompt took minutes.
 pub fn generate_copies(
     model: &Transformer,
     requests: Vec<Request>,

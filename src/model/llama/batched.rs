@@ -69,7 +69,9 @@ impl Transformer {
             .iter()
             .flat_map(|&n| std::iter::repeat_n(n as u32, hkv))
             .collect();
-        let at = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?;
+        let index = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?
+            .broadcast_as((b * hkv, 1, d))?
+            .contiguous()?;
         let scatter = |pool: &Tensor, new: &Tensor| -> candle_core::Result<()> {
             // [kv_heads, batch, d] → [batch·kv_heads, 1, d], in the pool's type.
             let rows = new
@@ -77,7 +79,6 @@ impl Transformer {
                 .to_dtype(pool.dtype())?
                 .contiguous()?
                 .reshape((b * hkv, 1, d))?;
-            let index = at.broadcast_as((b * hkv, 1, d))?.contiguous()?;
             pool.scatter_set(&index, &rows, 1)
         };
         scatter(&pool_k, k)?;

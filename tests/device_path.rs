@@ -67,28 +67,27 @@ fn batch_teacher_forced(
         .zip(states.iter_mut())
         .map(|(p, st)| vec![common::logits_of(m, st, p)])
         .collect();
-    for step in 0..steps {
+    // Each step's token of every sequence.
+    let columns: Vec<Vec<[u32; 1]>> = (0..steps)
+        .map(|s| tokens.iter().map(|t| [t[s]]).collect())
+        .collect();
+    for (step, column) in columns.iter().enumerate() {
         let active: Vec<usize> = (0..prompts.len())
             .filter(|&i| i != drop.0 || step < drop.1)
             .collect();
-        let toks: Vec<[u32; 1]> = active.iter().map(|&i| [tokens[i][step]]).collect();
-        let mut inputs: Vec<SeqInput<'_>> = Vec::new();
-        for (k, (i, st)) in states
+        let inputs: &mut Vec<SeqInput<'_>> = &mut states
             .iter_mut()
+            .zip(column)
             .enumerate()
             .filter(|(i, _)| active.contains(i))
-            .enumerate()
-        {
-            let pos = active.iter().position(|&a| a == i).unwrap();
-            assert_eq!(pos, k);
-            inputs.push(SeqInput {
-                tokens: &toks[k],
+            .map(|(_, (st, tok))| SeqInput {
+                tokens: tok,
                 state: st,
-            });
-        }
+            })
+            .collect();
         let logits = m
             .transformer
-            .forward(&mut inputs)
+            .forward(inputs)
             .unwrap()
             .to_vec2::<f32>()
             .unwrap();

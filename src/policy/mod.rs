@@ -15,6 +15,7 @@
 //! a model loads) and built per sequence from the spec.
 
 pub mod budget;
+pub mod device_score;
 mod h2o;
 mod kara;
 mod lazy;

@@ -220,8 +220,15 @@ impl WindowPolicy {
         let alpha = c.window.min(n);
         let n_cand = n - alpha;
         let scale = 1.0 / (d as f32).sqrt();
-        // Heads in parallel: at a compression event R-KV's redundancy is quadratic in the entries
-        // (about 340 MFLOP per head at 1,152 entries), and each head's choice is its own.
+        // R-KV's redundancy is quadratic in the entries (about 340 MFLOP per head at 1,152 entries,
+        // 17 GFLOP at 8,192): off the CPU it is computed where the keys are.
+        let on_device = match c.redundancy {
+            Some((_, threshold)) if !cache.buffers().0.device().is_cpu() => {
+                Some(super::device_score::redundancy(&cache.keys()?, threshold)?)
+            }
+            _ => None,
+        };
+        // Heads in parallel: each head's choice is its own.
         cache.with_host(|kv| {
             (0..heads)
                 .into_par_iter()
@@ -232,9 +239,16 @@ impl WindowPolicy {
                     let scores = window_scores(&z, n_cand, agg, c.domain, c.reduce);
                     let mut f = pool(&scores[0], c.pool);
                     if let Some((lambda, threshold)) = c.redundancy {
-                        let r = redundancy(kv.keys(h), d, threshold);
+                        let host;
+                        let r: &[f32] = match &on_device {
+                            Some(r) => &r[h],
+                            None => {
+                                host = redundancy(kv.keys(h), d, threshold);
+                                &host
+                            }
+                        };
                         f.iter_mut()
-                            .zip(&r)
+                            .zip(r)
                             .for_each(|(a, r)| *a = lambda * *a - (1.0 - lambda) * r);
                     }
                     let mut kept = top_k(&f, keep - alpha);

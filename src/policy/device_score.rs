@@ -1,0 +1,114 @@
+//! R-KV's redundancy score ([`super::score::redundancy`]) computed with candle's operations where the
+//! keys live, for caches off the CPU.
+//!
+//! The score is quadratic in the entries: at a compression of an 8K-token prompt about 17 GFLOP per
+//! head and layer, which on a GPU's host took minutes a sequence while the GPU waited. Here the cosine
+//! matrix is one product on the device and only the `n` scores come back. The semantics are the host
+//! version's, step for step (diagonal zero, each row's most recent partner above the threshold or
+//! column 0 zeroed, column means, softmax); the sums run in another order, so scores differ by
+//! rounding. Caches on the CPU keep the host version.
+
+use candle_core::{DType, Result, Tensor, D};
+
+/// The redundancy score of every entry of each head: `keys` is `[heads, n, d]` (post-RoPE, as
+/// cached); returns `[heads][n]`. One head at a time, so the transient memory is a few `n × n`
+/// matrices (256 MiB each at 8,192 entries).
+pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
+    let (heads, n, _) = keys.dims3()?;
+    let dev = keys.device();
+    if n == 0 {
+        return Ok(vec![Vec::new(); heads]);
+    }
+    let index = Tensor::arange(0u32, n as u32, dev)?;
+    let rows = index.reshape((n, 1))?.broadcast_as((n, n))?;
+    let cols = index.reshape((1, n))?.broadcast_as((n, n))?;
+    // 1 off the diagonal, 0 on it (the host version never computes s[i][i]).
+    let off_diagonal = rows.ne(&cols)?.to_dtype(DType::F32)?;
+    let col_index = cols.to_dtype(DType::F32)?;
+    let mut out = Vec::with_capacity(heads);
+    for h in 0..heads {
+        let k = keys.get(h)?.to_dtype(DType::F32)?; // [n, d]
+        let norm = (k.sqr()?.sum_keepdim(D::Minus1)?.sqrt()? + 1e-8)?;
+        let unit = k.broadcast_div(&norm)?;
+        let s = (unit.matmul(&unit.t()?)? * &off_diagonal)?; // [n, n]
+                                                             // Each row's partner: the largest column above the threshold, 0 when there is none.
+        let above = s.gt(threshold as f64)?.to_dtype(DType::F32)?;
+        let partner = (above * &col_index)?.max_keepdim(D::Minus1)?; // [n, 1]
+        let kept = col_index.broadcast_ne(&partner)?.to_dtype(DType::F32)?;
+        let s = (s * kept)?;
+        let col = (s.sum(0)? / n as f64)?; // column means, [n]
+        let col = candle_nn::ops::softmax_last_dim(&col.unsqueeze(0)?)?.squeeze(0)?;
+        out.push(col.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::score;
+    use candle_core::Device;
+
+    fn close(a: &[f32], b: &[f32], tol: f32) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= tol, "entry {i}: {x} against {y}");
+        }
+    }
+
+    #[test]
+    fn the_spec_example_scores_as_on_the_host() {
+        // Spec §8.2's keys, at both thresholds of the host test.
+        let r = 0.5f32.sqrt();
+        let keys = vec![
+            1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, r, r, 0.0,
+        ];
+        let t = Tensor::from_vec(keys.clone(), (1, 5, 3), &Device::Cpu).unwrap();
+        for threshold in [0.5, 0.8] {
+            let got = redundancy(&t, threshold).unwrap();
+            close(&got[0], &score::redundancy(&keys, 3, threshold), 1e-6);
+        }
+        close(
+            &redundancy(&t, 0.5).unwrap()[0],
+            &[0.2434, 0.1993, 0.2113, 0.1730, 0.1730],
+            1e-4,
+        );
+    }
+
+    #[test]
+    fn random_keys_with_near_duplicates_score_as_on_the_host() {
+        // Two heads of 96 keys of 32 values; every fourth key a near copy of an earlier one, so rows
+        // have partners above the threshold, some of them the most recent of several.
+        let (heads, n, d) = (2, 96, 32);
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let mut keys = vec![0f32; heads * n * d];
+        for h in 0..heads {
+            for i in 0..n {
+                for j in 0..d {
+                    let v = if i % 4 == 3 {
+                        keys[(h * n + i / 2) * d + j] + 0.05 * next()
+                    } else {
+                        next()
+                    };
+                    keys[(h * n + i) * d + j] = v;
+                }
+            }
+        }
+        let t = Tensor::from_vec(keys.clone(), (heads, n, d), &Device::Cpu).unwrap();
+        for threshold in [0.3, 0.9] {
+            let got = redundancy(&t, threshold).unwrap();
+            for h in 0..heads {
+                let host = score::redundancy(&keys[h * n * d..(h + 1) * n * d], d, threshold);
+                close(&got[h], &host, 1e-6);
+                // The scores must tell entries apart, or the comparison proves little.
+                let spread = host.iter().fold(0f32, |m, &x| m.max(x))
+                    - host.iter().fold(1f32, |m, &x| m.min(x));
+                assert!(spread > 1e-4, "head {h}: scores too flat ({spread})");
+            }
+        }
+    }
+}

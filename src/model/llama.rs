@@ -575,11 +575,12 @@ impl Transformer {
             }
         };
 
-        self.finish_layer(l, step, st, &q_s, probs4.as_ref())?;
+        self.finish_layer(l, step, st, &q_s, probs4.as_ref(), false)?;
         Ok(out)
     }
 
-    /// The end of a sequence's layer step: update its query window and run its policy.
+    /// The end of a sequence's layer step: update its query window (unless `window_extended`: the
+    /// batch's windows were extended at once) and run its policy.
     fn finish_layer(
         &self,
         l: usize,
@@ -587,9 +588,11 @@ impl Transformer {
         st: &mut SeqState,
         q_s: &Tensor,
         probs: Option<&Tensor>,
+        window_extended: bool,
     ) -> candle_core::Result<()> {
         let w = st.caps.query_window;
-        if w > 0 {
+        if w > 0 && !window_extended {
+            st.window_batches[l] = None;
             let win = match st.query_windows[l].take() {
                 Some(old) => Tensor::cat(&[&old, q_s], 1)?,
                 None => q_s.clone(),
@@ -694,7 +697,7 @@ impl Transformer {
                     None => None,
                 };
                 let q_s = Tensor::from_slice(q, (hq, 1, d), dev)?;
-                self.finish_layer(l, step, st, &q_s, probs.as_ref())?;
+                self.finish_layer(l, step, st, &q_s, probs.as_ref(), false)?;
                 Ok(a.out)
             };
         // As in the generic path, a single sequence stays on this thread.

@@ -13,6 +13,9 @@ pub struct SeqState {
     pub caps: Capabilities,
     /// Per layer: the last `caps.query_window` post-RoPE queries, `[heads, w', head_dim]`.
     pub query_windows: Vec<Option<Tensor>>,
+    /// Per layer: the batch's windows this one is a view of, when a decoding batch extended them at
+    /// once (`None` once this sequence's window is its own again).
+    pub window_batches: Vec<Option<WindowBatch>>,
     /// Tokens fed so far (prompt + generated): the logical position of the next token.
     pub seen: usize,
     /// Generated tokens fed so far.
@@ -26,6 +29,18 @@ pub struct SeqState {
     pub decode_bytes_read: u64,
     /// Compression events with the positions kept, when tracing is on.
     pub trace: Option<Vec<TraceEvent>>,
+}
+
+/// The query windows of one layer of a decoding batch held in one tensor, `[sequences, heads, w',
+/// head_dim]`: each member's window is a view of its slot. Windows are replaced each step, never
+/// written in place, so views and copies may share it.
+#[derive(Debug, Clone)]
+pub struct WindowBatch {
+    /// Which batch tensor (ids are never reused in a process).
+    pub id: u64,
+    pub slot: usize,
+    pub slots: usize,
+    pub windows: Tensor,
 }
 
 /// One layer's compression event: what each head kept.
@@ -86,6 +101,7 @@ impl SeqState {
             policy,
             caps,
             query_windows: vec![None; config.num_layers],
+            window_batches: vec![None; config.num_layers],
             seen: 0,
             generated: 0,
             prompt_len: 0,
@@ -109,6 +125,7 @@ impl SeqState {
             caps: self.caps,
             // Windows are replaced, never written in place: sharing their tensors is safe.
             query_windows: self.query_windows.clone(),
+            window_batches: self.window_batches.clone(),
             seen: self.seen,
             generated: self.generated,
             prompt_len: self.prompt_len,

@@ -11,10 +11,11 @@
 
 use super::{SeqInput, Transformer};
 use crate::cache::pool;
-use crate::model::state::SeqState;
+use crate::model::state::{SeqState, WindowBatch};
 use crate::policy::StepInfo;
 use candle_core::Tensor;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Transformer {
     /// Whether a decoding step of `batch` may attend through the pool: more than one sequence, one
@@ -117,9 +118,10 @@ impl Transformer {
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let out = probs.matmul(&values)?.reshape((b, hq * d))?;
 
-        // 3. Each sequence's query window and policy, on its own slot and probabilities, in
-        //    parallel: a compression event's scoring runs on the host (R-KV's redundancy is
-        //    quadratic in the entries), and a batch's sequences one after another took minutes.
+        // 3. The batch's query windows at once where they can be, then each sequence's policy, on
+        //    its own slot and probabilities, in parallel: a compression event's scoring can run on
+        //    the host, and a batch's sequences one after another took minutes.
+        let window_extended = self.extend_windows(l, q, batch)?;
         let finish = |(i, (s, step)): (usize, (&mut SeqInput<'_>, &StepInfo))| {
             let st: &mut SeqState = s.state;
             let m = lens[i] + 1;
@@ -134,7 +136,7 @@ impl Transformer {
                 false => None,
             };
             let q_s = q.narrow(1, i, 1)?;
-            self.finish_layer(l, step, st, &q_s, probs_i.as_ref())
+            self.finish_layer(l, step, st, &q_s, probs_i.as_ref(), window_extended)
         };
         batch
             .par_iter_mut()
@@ -143,4 +145,65 @@ impl Transformer {
             .try_for_each(finish)?;
         Ok(out)
     }
+
+    /// Extends every sequence's query window of layer `l` by its query of this step (`q`: `[heads,
+    /// batch, d]`) in one concatenation for the batch, as `finish_layer` does one sequence at a time
+    /// (the same values), when every sequence keeps a window of the same size and length. The
+    /// windows become views of one tensor, which the next step extends again without gathering
+    /// them. Returns whether it did.
+    fn extend_windows(
+        &self,
+        l: usize,
+        q: &Tensor,
+        batch: &mut [SeqInput<'_>],
+    ) -> candle_core::Result<bool> {
+        let n = batch.len();
+        let w = batch[0].state.caps.query_window;
+        let mut len = None;
+        for s in batch.iter() {
+            let Some(win) = &s.state.query_windows[l] else {
+                return Ok(false);
+            };
+            let this = win.dim(1)?;
+            if w == 0 || s.state.caps.query_window != w || *len.get_or_insert(this) != this {
+                return Ok(false);
+            }
+        }
+        let len = len.unwrap_or(0);
+        // The windows as one tensor: the one they are views of, or stacked once.
+        let id = batch[0].state.window_batches[l].as_ref().map(|b| b.id);
+        let shared = batch.iter().enumerate().all(|(i, s)| {
+            s.state.window_batches[l]
+                .as_ref()
+                .is_some_and(|b| Some(b.id) == id && b.slot == i && b.slots == n)
+        });
+        let old = match (&batch[0].state.window_batches[l], shared) {
+            (Some(b), true) => b.windows.clone(),
+            _ => {
+                let each: Vec<&Tensor> = batch
+                    .iter()
+                    .map(|s| s.state.query_windows[l].as_ref().expect("checked above"))
+                    .collect();
+                Tensor::stack(&each, 0)?
+            }
+        };
+        let new = Tensor::cat(&[&old, &q.transpose(0, 1)?.unsqueeze(2)?], 2)?;
+        let new = match len + 1 > w {
+            true => new.narrow(2, len + 1 - w, w)?.contiguous()?,
+            false => new,
+        };
+        let id = NEXT_WINDOWS.fetch_add(1, Ordering::Relaxed);
+        for (i, s) in batch.iter_mut().enumerate() {
+            s.state.query_windows[l] = Some(new.get(i)?);
+            s.state.window_batches[l] = Some(WindowBatch {
+                id,
+                slot: i,
+                slots: n,
+                windows: new.clone(),
+            });
+        }
+        Ok(true)
+    }
 }
+
+static NEXT_WINDOWS: AtomicU64 = AtomicU64::new(1);

@@ -54,7 +54,7 @@ gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$home/lib64/libcuda.so" "$home/li
 export CUDA_HOME="$home" CUDA_PATH="$home" CUDA_ROOT="$home"
 export PATH="$home/bin:$PATH"
 export LIBRARY_PATH="$home/lib64${LIBRARY_PATH:+:$LIBRARY_PATH}"
-echo "== building kvbench --features cuda for sm_${CUDA_COMPUTE_CAP} (about 12 minutes on 2 cores the first time)"
+echo "== building kvbench --features cuda for sm_${CUDA_COMPUTE_CAP} (about 17 minutes on 2 cores the first time)"
 cargo build --release --locked --features cuda --target-dir target/cuda --bin kvbench
 bin=target/cuda/release/kvbench
 strip -o target/cuda/kvbench "$bin"

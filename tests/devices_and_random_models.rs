@@ -222,3 +222,35 @@ fn policies_run_on_random_models_and_lists_are_refused_where_one_policy_runs() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("r1-distill-qwen-7b"));
 }
+
+/// `forward --batch N` decodes N prompts of different lengths together; a batch the prompt cannot
+/// give, or one without `--generate`, exits 2 naming the flag before anything is written.
+#[test]
+fn forward_decodes_a_batch_and_refuses_one_it_cannot_build() {
+    let g = forward("random:tiny", &["--batch", "3"]);
+    let batch = g["generated_batch"].as_array().unwrap();
+    assert_eq!(batch.len(), 3);
+    assert_eq!(g["generated"], batch[0]);
+    assert!(batch.iter().all(|s| s.as_array().unwrap().len() == 12));
+    let dir = std::env::temp_dir().join(format!("kvbench-forward-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let logits = dir.join("logits.safetensors");
+    let logits = logits.to_str().unwrap();
+    // 24 prompt tokens give at most 8 sequences (each drops 3 more).
+    for extra in [
+        vec!["--batch", "9", "--logits", logits],
+        vec!["--batch", "0", "--logits", logits],
+    ] {
+        let out = kvbench(&forward_args("random:tiny", &extra));
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--batch"));
+        assert!(
+            !std::path::Path::new(logits).exists(),
+            "{extra:?} wrote logits"
+        );
+    }
+    let out = kvbench(&["forward", "--model", "random:tiny", "--batch", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --generate"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -126,6 +126,11 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
     let model = super::load_model(&args.model, &args.runtime)?;
     let t = &model.transformer;
     let ids = prompt(&args, t.config.vocab_size)?;
+    // Checked before anything is computed or written.
+    if args.batch != 1 && args.generate == 0 {
+        return Err(UsageError(format!("--batch {}: needs --generate", args.batch)).into());
+    }
+    let prompts = batch_prompts(&ids, args.batch)?;
     let spec = spec.resolve(args.generate.max(1) as f64, ids.len() as f64)?;
     model.check_fits(ids.len(), args.generate, "--tokens and --generate")?;
     let device = kvbench::device::describe(args.model.device(), t.device());
@@ -148,7 +153,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
     let mut generated_batch = Vec::new();
     if args.generate > 0 {
         let ctx = model.policy_context(&spec, args.generate);
-        let requests = batch_prompts(&ids, args.batch)?
+        let requests = prompts
             .into_iter()
             .map(|prompt| {
                 Ok(Request {

@@ -146,18 +146,20 @@ fn generate(
         step_secs: Vec<f32>,
         side_peak: usize,
     }
-    let mut seqs = Vec::with_capacity(requests.len());
+    let mut seqs: Vec<Active> = Vec::with_capacity(requests.len());
     let mut device_memory = crate::device::PeakMemory::default();
-    // The first copy's state right after its prefill, its logits and prefill time (shared prefill).
-    let mut shared: Option<(SeqState, Vec<f32>, Duration)> = None;
+    // A shared prefill's logits and time; its state is the first sequence's, untouched until
+    // decoding starts, so the copies fork from it.
+    let mut shared: Option<(Vec<f32>, Duration)> = None;
     for (i, req) in requests.into_iter().enumerate() {
         let kv_type = req.kv_type.unwrap_or(model.kv_type());
         let mut sampler = Sampler::new(req.sampling);
-        let forked = match &shared {
-            Some((first, logits, time)) => {
-                first.fork()?.map(|state| (state, logits.clone(), *time))
-            }
-            None => None,
+        let forked = match (&shared, seqs.first()) {
+            (Some((logits, time)), Some(first)) => first
+                .state
+                .fork()?
+                .map(|state| (state, logits.clone(), *time)),
+            _ => None,
         };
         let (mut state, logits, prefill_time) = match forked {
             Some(copy) => copy,
@@ -176,9 +178,7 @@ fn generate(
                 let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
                 let prefill_time = start.elapsed();
                 if share_prefill && i == 0 {
-                    if let Some(copy) = state.fork()? {
-                        shared = Some((copy, logits.clone(), prefill_time));
-                    }
+                    shared = Some((logits.clone(), prefill_time));
                 }
                 (state, logits, prefill_time)
             }
@@ -213,7 +213,6 @@ fn generate(
         }
         seqs.push(a);
     }
-    drop(shared);
     /// Records a sampled token; returns whether it became part of the output.
     fn accept(
         out: &mut Vec<u32>,

@@ -388,8 +388,6 @@ impl Transformer {
                 if batched {
                     self.attend_batch(l, &q, &k, &v, batch, &steps)?
                 } else {
-                    // 4'. Per sequence (in parallel across a batch): cache, attend over its own cache, let its
-                    //    policy act.
                     let work = |((s, &(off, t)), step): (
                         (&mut SeqInput<'_>, &(usize, usize)),
                         &StepInfo,

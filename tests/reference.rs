@@ -33,7 +33,7 @@ fn snapshot(state: &SeqState) -> Snapshot {
             let layer = state.cache.layer(l);
             let d = layer.head_dim();
             layer
-                .with_host(|kv| {
+                .with_host_keys(|kv| {
                     (0..layer.kv_heads())
                         .map(|h| {
                             (
@@ -216,7 +216,7 @@ fn window_reference(name: &str, lambda: Option<f64>, scoring: Scoring) {
                 .position(|&p| p == seen_before)
                 .unwrap();
             after
-                .with_host(|kv| keys.extend_from_slice(&kv.keys(h)[j * d..(j + 1) * d]))
+                .with_host_keys(|kv| keys.extend_from_slice(&kv.keys(h)[j * d..(j + 1) * d]))
                 .unwrap();
             pos.push(seen_before);
             let n = pos.len();
@@ -467,7 +467,7 @@ impl Policy for Spy {
     ) -> candle_core::Result<()> {
         if let Some(log) = &self.logs.caches {
             let d = cache.head_dim();
-            let held = cache.with_host(|kv| {
+            let held = cache.with_host_keys(|kv| {
                 (0..cache.kv_heads())
                     .map(|h| {
                         (
@@ -498,7 +498,7 @@ impl Policy for Spy {
         let chosen = self.inner.select_attention(step, layer, query, cache)?;
         if let Some(chosen) = &chosen {
             let d = cache.head_dim();
-            let keys = cache.with_host(|kv| {
+            let keys = cache.with_host_keys(|kv| {
                 (0..cache.kv_heads())
                     .map(|h| kv.keys(h)[..cache.len() * d].to_vec())
                     .collect()

@@ -47,27 +47,22 @@ pub struct LayerCache {
     step_max_bytes: usize,
 }
 
-/// Keys and values of one layer as host f32 slices: borrowed from the buffers on the CPU, copied
-/// elsewhere. Head `h`'s entries are rows `h·stride .. h·stride + len`.
-pub struct HostKv<'a> {
+/// Keys of one layer as host f32 slices: borrowed from the buffer on the CPU when it holds f32, else
+/// converted (or dequantized, or copied from the device). Head `h`'s entries are rows
+/// `h·stride .. h·stride + len`. Values are not offered: no policy scores them, and reading them cost a
+/// second conversion (or a second device-to-host copy) of the cache at every compression.
+pub struct HostKeys<'a> {
     keys: std::borrow::Cow<'a, [f32]>,
-    values: std::borrow::Cow<'a, [f32]>,
     stride: usize,
     pub len: usize,
     pub head_dim: usize,
 }
 
-impl HostKv<'_> {
+impl HostKeys<'_> {
     /// Keys of head `h`, `[len][head_dim]`.
     pub fn keys(&self, h: usize) -> &[f32] {
         let d = self.head_dim;
         &self.keys[h * self.stride * d..(h * self.stride + self.len) * d]
-    }
-
-    /// Values of head `h`, `[len][head_dim]`.
-    pub fn values(&self, h: usize) -> &[f32] {
-        let d = self.head_dim;
-        &self.values[h * self.stride * d..(h * self.stride + self.len) * d]
     }
 }
 
@@ -145,18 +140,16 @@ impl LayerCache {
         self.compressions
     }
 
-    /// Runs `f` on the keys and values as host f32 slices, without a copy when the cache is an f32 CPU
-    /// tensor. Policies score from here.
-    pub fn with_host<R>(&self, f: impl FnOnce(&HostKv<'_>) -> R) -> Result<R> {
+    /// Runs `f` on the keys as host f32 slices, without a copy when the cache is an f32 CPU tensor.
+    /// Policies score from here.
+    pub fn with_host_keys<R>(&self, f: impl FnOnce(&HostKeys<'_>) -> R) -> Result<R> {
         use candle_core::Storage;
         use std::borrow::Cow;
         let (k_store, k_layout) = self.k.storage_and_layout();
-        let (v_store, v_layout) = self.v.storage_and_layout();
-        if let (Storage::Cpu(kc), Storage::Cpu(vc)) = (&*k_store, &*v_store) {
-            if let (Ok(k), Ok(v)) = (kc.as_slice::<f32>(), vc.as_slice::<f32>()) {
-                let view = HostKv {
+        if let Storage::Cpu(kc) = &*k_store {
+            if let Ok(k) = kc.as_slice::<f32>() {
+                let view = HostKeys {
                     keys: Cow::Borrowed(&k[k_layout.start_offset()..]),
-                    values: Cow::Borrowed(&v[v_layout.start_offset()..]),
                     stride: self.capacity(),
                     len: self.len,
                     head_dim: self.head_dim,
@@ -164,13 +157,14 @@ impl LayerCache {
                 return Ok(f(&view));
             }
         }
-        drop((k_store, v_store));
-        let flat = |t: Tensor| -> Result<Vec<f32>> {
-            t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
-        };
-        let view = HostKv {
-            keys: Cow::Owned(flat(self.keys()?)?),
-            values: Cow::Owned(flat(self.values()?)?),
+        drop(k_store);
+        let view = HostKeys {
+            keys: Cow::Owned(
+                self.keys()?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1()?,
+            ),
             stride: self.len,
             len: self.len,
             head_dim: self.head_dim,

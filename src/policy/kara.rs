@@ -208,7 +208,7 @@ impl Policy for Kara {
         let c = &self.config;
         let delimiters = self.delimiters.as_deref();
         let tokens = &self.tokens;
-        let kept = cache.with_host(|kv| {
+        let kept = cache.with_host_keys(|kv| {
             (0..heads)
                 .map(|h| {
                     let keys = &kv.keys(h)[start * d..];

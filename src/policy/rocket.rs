@@ -326,7 +326,7 @@ impl Policy for RocketKv {
         let g = hq / heads;
         let scale = 1.0 / (d as f32).sqrt();
         let (n_cand, pool_kind) = (n - w, self.config.pool);
-        let kept: Vec<Vec<usize>> = cache.with_host(|kv| {
+        let kept: Vec<Vec<usize>> = cache.with_host_keys(|kv| {
             (0..heads)
                 .map(|h| {
                     let z = GroupLogits::compute(

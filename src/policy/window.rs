@@ -229,7 +229,7 @@ impl WindowPolicy {
             _ => None,
         };
         // Heads in parallel: each head's choice is its own.
-        cache.with_host(|kv| {
+        cache.with_host_keys(|kv| {
             (0..heads)
                 .into_par_iter()
                 .map(|h| {

@@ -166,6 +166,46 @@ fn thread_counts_from_the_environment_obey_the_flag_s_bounds() {
     }
 }
 
+/// A count that must be at least 1 given as 0 (or not a number) is refused with exit code 2 by the
+/// flag's name, before a model is loaded (a missing model file would be the error otherwise).
+#[test]
+fn zero_counts_are_refused_by_the_flag_s_name_before_loading() {
+    let missing = "/nonexistent/model.gguf";
+    let cases: &[(&[&str], &str)] = &[
+        (&["perf", "--batch", "1,0"], "--batch"),
+        (&["perf", "--repeats", "0"], "--repeats"),
+        (&["perf", "--decode-tokens", "0"], "--decode-tokens"),
+        (
+            &["perf", "--decode-prompt-tokens", "0"],
+            "--decode-prompt-tokens",
+        ),
+        (&["perf", "--prompt-tokens", "x"], "--prompt-tokens"),
+        (&["perf", "--warmup-tokens", "0"], "--warmup-tokens"),
+        (&["scaling", "--lengths", "0,512"], "--lengths"),
+        (&["scaling", "--prompt-tokens", "0"], "--prompt-tokens"),
+        (&["forward", "--tokens", "0"], "--tokens"),
+        (&["forward", "--batch", "0"], "--batch"),
+    ];
+    for (args, flag) in cases {
+        let mut all = args.to_vec();
+        all.extend(["--model", missing]);
+        let out = kvbench(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+        assert!(
+            !err.contains(missing),
+            "{args:?} looked for the model: {err}"
+        );
+    }
+    for flag in ["--shards", "--concurrency"] {
+        let out = kvbench(&["sweep", "configs/aime.toml", "--emit", "slurm", flag, "0"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+}
+
 #[test]
 fn results_that_are_not_records_are_errors_naming_file_and_line() {
     let dir = temp("nul");

@@ -26,7 +26,7 @@ pub struct ForwardArgs {
     pub policy: PolicyFlags,
     /// Prompt length: this many token ids drawn uniformly from the model's vocabulary with
     /// --token-seed (ignored with --token-file).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = super::parse_positive)]
     pub tokens: usize,
     /// Seed of the drawn prompt.
     #[arg(long, default_value_t = 0)]
@@ -41,7 +41,7 @@ pub struct ForwardArgs {
     /// Sequences generated together, as one batch (greedy): sequence i's prompt is the prompt's first
     /// (length − 3·i) ids, so their caches differ in length. `generated` is sequence 0's tokens,
     /// `generated_batch` every sequence's.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::parse_positive)]
     pub batch: usize,
     /// Write the prompt's teacher-forced logits, `[tokens, vocab]` f32, as tensor `logits` of a
     /// safetensors file.
@@ -78,9 +78,6 @@ fn prompt(args: &ForwardArgs, vocab: usize) -> anyhow::Result<Vec<u32>> {
                 .into()),
             })
             .collect();
-    }
-    if args.tokens == 0 {
-        return Err(UsageError("--tokens must be at least 1".into()).into());
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.token_seed);
     Ok((0..args.tokens)

@@ -21,6 +21,15 @@ use std::process::ExitCode;
 #[error("{0}")]
 pub struct UsageError(pub String);
 
+/// Parses a count that must be at least 1 (tokens, batch sizes, repeats, lengths): clap then names
+/// the flag and its value when it is 0, before any model is loaded.
+pub fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a whole number from 1".into()),
+    }
+}
+
 /// Measure what KV-cache compression does to reasoning language models.
 #[derive(Parser, Debug)]
 #[command(name = "kvbench", version, about)]

@@ -23,26 +23,26 @@ pub struct PerfArgs {
     #[command(flatten)]
     pub policy: PolicyFlags,
     /// Prompt length of the prefill measurement.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::parse_positive)]
     pub prompt_tokens: usize,
     /// Prompt length of each sequence in the decode measurement.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::parse_positive)]
     pub decode_prompt_tokens: usize,
     /// Tokens decoded per sequence in the decode measurement.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::parse_positive)]
     pub decode_tokens: usize,
     /// Batch sizes of the decode measurement, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32", value_parser = super::parse_positive)]
     pub batch: Vec<usize>,
     /// Measured repeats (after the warm-up).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::parse_positive)]
     pub repeats: usize,
     /// Unmeasured warm-up runs.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
     /// Tokens each sequence decodes in a warm-up run (default: --decode-tokens, as the measured
     /// runs); fewer make long measurements affordable (a warm-up only has to touch every path once).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_positive)]
     pub warmup_tokens: Option<usize>,
     /// Also write the table's rows as JSON (one object per row: measurement, median, min, max,
     /// every repeat) to this file.
@@ -183,16 +183,6 @@ fn summary(xs: &[f64]) -> String {
 }
 
 pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
-    if args.repeats == 0
-        || args.prompt_tokens == 0
-        || args.decode_tokens == 0
-        || args.batch.contains(&0)
-    {
-        return Err(UsageError(
-            "--repeats, --prompt-tokens, --decode-tokens and --batch must be positive".into(),
-        )
-        .into());
-    }
     if let Some(limit) = args.mem_limit {
         if !(limit.is_finite() && limit > 0.0) {
             return Err(UsageError(format!(

@@ -28,10 +28,10 @@ pub struct ScalingArgs {
     #[command(flatten)]
     pub policy: PolicyFlags,
     /// Generated lengths at which to record, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096,8192")]
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096,8192", value_parser = super::parse_positive)]
     pub lengths: Vec<usize>,
     /// Prompt length.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::parse_positive)]
     pub prompt_tokens: usize,
     /// Where to write scaling.csv and the plots.
     #[arg(long, value_name = "DIR", default_value = "results/scaling")]
@@ -80,11 +80,6 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
     lengths.dedup();
-    if lengths.first() == Some(&0) || lengths.is_empty() || args.prompt_tokens == 0 {
-        return Err(
-            super::UsageError("--lengths and --prompt-tokens must be positive".into()).into(),
-        );
-    }
     let mut specs = args
         .policy
         .grid(&kvbench::policy::policy_names(), args.policy.rule())?;

@@ -44,10 +44,10 @@ pub struct SweepArgs {
     #[arg(long, value_enum)]
     pub emit: Option<Emit>,
     /// Shards of the emitted script (one array task each).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pub shards: u32,
     /// Array tasks of the emitted script running at once (Slurm's `%K`).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: u32,
     /// Lenient answer extraction (never the default).
     #[arg(long)]
@@ -82,9 +82,6 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(Emit::Slurm) = args.emit {
-        if args.shards == 0 {
-            return Err(super::UsageError("--shards must be at least 1".into()).into());
-        }
         // The directory keeps the resolved config that every array task runs.
         let dir = kvbench::results::dir::ResultsDir::open(&out, None)?;
         dir.bind(&p.manifest(), &p.config_toml())?;

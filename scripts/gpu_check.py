@@ -11,13 +11,14 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
    divergence per sequence).
 3. vs_transformers: a random Qwen2 model at DeepSeek-R1-Distill-Qwen-1.5B's shapes, exported once as
    safetensors by kvbench and loaded by both kvbench and transformers (bf16, sdpa): teacher-forced
-   logits over 256 tokens and the first greedy divergence; the logits again with both in f32.
+   logits over 256 tokens and the first greedy divergence; the logits again with both in f32, and
+   with kvbench's activations in bf16 (`--activations weights`, as transformers keeps them).
 4. speed_kvbench / speed_transformers / speed_compressed: R1-Distill-Qwen-7B shapes (random weights,
    bf16): prefill of 1,024 tokens; decoding after a 1,024-token prompt at batch 1, 8 and 32 (full),
    and at batch 8 with per-sequence attention (the engine before pooled attention);
    device memory; transformers' generate at the same shapes and batches (and its model's own decoding
    step in a plain loop); rkv and snapkv at B = 1,024 at batch 32; batch 1 with a bf16 and an f32
-   cache (`speed_batch1`, not in the default steps).
+   cache, and with bf16 activations at batch 1 and 32 (`speed_batch1`, not in the default steps).
 5. long_outputs: at an 8K-token context, full against rkv at B = 1,024: the largest batch whose KV
    cache fits the GPU and its decode throughput.
 
@@ -240,6 +241,15 @@ def vs_transformers(c):
         hf_logits = model(ids).logits[0]
     res["logits_f32"] = compare_logits(kv_logits, hf_logits)
     del model
+    # kvbench with bf16 activations (as transformers keeps them) against transformers in bf16.
+    c.kv("forward", "--model", ckpt, "--device", c.args.device, "--activations", "weights", "--tokens", 256,
+         "--token-seed", 2, "--logits", kv_logits, "--json", kv_json)
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.bfloat16, attn_implementation="sdpa").to(dev)
+    model.eval()
+    with torch.no_grad():
+        hf_logits = model(ids).logits[0]
+    res["logits_bf16_activations"] = compare_logits(kv_logits, hf_logits)
+    del model
     kv_logits.unlink(missing_ok=True)
     shutil.rmtree(ckpt, ignore_errors=True)
     return res
@@ -291,17 +301,21 @@ def speed_compressed(c):
 
 
 def speed_batch1(c):
-    """Batch-1 decoding with the cache in bf16 (the GPU default) and in f32, the rest as the speed
-    step: a bf16 cache is converted to the f32 queries' type at every step."""
+    """Batch-1 decoding with the cache in bf16 (the GPU default) and in f32, f32 activations, the rest
+    as the speed step (a bf16 cache is converted to the f32 queries' type at every step); then bf16
+    activations (`--activations weights`: no conversion around each product) at batch 1 and the
+    largest speed batch, against the first run of the same call."""
     s = speed_shapes(c)
     res = {"shapes": s}
-    for kv_type in ["bf16", "f32"]:
-        path = c.out / f"perf_batch1_{kv_type}.json"
-        c.kv("perf", "--model", s["model"], "--device", c.args.device, "--kv-type", kv_type, "--prompt-tokens",
-             s["prompt"], "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch", 1,
-             "--policy", "full", "--warmup", 1, "--warmup-tokens", 16, "--repeats", 1, "--no-bandwidth",
-             "--export-json", path)
-        res[kv_type] = json.loads(path.read_text())
+    runs = [("bf16", "bf16", "f32", [1]), ("f32", "f32", "f32", [1]),
+            ("bf16_activations", "bf16", "weights", [1, s["batches"][-1]])]
+    for name, kv_type, activations, batches in runs:
+        path = c.out / f"perf_batch1_{name}.json"
+        c.kv("perf", "--model", s["model"], "--device", c.args.device, "--kv-type", kv_type, "--activations",
+             activations, "--prompt-tokens", s["prompt"], "--decode-prompt-tokens", s["prompt"], "--decode-tokens",
+             s["decode"], "--batch", ",".join(map(str, batches)), "--policy", "full", "--warmup", 1,
+             "--warmup-tokens", 16, "--repeats", 1, "--no-bandwidth", "--export-json", path)
+        res[name] = json.loads(path.read_text())
         c.save()
     return res
 
@@ -426,7 +440,7 @@ def main():
         "speed_transformers": (60, speed_transformers),
         "speed_compressed": (60, speed_compressed),
         "long_outputs": (45, long_outputs),
-        "speed_batch1": (40, speed_batch1),
+        "speed_batch1": (60, speed_batch1),
     }
     for name in args.steps.split(","):
         allowance, fn = plan[name]

@@ -51,6 +51,18 @@ fn batch_teacher_forced(
     tokens: &[Vec<u32>],
     drop: (usize, usize),
 ) -> Vec<Vec<Vec<f32>>> {
+    batch_teacher_forced_kv(m, spec, prompts, tokens, drop, KvType::F32)
+}
+
+/// [`batch_teacher_forced`] with the caches stored as `kv`.
+fn batch_teacher_forced_kv(
+    m: &kvbench::model::Model,
+    spec: &kvbench::policy::PolicySpec,
+    prompts: &[Vec<u32>],
+    tokens: &[Vec<u32>],
+    drop: (usize, usize),
+    kv: KvType,
+) -> Vec<Vec<Vec<f32>>> {
     use kvbench::model::SeqInput;
     let steps = tokens[0].len();
     let ctx = m.policy_context(spec, steps);
@@ -58,7 +70,7 @@ fn batch_teacher_forced(
         .iter()
         .map(|_| {
             m.transformer
-                .new_state_with(spec.build(&ctx).unwrap(), KvType::F32)
+                .new_state_with(spec.build(&ctx).unwrap(), kv)
                 .unwrap()
         })
         .collect();
@@ -191,6 +203,108 @@ fn copies_of_one_prefill_decode_as_sequences_prefilled_apart() {
                 assert_eq!(a.kv_bytes_peak, b.kv_bytes_peak, "{name}: copy {i}");
                 assert_eq!(a.decode_bytes_read, b.decode_bytes_read, "{name}: copy {i}");
             }
+        }
+    }
+}
+
+/// `--activations weights`: a bf16 model's activations kept in bf16 between operations (scores and
+/// softmax in f32), as transformers keeps them on a GPU, through the generic path with a bf16 cache.
+/// bf16 holds 8 significant bits, so the logits (about 1 in size here) follow f32 activations' to a
+/// bf16 step or two where the policy's choices do not depend on scores (full, StreamingLLM), and one
+/// sequence's logits do not depend on the batch it is pooled in; a missing mask (prefill's or the
+/// pool's padding), a wrong scale or type would move them by far more, or fail the pass. Policies that
+/// choose by scores may choose otherwise after bf16 rounding (random weights make near ties): they
+/// must run and stay finite and near.
+#[test]
+fn bf16_activations_follow_f32_activations_to_bf16_precision() {
+    use kvbench::model::Activations;
+    kvbench::init_threads(None).unwrap();
+    let load = |activations, batched| {
+        let mut m = kvbench::model::Model::load("random:tiny@4", &Default::default()).unwrap();
+        m.transformer.set_generic_attention(true);
+        m.transformer.set_batched_attention(batched);
+        let dtype = m.transformer.set_activations(activations).unwrap();
+        (m, dtype)
+    };
+    let (wide, t32) = load(Activations::F32, true);
+    let (narrow, t16) = load(Activations::Weights, true);
+    let (narrow_apart, _) = load(Activations::Weights, false);
+    assert_eq!(
+        (t32, t16),
+        (candle_core::DType::F32, candle_core::DType::BF16)
+    );
+    // f32 weights have no 16-bit type to keep: f32 activations.
+    let mut f32_weights = tiny_random(true);
+    let kept = f32_weights
+        .transformer
+        .set_activations(Activations::Weights)
+        .unwrap();
+    assert_eq!(kept, candle_core::DType::F32);
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+    let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..4096)).collect();
+    let tokens: Vec<u32> = (0..72).map(|_| rng.random_range(0..4096)).collect();
+    let prompts: Vec<Vec<u32>> = [40, 29, 47]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    let batch_tokens: Vec<Vec<u32>> = (0..3)
+        .map(|_| (0..72).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    let worst_of = |a: &[Vec<f32>], b: &[Vec<f32>]| -> (f32, f32) {
+        assert_eq!(a.len(), b.len());
+        let scale = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| common::max_abs_diff(x, y))
+            .fold(0f32, f32::max);
+        assert!(b.iter().flatten().all(|x| x.is_finite()));
+        (worst, scale)
+    };
+    for spec in common::compressing_specs() {
+        let name = spec.name().to_string();
+        let by_position = matches!(name.as_str(), "full" | "streaming");
+        let (a, _) = teacher_forced(&wide, &spec, KvType::BF16, &prompt, &tokens);
+        let (b, _) = teacher_forced(&narrow, &spec, KvType::BF16, &prompt, &tokens);
+        let (worst, scale) = worst_of(&a, &b);
+        let bound = if by_position {
+            scale / 64.0
+        } else {
+            scale / 2.0
+        };
+        assert!(
+            worst <= bound,
+            "{name}: bf16 activations move logits by {worst} (of {scale})"
+        );
+        // The same sequences pooled and one at a time, one leaving the batch part-way.
+        let pooled = batch_teacher_forced_kv(
+            &narrow,
+            &spec,
+            &prompts,
+            &batch_tokens,
+            (1, 30),
+            KvType::BF16,
+        );
+        let apart = batch_teacher_forced_kv(
+            &narrow_apart,
+            &spec,
+            &prompts,
+            &batch_tokens,
+            (1, 30),
+            KvType::BF16,
+        );
+        for (i, (x, y)) in pooled.iter().zip(&apart).enumerate() {
+            let (worst, scale) = worst_of(x, y);
+            let bound = if by_position {
+                scale / 64.0
+            } else {
+                scale / 2.0
+            };
+            assert!(
+                worst <= bound,
+                "{name}: sequence {i} pooled differs by {worst} (of {scale})"
+            );
         }
     }
 }

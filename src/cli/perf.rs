@@ -7,7 +7,7 @@ use kvbench::eval::builtin;
 use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
 use kvbench::generate::{generate_copies, Request, SamplingParams};
 use kvbench::metrics;
-use kvbench::model::{Model, SeqInput};
+use kvbench::model::{Activations, Model, SeqInput};
 use kvbench::policy::{Full, PolicySpec};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -61,6 +61,12 @@ pub struct PerfArgs {
     /// to measure what batching gives).
     #[arg(long, value_enum, default_value_t = Attention::Batched)]
     pub attention: Attention,
+    /// The activations' type between operations: `f32` (kvbench's exact default), or `weights`, the
+    /// float weights' own bf16/f16 as transformers keeps them (no conversion around each product;
+    /// attention's scores and softmax still in f32). Off the CPU's own decoding loop only: on the CPU
+    /// `weights` runs the generic path a GPU takes (to check it, not for speed).
+    #[arg(long, value_enum, default_value_t = Activations::F32)]
+    pub activations: Activations,
 }
 
 /// `--attention`.
@@ -206,6 +212,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     model
         .transformer
         .set_batched_attention(args.attention == Attention::Batched);
+    let activations = model.transformer.set_activations(args.activations)?;
     model.check_fits(args.prompt_tokens, 0, "--prompt-tokens")?;
     model.check_fits(
         args.decode_prompt_tokens,
@@ -230,6 +237,9 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     println!("device: {device}");
     if on_device_path(&model) {
         println!("attention: {:?}", args.attention);
+    }
+    if activations != candle_core::DType::F32 {
+        println!("activations: {activations:?}");
     }
     println!(
         "warm-up {} run(s), then median of {} repeats (min … max)\n",
@@ -375,6 +385,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             "device": device,
             "threads": threads,
             "attention": on_device_path(&model).then_some(args.attention),
+            "activations": format!("{activations:?}").to_lowercase(),
             "copy_bandwidth_bytes_per_s": bandwidth,
             "warmup": args.warmup,
             "repeats": args.repeats,

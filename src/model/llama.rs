@@ -52,6 +52,22 @@ pub struct Transformer {
     batched_attention: bool,
     /// How each sequence's cache stores keys and values.
     kv_type: crate::cache::KvType,
+    /// The activations' type between operations: f32, or (off the CPU's own loop) the float
+    /// weights' 16-bit type, as GPU engines keep them ([`Activations`]).
+    activations: DType,
+}
+
+/// The type activations are kept in between the forward pass's operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Activations {
+    /// f32 throughout, each 16-bit matrix's product converting its input and output (exact reference
+    /// arithmetic; kvbench's default).
+    #[default]
+    F32,
+    /// The float matrices' own type (bf16 or f16, as a checkpoint comes), as transformers and other
+    /// GPU engines keep them: no conversion around each product, attention scores and softmax in f32.
+    /// f32 when any matrix is quantized. Off the CPU's own decoding loop only.
+    Weights,
 }
 
 /// One sequence's part of a forward call.
@@ -173,7 +189,51 @@ impl Transformer {
             generic_attention: false,
             batched_attention: true,
             kv_type: crate::cache::KvType::F32,
+            activations: DType::F32,
         })
+    }
+
+    /// Keeps activations in f32 or in the float weights' type ([`Activations`]); returns the type
+    /// chosen. The norms' weights and the projections' biases are converted to it once, here.
+    pub fn set_activations(&mut self, activations: Activations) -> Result<DType> {
+        let dtype = match activations {
+            Activations::F32 => DType::F32,
+            Activations::Weights => {
+                let linears = self
+                    .blocks
+                    .iter()
+                    .flat_map(|b| [&b.qkv, &b.wo, &b.gate_up, &b.down])
+                    .chain([&self.lm_head]);
+                let types: Vec<Option<DType>> = linears.map(Linear::float_dtype).collect();
+                match types[0] {
+                    Some(t @ (DType::BF16 | DType::F16)) if types.iter().all(|&x| x == Some(t)) => {
+                        t
+                    }
+                    _ => DType::F32,
+                }
+            }
+        };
+        for b in &mut self.blocks {
+            for n in [&mut b.attn_norm, &mut b.ffn_norm]
+                .into_iter()
+                .chain(b.q_norm.as_mut())
+                .chain(b.k_norm.as_mut())
+            {
+                n.set_dtype(dtype)?;
+            }
+            for l in [&mut b.qkv, &mut b.wo, &mut b.gate_up, &mut b.down] {
+                l.set_bias_dtype(dtype)?;
+            }
+        }
+        self.norm.set_dtype(dtype)?;
+        self.lm_head.set_bias_dtype(dtype)?;
+        self.activations = dtype;
+        Ok(dtype)
+    }
+
+    /// The activations' type.
+    pub fn activations(&self) -> DType {
+        self.activations
     }
 
     pub fn device(&self) -> &Device {
@@ -202,9 +262,9 @@ impl Transformer {
         self.batched_attention = on;
     }
 
-    /// Whether this model attends with the CPU's own loop.
+    /// Whether this model attends with the CPU's own loop (which reads f32 activations).
     fn cpu_loop(&self) -> bool {
-        self.device.is_cpu() && !self.generic_attention
+        self.device.is_cpu() && !self.generic_attention && self.activations == DType::F32
     }
 
     /// The rotary frequencies in use, one per pair of a head's dimensions, after any scaling.
@@ -334,7 +394,8 @@ impl Transformer {
         let n_tok = ids.len();
         let (cos_v, sin_v) = self.rope_table_vecs(&positions);
         let half = d / 2;
-        let mut x = self.embed.lookup(&ids, &self.device)?;
+        let act = self.activations;
+        let mut x = self.embed.lookup(&ids, &self.device, act)?;
         // Decoding on the CPU takes a path with fewer, larger steps (see `decode_attention_cpu`); the
         // generic path needs the tables as tensors.
         let decode_cpu = self.cpu_loop() && !cfg.qk_norm && spans.iter().all(|&(_, t)| t == 1);
@@ -342,8 +403,8 @@ impl Transformer {
         let tables = match decode_cpu {
             true => None,
             false => Some((
-                Tensor::from_slice(&cos_v, (n_tok, half), &self.device)?,
-                Tensor::from_slice(&sin_v, (n_tok, half), &self.device)?,
+                Tensor::from_slice(&cos_v, (n_tok, half), &self.device)?.to_dtype(act)?,
+                Tensor::from_slice(&sin_v, (n_tok, half), &self.device)?.to_dtype(act)?,
             )),
         };
 
@@ -489,7 +550,7 @@ impl Transformer {
         let want_probs = st.caps.attention_probs;
         // A host copy of the query only for the CPU loop or a sparse-attention policy.
         let q_vec = if t == 1 && (self.cpu_loop() || st.caps.sparse_attention) {
-            Some(q_s.flatten_all()?.to_vec1::<f32>()?)
+            Some(q_s.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
         } else {
             None
         };
@@ -522,7 +583,8 @@ impl Transformer {
                     None => (layer.keys()?, layer.values()?),
                     Some(sub) => attention::gather_heads(layer, sub)?,
                 };
-                // A 16-bit cache is read in the queries' type (a no-op for an f32 cache).
+                // The cache is read in the queries' type (a no-op when they agree: an f32 cache
+                // under f32 activations, a bf16 one under bf16).
                 let (keys, values) = (keys.to_dtype(q_s.dtype())?, values.to_dtype(q_s.dtype())?);
                 let n = keys.dim(1)?;
                 let q3 = q_s.reshape((hkv, g * t, d))?;
@@ -540,9 +602,12 @@ impl Transformer {
                 let mut ys = Vec::with_capacity(hkv);
                 let mut all_probs = Vec::new();
                 for h in (0..hkv).step_by(per) {
+                    // Scores, mask and softmax in f32 whatever the activations (16-bit ones
+                    // are widened here, as transformers' attention does before its softmax).
                     let scores = (q3
                         .narrow(0, h, per)?
                         .matmul(&keys.narrow(0, h, per)?.t()?)?
+                        .to_dtype(DType::F32)?
                         * scale)?;
                     let scores = match &mask {
                         Some(mask) => scores
@@ -552,7 +617,8 @@ impl Transformer {
                         None => scores,
                     };
                     let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-                    ys.push(probs.matmul(&values.narrow(0, h, per)?)?); // [per, g*t, d]
+                    let p = probs.to_dtype(values.dtype())?;
+                    ys.push(p.matmul(&values.narrow(0, h, per)?)?); // [per, g*t, d]
                     if keep_probs {
                         all_probs.push(probs);
                     }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use tokenizer::Tokenizer;
 use weights::WeightFormat;
 
-pub use llama::{SeqInput, Transformer};
+pub use llama::{Activations, SeqInput, Transformer};
 pub use state::{SeqState, TraceEvent};
 
 /// A model ready to run: weights, tokenizer, chat template and where it came from.

@@ -105,9 +105,15 @@ impl Weight {
     }
 
     /// `x Wᵀ`, plus `bias` (`[out]`) when given: added here for kvbench's kernels (in place, before
-    /// the tensor is made), by the caller for the others.
+    /// the tensor is made), by the caller for the others. The result is in `x`'s type: f32, or a float
+    /// matrix's own 16-bit type when the activations are kept in it (no conversion either side).
     fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let dtype = x.dtype();
         match self {
+            // kvbench's and candle's quantized products take and give f32.
+            Weight::Own(_) | Weight::Candle(_) if dtype != DType::F32 => self
+                .forward(&x.to_dtype(DType::F32)?, bias)?
+                .to_dtype(dtype),
             Weight::Own(q) => {
                 let rows = x.dim(0)?;
                 let mut y = match super::ops::with_f32_slice(x, |input| q.matmul(input, rows)) {
@@ -121,8 +127,8 @@ impl Weight {
                 Tensor::from_vec(y, (rows, q.rows()), x.device())
             }
             Weight::Candle(q) => q.forward(x),
-            Weight::Dense(wt) if wt.dtype() == DType::F32 => x.matmul(wt),
-            Weight::Dense(wt) => x.to_dtype(wt.dtype())?.matmul(wt)?.to_dtype(DType::F32),
+            Weight::Dense(wt) if wt.dtype() == dtype => x.matmul(wt),
+            Weight::Dense(wt) => x.to_dtype(wt.dtype())?.matmul(wt)?.to_dtype(dtype),
         }
     }
 
@@ -207,6 +213,25 @@ impl Linear {
         self.out_features
     }
 
+    /// The type of its matrices when they are all float matrices of one type (a checkpoint's bf16),
+    /// `None` when any is quantized.
+    pub fn float_dtype(&self) -> Option<DType> {
+        let mut types = self.parts.iter().map(|p| match p {
+            Weight::Dense(t) => Some(t.dtype()),
+            _ => None,
+        });
+        let first = types.next()??;
+        types.all(|t| t == Some(first)).then_some(first)
+    }
+
+    /// Keeps the bias in `dtype`, the activations' type (it is added to the product in that type).
+    pub fn set_bias_dtype(&mut self, dtype: DType) -> Result<()> {
+        if let Some(b) = &self.bias {
+            self.bias = Some(b.to_dtype(dtype)?);
+        }
+        Ok(())
+    }
+
     /// `x`: `[rows, in]` → `[rows, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match self.parts.as_slice() {
@@ -270,8 +295,8 @@ impl Embedding {
         }
     }
 
-    /// The rows of `ids`, `[ids.len(), hidden]` in f32.
-    pub fn lookup(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+    /// The rows of `ids`, `[ids.len(), hidden]` in `dtype` (the activations' type).
+    pub fn lookup(&self, ids: &[u32], device: &Device, dtype: DType) -> Result<Tensor> {
         match self {
             Embedding::Own(m) => {
                 let k = m.cols();
@@ -286,11 +311,11 @@ impl Embedding {
                     }
                     m.dequantize_row(id, row);
                 }
-                Tensor::from_vec(out, (ids.len(), k), device)
+                Tensor::from_vec(out, (ids.len(), k), device)?.to_dtype(dtype)
             }
             Embedding::Dense(t) => {
                 let ids = Tensor::from_slice(ids, ids.len(), device)?;
-                t.index_select(&ids, 0)?.to_dtype(DType::F32)
+                t.index_select(&ids, 0)?.to_dtype(dtype)
             }
         }
     }
@@ -311,7 +336,7 @@ impl Embedding {
     }
 }
 
-/// RMSNorm with an f32 weight.
+/// RMSNorm with a weight in the activations' type (f32 unless they are kept in 16 bits).
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
     weight: Tensor,
@@ -328,5 +353,11 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+
+    /// Keeps the weight in `dtype`, the activations' type (candle's RMSNorm takes both in one type).
+    pub fn set_dtype(&mut self, dtype: DType) -> Result<()> {
+        self.weight = self.weight.to_dtype(dtype)?;
+        Ok(())
     }
 }

@@ -97,7 +97,8 @@ impl Transformer {
         let q3 = q.transpose(0, 1)?.contiguous()?.reshape((b * hkv, g, d))?;
         let keys = pool_k.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
         let values = pool_v.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
-        let scores = (q3.matmul(&keys.t()?)? * scale)?; // [batch·kv_heads, g, n]
+        // Scores, mask and softmax in f32 whatever the activations' type (as `attend_sequence`).
+        let scores = (q3.matmul(&keys.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?; // [batch·kv_heads, g, n]
         let scores = match lens.iter().any(|&m| m + 1 != n) {
             false => scores,
             true => {
@@ -107,8 +108,7 @@ impl Transformer {
                         (0..n).map(move |j| if j <= m { 0.0 } else { f32::NEG_INFINITY })
                     })
                     .collect();
-                let mask =
-                    Tensor::from_vec(mask, (b, 1, 1, n), &self.device)?.to_dtype(scores.dtype())?;
+                let mask = Tensor::from_vec(mask, (b, 1, 1, n), &self.device)?;
                 scores
                     .reshape((b, hkv, g, n))?
                     .broadcast_add(&mask)?
@@ -116,7 +116,10 @@ impl Transformer {
             }
         };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs.matmul(&values)?.reshape((b, hq * d))?;
+        let out = probs
+            .to_dtype(values.dtype())?
+            .matmul(&values)?
+            .reshape((b, hq * d))?;
 
         // 3. The batch's query windows at once where they can be, then each sequence's policy, on
         //    its own slot and probabilities, in parallel: a compression event's scoring can run on

@@ -231,25 +231,23 @@ def vs_transformers(c):
     hf_new = gen[0, ids.shape[1]:].tolist()
     res["greedy"] = {"tokens": new, "first_divergence": first_divergence(fwd["generated"], hf_new)}
     del model
+
+    def against(kv_flags, dtype):
+        """kvbench's teacher-forced logits under `kv_flags` against transformers' in `dtype`."""
+        c.kv("forward", "--model", ckpt, "--device", c.args.device, *kv_flags, "--tokens", 256, "--token-seed", 2,
+             "--logits", kv_logits, "--json", kv_json)
+        hf = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype, attn_implementation="sdpa").to(dev)
+        hf.eval()
+        with torch.no_grad():
+            theirs = hf(ids).logits[0]
+        del hf
+        return compare_logits(kv_logits, theirs)
+
     # The same checkpoint in f32 on both sides: what is left is the engines' own difference, not
     # bf16's rounding (the first H100 run saw top-1 91% in bf16 and could not tell the two apart).
-    c.kv("forward", "--model", ckpt, "--device", c.args.device, "--weights", "f32", "--kv-type", "f32", "--tokens", 256,
-         "--token-seed", 2, "--logits", kv_logits, "--json", kv_json)
-    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32, attn_implementation="sdpa").to(dev)
-    model.eval()
-    with torch.no_grad():
-        hf_logits = model(ids).logits[0]
-    res["logits_f32"] = compare_logits(kv_logits, hf_logits)
-    del model
+    res["logits_f32"] = against(["--weights", "f32", "--kv-type", "f32"], torch.float32)
     # kvbench with bf16 activations (as transformers keeps them) against transformers in bf16.
-    c.kv("forward", "--model", ckpt, "--device", c.args.device, "--activations", "weights", "--tokens", 256,
-         "--token-seed", 2, "--logits", kv_logits, "--json", kv_json)
-    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.bfloat16, attn_implementation="sdpa").to(dev)
-    model.eval()
-    with torch.no_grad():
-        hf_logits = model(ids).logits[0]
-    res["logits_bf16_activations"] = compare_logits(kv_logits, hf_logits)
-    del model
+    res["logits_bf16_activations"] = against(["--activations", "weights"], torch.bfloat16)
     kv_logits.unlink(missing_ok=True)
     shutil.rmtree(ckpt, ignore_errors=True)
     return res

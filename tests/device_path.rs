@@ -110,6 +110,19 @@ fn batch_teacher_forced_kv(
     out
 }
 
+/// Three prompts of different lengths (40, 29 and 47 ids, so that a pool pads two of them) and 72
+/// tokens to feed each.
+fn batch_inputs(rng: &mut impl Rng) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let prompts = [40, 29, 47]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    let tokens = (0..3)
+        .map(|_| (0..72).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    (prompts, tokens)
+}
+
 #[test]
 fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() {
     // Sequences of different lengths (so attention masks the pool's padding), under every policy,
@@ -121,13 +134,7 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
     let mut per_sequence = tiny_random(true);
     per_sequence.transformer.set_batched_attention(false);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
-    let prompts: Vec<Vec<u32>> = [40, 29, 47]
-        .iter()
-        .map(|&n| (0..n).map(|_| rng.random_range(0..4096)).collect())
-        .collect();
-    let tokens: Vec<Vec<u32>> = (0..3)
-        .map(|_| (0..72).map(|_| rng.random_range(0..4096)).collect())
-        .collect();
+    let (prompts, tokens) = batch_inputs(&mut rng);
     for spec in common::compressing_specs() {
         let name = spec.name().to_string();
         let a = batch_teacher_forced(&pooled, &spec, &prompts, &tokens, (1, 30));
@@ -244,13 +251,7 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
     let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..4096)).collect();
     let tokens: Vec<u32> = (0..72).map(|_| rng.random_range(0..4096)).collect();
-    let prompts: Vec<Vec<u32>> = [40, 29, 47]
-        .iter()
-        .map(|&n| (0..n).map(|_| rng.random_range(0..4096)).collect())
-        .collect();
-    let batch_tokens: Vec<Vec<u32>> = (0..3)
-        .map(|_| (0..72).map(|_| rng.random_range(0..4096)).collect())
-        .collect();
+    let (prompts, batch_tokens) = batch_inputs(&mut rng);
     let worst_of = |a: &[Vec<f32>], b: &[Vec<f32>]| -> (f32, f32) {
         assert_eq!(a.len(), b.len());
         let scale = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));

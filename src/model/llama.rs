@@ -52,6 +52,8 @@ pub struct Transformer {
     batched_attention: bool,
     /// How each sequence's cache stores keys and values.
     kv_type: crate::cache::KvType,
+    /// The pooled path's scatter index and padding mask, kept from layer to layer of a step.
+    pool_inputs: std::sync::Mutex<Option<batched::PoolInputs>>,
     /// The activations' type between operations: f32, or (off the CPU's own loop) the float
     /// weights' 16-bit type, as GPU engines keep them ([`Activations`]).
     activations: DType,
@@ -189,6 +191,7 @@ impl Transformer {
             generic_attention: false,
             batched_attention: true,
             kv_type: crate::cache::KvType::F32,
+            pool_inputs: std::sync::Mutex::new(None),
             activations: DType::F32,
         })
     }

@@ -66,13 +66,7 @@ impl Transformer {
             let lens: Vec<usize> = layers.iter().map(|c| c.len()).collect();
             (pool_k, pool_v, lens)
         };
-        let at: Vec<u32> = lens
-            .iter()
-            .flat_map(|&n| std::iter::repeat_n(n as u32, hkv))
-            .collect();
-        let index = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?
-            .broadcast_as((b * hkv, 1, d))?
-            .contiguous()?;
+        let (index, mask) = self.pool_inputs(&lens)?;
         let scatter = |pool: &Tensor, new: &Tensor| -> candle_core::Result<()> {
             // [kv_heads, batch, d] → [batch·kv_heads, 1, d], in the pool's type.
             let rows = new
@@ -99,21 +93,12 @@ impl Transformer {
         let values = pool_v.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
         // Scores, mask and softmax in f32 whatever the activations' type (as `attend_sequence`).
         let scores = (q3.matmul(&keys.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?; // [batch·kv_heads, g, n]
-        let scores = match lens.iter().any(|&m| m + 1 != n) {
-            false => scores,
-            true => {
-                let mask: Vec<f32> = lens
-                    .iter()
-                    .flat_map(|&m| {
-                        (0..n).map(move |j| if j <= m { 0.0 } else { f32::NEG_INFINITY })
-                    })
-                    .collect();
-                let mask = Tensor::from_vec(mask, (b, 1, 1, n), &self.device)?;
-                scores
-                    .reshape((b, hkv, g, n))?
-                    .broadcast_add(&mask)?
-                    .reshape((b * hkv, g, n))?
-            }
+        let scores = match &mask {
+            None => scores,
+            Some(mask) => scores
+                .reshape((b, hkv, g, n))?
+                .broadcast_add(mask)?
+                .reshape((b * hkv, g, n))?,
         };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let out = probs
@@ -147,6 +132,47 @@ impl Transformer {
             .enumerate()
             .try_for_each(finish)?;
         Ok(out)
+    }
+
+    /// The tensors a pooled step needs that depend only on the batch's cache lengths before the
+    /// append (`lens`): where each sequence's new entry goes (`[batch·kv_heads, 1, head_dim]`, for the
+    /// scatter) and, when the lengths differ, the mask of each sequence's padding (`[batch, 1, 1, n]`,
+    /// 0 or −∞, n the longest plus one). Built from host vectors (a copy to the device each), for the
+    /// first layer of a step and kept for the next layers while their lengths are the same (most of a
+    /// step's: only policies that compress layers differently, or at different steps, change them).
+    fn pool_inputs(&self, lens: &[usize]) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+        let mut memo = self.pool_inputs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = memo.as_ref().filter(|m| m.lens == lens) {
+            return Ok((m.index.clone(), m.mask.clone()));
+        }
+        let (hkv, d) = (self.config.num_kv_heads, self.config.head_dim);
+        let b = lens.len();
+        let at: Vec<u32> = lens
+            .iter()
+            .flat_map(|&n| std::iter::repeat_n(n as u32, hkv))
+            .collect();
+        let index = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?
+            .broadcast_as((b * hkv, 1, d))?
+            .contiguous()?;
+        let n = lens.iter().max().copied().unwrap_or(0) + 1;
+        let mask = match lens.iter().any(|&m| m + 1 != n) {
+            false => None,
+            true => {
+                let mask: Vec<f32> = lens
+                    .iter()
+                    .flat_map(|&m| {
+                        (0..n).map(move |j| if j <= m { 0.0 } else { f32::NEG_INFINITY })
+                    })
+                    .collect();
+                Some(Tensor::from_vec(mask, (b, 1, 1, n), &self.device)?)
+            }
+        };
+        *memo = Some(PoolInputs {
+            lens: lens.to_vec(),
+            index: index.clone(),
+            mask: mask.clone(),
+        });
+        Ok((index, mask))
     }
 
     /// Extends every sequence's query window of layer `l` by its query of this step (`q`: `[heads,
@@ -210,3 +236,10 @@ impl Transformer {
 }
 
 static NEXT_WINDOWS: AtomicU64 = AtomicU64::new(1);
+
+/// [`Transformer::pool_inputs`]'s last tensors and the lengths they were built for.
+pub(super) struct PoolInputs {
+    lens: Vec<usize>,
+    index: Tensor,
+    mask: Option<Tensor>,
+}

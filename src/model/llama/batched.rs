@@ -91,8 +91,9 @@ impl Transformer {
         let q3 = q.transpose(0, 1)?.contiguous()?.reshape((b * hkv, g, d))?;
         let keys = pool_k.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
         let values = pool_v.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
-        // Scores, mask and softmax in f32 whatever the activations' type (as `attend_sequence`).
-        let scores = (q3.matmul(&keys.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?; // [batch·kv_heads, g, n]
+        // Scores `[batch·kv_heads, g, n]`, mask and softmax in f32 whatever the activations' type
+        // (as `attend_sequence`).
+        let scores = (q3.matmul(&keys.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?;
         let scores = match &mask {
             None => scores,
             Some(mask) => scores

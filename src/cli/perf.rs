@@ -238,8 +238,14 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     if on_device_path(&model) {
         println!("attention: {:?}", args.attention);
     }
-    if activations != candle_core::DType::F32 {
-        println!("activations: {activations:?}");
+    match (args.activations, activations) {
+        (Activations::F32, _) => {}
+        (_, candle_core::DType::F32) => {
+            println!(
+                "activations: F32 (--activations weights: the weights are not all 16-bit floats)"
+            )
+        }
+        (_, t) => println!("activations: {t:?}"),
     }
     println!(
         "warm-up {} run(s), then median of {} repeats (min … max)\n",

@@ -46,7 +46,7 @@ struct Head {
     #[serde(default)]
     budget_rule: Option<BudgetRule>,
     #[serde(default)]
-    kv_types: Vec<crate::cache::KvType>,
+    kv_types: Option<Vec<crate::cache::KvType>>,
     #[serde(rename = "policy", default)]
     policies: Vec<PolicyEntry>,
 }
@@ -263,7 +263,15 @@ impl SweepConfig {
         let model = model.overridden_by(&over.model);
         let options = options.overridden_by(&over.options);
         let budget_rule = over.policy.budget_rule.or(head.budget_rule);
-        let head_kv_types = head.kv_types.clone();
+        // An empty list would quietly mean the model's type alone, as no list does: say so instead.
+        if head.kv_types.as_ref().is_some_and(Vec::is_empty) {
+            return Err(bad(
+                "kv_types is empty: list the KV cache types to cross with the policies, or leave \
+                 the key out for the model's own (kv_type)"
+                    .into(),
+            ));
+        }
+        let head_kv_types = head.kv_types.clone().unwrap_or_default();
         let flags = &over.policy;
         let built = if !flags.policy.is_empty() {
             // Policies named on the command line replace the file's, at the flags' budgets or else
@@ -619,5 +627,26 @@ mod tests {
         ));
         assert_ne!(a.base_hash("m", "d"), b.base_hash("m", "d"));
         assert_ne!(a.base_hash("m", "d"), a.base_hash("m2", "d"));
+    }
+
+    #[test]
+    fn an_empty_kv_types_list_is_refused_by_its_key_and_a_full_one_crosses_the_grid() {
+        let text = format!("{HEAD}kv_types = []\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n");
+        let path = std::env::temp_dir().join(format!(
+            "kvbench-empty-kv-types-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        let err = SweepConfig::load(&path).unwrap_err().to_string();
+        let _ = std::fs::remove_file(&path);
+        assert!(err.contains("kv_types is empty"), "{err}");
+        assert!(
+            err.contains("kvbench-empty-kv-types"),
+            "names the file: {err}"
+        );
+        let crossed = config(&format!(
+            "{HEAD}kv_types = [\"f16\", \"q8_0\"]\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+        ));
+        assert_eq!(crossed.policy_specs().len(), 2);
     }
 }

@@ -252,7 +252,8 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
     let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..4096)).collect();
     let tokens: Vec<u32> = (0..72).map(|_| rng.random_range(0..4096)).collect();
     let (prompts, batch_tokens) = batch_inputs(&mut rng);
-    let worst_of = |a: &[Vec<f32>], b: &[Vec<f32>]| -> (f32, f32) {
+    // Logits `b` within a bf16 step or two of `a` (by position) or near them (by scores), all finite.
+    let check = |a: &[Vec<f32>], b: &[Vec<f32>], by_position: bool, what: String| {
         assert_eq!(a.len(), b.len());
         let scale = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
         let worst = a
@@ -260,15 +261,7 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
             .zip(b)
             .map(|(x, y)| common::max_abs_diff(x, y))
             .fold(0f32, f32::max);
-        assert!(b.iter().flatten().all(|x| x.is_finite()));
-        (worst, scale)
-    };
-    for spec in common::compressing_specs() {
-        let name = spec.name().to_string();
-        let by_position = matches!(name.as_str(), "full" | "streaming");
-        let (a, _) = teacher_forced(&wide, &spec, KvType::BF16, &prompt, &tokens);
-        let (b, _) = teacher_forced(&narrow, &spec, KvType::BF16, &prompt, &tokens);
-        let (worst, scale) = worst_of(&a, &b);
+        assert!(b.iter().flatten().all(|x| x.is_finite()), "{what}");
         let bound = if by_position {
             scale / 64.0
         } else {
@@ -276,36 +269,26 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
         };
         assert!(
             worst <= bound,
-            "{name}: bf16 activations move logits by {worst} (of {scale})"
+            "{what}: logits differ by {worst} (of {scale})"
+        );
+    };
+    for spec in common::compressing_specs() {
+        let name = spec.name().to_string();
+        let by_position = matches!(name.as_str(), "full" | "streaming");
+        let (a, _) = teacher_forced(&wide, &spec, KvType::BF16, &prompt, &tokens);
+        let (b, _) = teacher_forced(&narrow, &spec, KvType::BF16, &prompt, &tokens);
+        check(
+            &a,
+            &b,
+            by_position,
+            format!("{name}: bf16 against f32 activations"),
         );
         // The same sequences pooled and one at a time, one leaving the batch part-way.
-        let pooled = batch_teacher_forced_kv(
-            &narrow,
-            &spec,
-            &prompts,
-            &batch_tokens,
-            (1, 30),
-            KvType::BF16,
-        );
-        let apart = batch_teacher_forced_kv(
-            &narrow_apart,
-            &spec,
-            &prompts,
-            &batch_tokens,
-            (1, 30),
-            KvType::BF16,
-        );
+        let batch =
+            |m| batch_teacher_forced_kv(m, &spec, &prompts, &batch_tokens, (1, 30), KvType::BF16);
+        let (pooled, apart) = (batch(&narrow), batch(&narrow_apart));
         for (i, (x, y)) in pooled.iter().zip(&apart).enumerate() {
-            let (worst, scale) = worst_of(x, y);
-            let bound = if by_position {
-                scale / 64.0
-            } else {
-                scale / 2.0
-            };
-            assert!(
-                worst <= bound,
-                "{name}: sequence {i} pooled differs by {worst} (of {scale})"
-            );
+            check(x, y, by_position, format!("{name}: sequence {i} pooled"));
         }
     }
 }

@@ -234,11 +234,6 @@ impl Transformer {
         Ok(dtype)
     }
 
-    /// The activations' type.
-    pub fn activations(&self) -> DType {
-        self.activations
-    }
-
     pub fn device(&self) -> &Device {
         &self.device
     }

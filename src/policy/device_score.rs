@@ -30,8 +30,9 @@ pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
         let k = keys.get(h)?.to_dtype(DType::F32)?; // [n, d]
         let norm = (k.sqr()?.sum_keepdim(D::Minus1)?.sqrt()? + 1e-8)?;
         let unit = k.broadcast_div(&norm)?;
-        let s = (unit.matmul(&unit.t()?)? * &off_diagonal)?; // [n, n]
-                                                             // Each row's partner: the largest column above the threshold, 0 when there is none.
+        // Cosines `[n, n]`, the diagonal zeroed; each row's partner: the largest column above the
+        // threshold, 0 when there is none.
+        let s = (unit.matmul(&unit.t()?)? * &off_diagonal)?;
         let above = s.gt(threshold as f64)?.to_dtype(DType::F32)?;
         let partner = (above * &col_index)?.max_keepdim(D::Minus1)?; // [n, 1]
         let kept = col_index.broadcast_ne(&partner)?.to_dtype(DType::F32)?;

@@ -22,6 +22,9 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
 5. long_outputs: at an 8K-token context, full against rkv at B = 1,024: the largest batch whose KV
    cache fits the GPU and its decode throughput.
 
+`--activations weights` runs speed_compressed and long_outputs with kvbench's activations in bf16 (the
+default, f32, converts a bf16 cache to f32 at every layer, which costs the full cache more than R-KV's).
+
 Each step has a time allowance; what would run past the deadline is recorded as skipped. Scratch
 files (logits, exported weights) go to a scratch folder, never to OUT (its files travel back).
 
@@ -292,8 +295,8 @@ def speed_compressed(c):
     comp = c.out / "perf_compressed.json"
     c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
          "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch",
-         s["batches"][-1], "--policy", "rkv,snapkv", "--budget", s["budget"], "--warmup", 1,
-         "--warmup-tokens", 16, "--repeats", 1, "--export-json", comp)
+         s["batches"][-1], "--policy", "rkv,snapkv", "--budget", s["budget"], "--activations", c.args.activations,
+         "--warmup", 1, "--warmup-tokens", 16, "--repeats", 1, "--export-json", comp)
     res["compressed"] = json.loads(comp.read_text())
     return res
 
@@ -406,7 +409,8 @@ def long_outputs(c):
     path = c.out / "perf_long.json"
     c.kv("perf", "--model", speed_shapes(c)["model"], "--device", c.args.device, "--prompt-tokens", 16,
          "--decode-prompt-tokens", context, "--decode-tokens", 16 if q else 64, "--batch", 1,
-         "--policy", "full,rkv", "--budget", budget, "--mem-limit", f"{limit_mib:.0f}", "--warmup", 1,
+         "--policy", "full,rkv", "--budget", budget, "--mem-limit", f"{limit_mib:.0f}", "--activations",
+         c.args.activations, "--warmup", 1,
          "--warmup-tokens", 4, "--repeats", 1, "--no-bandwidth", "--export-json", path)
     doc = json.loads(path.read_text())
     fits = [r for r in doc["rows"] if r["measurement"].get("fits_mem_limit")]
@@ -426,6 +430,9 @@ def main():
     ap.add_argument("--deadline", type=float, default=450, help="seconds for all steps")
     ap.add_argument("--decode-tokens", type=int, default=256, help="decode length of the speed steps")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a dry run on a CPU machine")
+    ap.add_argument("--activations", default="f32", choices=["f32", "weights"],
+                    help="kvbench's activations in speed_compressed and long_outputs (weights: the bf16 "
+                         "weights' own type, where a bf16 cache is not converted to f32 at every layer)")
     ap.add_argument("--steps", default="env,cpu_vs_gpu,speed_kvbench,speed_transformers,vs_transformers,"
                     "speed_compressed,long_outputs")
     args = ap.parse_args()

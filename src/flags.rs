@@ -12,6 +12,7 @@ use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use crate::model::chat::ChatTemplate;
 use crate::model::weights::WeightFormat;
+use crate::model::{Activations, LoadOptions};
 use crate::policy::{BudgetRule, PolicySpec};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -50,11 +51,25 @@ pub struct ModelFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_type: Option<KvType>,
+    /// The activations' type between the forward pass's operations: f32 (exact: each 16-bit
+    /// matrix's product converts its input and output), or `weights`, the float weights' own bf16/f16
+    /// as transformers keeps them (fewer operations on a GPU; f32 where any matrix is quantized, and
+    /// never the CPU's own decoding loop, which is f32) [default: f32].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activations: Option<Activations>,
 }
 
 impl ModelFlags {
     /// The config keys these flags are (a sweep config splits them from the study's options).
-    pub const KEYS: [&'static str; 5] = ["model", "weights", "chat_template", "device", "kv_type"];
+    pub const KEYS: [&'static str; 6] = [
+        "model",
+        "weights",
+        "chat_template",
+        "device",
+        "kv_type",
+        "activations",
+    ];
 
     pub fn model(&self) -> &str {
         self.model
@@ -76,6 +91,23 @@ impl ModelFlags {
             .unwrap_or_else(|| KvType::default_for(self.device()))
     }
 
+    pub fn activations(&self) -> Activations {
+        self.activations.unwrap_or_default()
+    }
+
+    /// How to load the model these flags name (`tokenizer`: a tokenizer.json given instead of the
+    /// model's own), on the device they name, opened here (`--device`'s error when it cannot be).
+    pub fn load_options(&self, tokenizer: Option<PathBuf>) -> Result<LoadOptions> {
+        Ok(LoadOptions {
+            format: self.weights(),
+            template: self.chat_template,
+            tokenizer,
+            device: self.device().open("--device")?,
+            kv_type: self.kv_type(),
+            activations: self.activations(),
+        })
+    }
+
     /// These flags with every field `over` sets replaced by its value.
     pub fn overridden_by(mut self, over: &ModelFlags) -> Self {
         if over.model.is_some() {
@@ -92,6 +124,9 @@ impl ModelFlags {
         }
         if over.kv_type.is_some() {
             self.kv_type = over.kv_type;
+        }
+        if over.activations.is_some() {
+            self.activations = over.activations;
         }
         self
     }
@@ -303,6 +338,7 @@ mod tests {
             chat_template: Some(ChatTemplate::Chatml),
             device: Some(DeviceSpec::Cuda(1)),
             kv_type: Some(KvType::F16),
+            activations: Some(Activations::Weights),
         };
         let v = serde_json::to_value(&all).unwrap();
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{kvbench, ok};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn temp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("kvbench-{name}-{}", std::process::id()));
@@ -115,6 +115,85 @@ fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
     assert!(report.contains("n/a (random weights)"), "{report}");
     assert!(report.contains("carry no accuracy"), "{report}");
     let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+/// `--activations weights` on `run`: its records say bf16 (the random model's weights' type), a
+/// directory of f32 activations refuses to be resumed with them (the config hash sees them), and a
+/// report over directories that differ only in activations or in the cache's type (whose units
+/// have the same ids) keeps every row: none is taken for another's duplicate, none is missing.
+#[test]
+fn sixteen_bit_activations_are_their_own_study_and_their_own_rows() {
+    let base = temp("activations");
+    let dir = |name: &str| base.join(name).to_str().unwrap().to_string();
+    let run = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            "random:tiny@3",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--ignore-eos",
+            "--policy",
+            "full",
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        kvbench(&args)
+    };
+    let (f32_dir, bf16_dir, kv_dir) = (dir("f32"), dir("bf16"), dir("kv-f32"));
+    ok(&run(&f32_dir, &[]));
+    ok(&run(&kv_dir, &["--kv-type", "f32"]));
+    let out = run(&bf16_dir, &["--activations", "weights"]);
+    ok(&out);
+    let header = String::from_utf8_lossy(&out.stderr);
+    assert!(header.contains("activations weights"), "{header}");
+    for (d, want) in [(&f32_dir, "f32"), (&bf16_dir, "bf16")] {
+        let records =
+            kvbench::results::sample::read_records(&Path::new(d).join("samples.jsonl")).unwrap();
+        assert_eq!(records.len(), 2);
+        for r in &records {
+            assert_eq!(r.engine.as_ref().unwrap().activations, want, "{d}");
+        }
+    }
+    let refused = run(&f32_dir, &["--activations", "weights"]);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    let report_dir = dir("report");
+    let report = ok(&kvbench(&[
+        "report",
+        &f32_dir,
+        &bf16_dir,
+        &kv_dir,
+        "--out",
+        &report_dir,
+        "--no-plots",
+    ]));
+    assert!(!report.contains("duplicate"), "{report}");
+    assert!(
+        report.contains("every planned unit has a result"),
+        "{report}"
+    );
+    assert!(report.contains("| activations |"), "{report}");
+    let full_rows: Vec<&str> = report
+        .lines()
+        .filter(|l| l.starts_with("| full |"))
+        .collect();
+    assert_eq!(full_rows.len(), 3, "{report}");
+    assert!(full_rows.iter().any(|l| l.contains("| bf16 |")), "{report}");
+    let pair = ok(&kvbench(&[
+        "report",
+        &f32_dir,
+        &bf16_dir,
+        "--out",
+        &report_dir,
+        "--no-plots",
+        "--pair",
+        "full+act=f32,full+act=bf16",
+    ]));
+    assert!(pair.contains("full+act=bf16"), "{pair}");
+    let _ = std::fs::remove_dir_all(&base);
 }
 
 /// `forward` on `model`: 24 seeded prompt tokens, 12 generated, then `extra`.

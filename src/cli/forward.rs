@@ -8,7 +8,7 @@ use super::UsageError;
 use clap::Args;
 use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
 use kvbench::generate::{generate_batch, Request, SamplingParams};
-use kvbench::model::{Activations, SeqInput, Transformer};
+use kvbench::model::{SeqInput, Transformer};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,10 +50,6 @@ pub struct ForwardArgs {
     /// Write the JSON result here instead of standard output.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// The activations' type: `f32` (the default) or `weights`, the float weights' own bf16/f16
-    /// (as `kvbench perf --activations`).
-    #[arg(long, value_enum, default_value_t = Activations::F32)]
-    pub activations: Activations,
 }
 
 /// The prompt: from the file, or drawn from the seed.
@@ -124,8 +120,8 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let spec = args.policy.single("full", "forward")?;
-    let mut model = super::load_model(&args.model, &args.runtime)?;
-    let activations = model.transformer.set_activations(args.activations)?;
+    let model = super::load_model(&args.model, &args.runtime)?;
+    let activations = model.transformer.activation_dtype();
     let t = &model.transformer;
     let ids = prompt(&args, t.config.vocab_size)?;
     // Checked before anything is computed or written.

@@ -13,7 +13,7 @@ mod sweep;
 
 use clap::{Parser, Subcommand};
 use kvbench::flags::{ModelFlags, RuntimeFlags};
-use kvbench::model::{LoadOptions, Model};
+use kvbench::model::Model;
 use std::process::ExitCode;
 
 /// A usage error found after parsing (a flag value out of range): exit code 2.
@@ -88,13 +88,7 @@ pub fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), UsageE
 
 /// Loads the model `flags` name for a benchmark (`perf`, `scaling`, `forward`), on its device.
 pub fn load_model(flags: &ModelFlags, runtime: &RuntimeFlags) -> anyhow::Result<Model> {
-    let opts = LoadOptions {
-        format: flags.weights(),
-        template: flags.chat_template,
-        tokenizer: runtime.tokenizer.clone(),
-        device: flags.device().open("--device")?,
-        kv_type: flags.kv_type(),
-    };
+    let opts = flags.load_options(runtime.tokenizer.clone())?;
     Ok(Model::load(flags.model(), &opts)?)
 }
 

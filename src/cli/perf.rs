@@ -61,12 +61,6 @@ pub struct PerfArgs {
     /// to measure what batching gives).
     #[arg(long, value_enum, default_value_t = Attention::Batched)]
     pub attention: Attention,
-    /// The activations' type between operations: `f32` (kvbench's exact default), or `weights`, the
-    /// float weights' own bf16/f16 as transformers keeps them (no conversion around each product;
-    /// attention's scores and softmax still in f32). Off the CPU's own decoding loop only: on the CPU
-    /// `weights` runs the generic path a GPU takes (to check it, not for speed).
-    #[arg(long, value_enum, default_value_t = Activations::F32)]
-    pub activations: Activations,
 }
 
 /// `--attention`.
@@ -212,7 +206,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     model
         .transformer
         .set_batched_attention(args.attention == Attention::Batched);
-    let activations = model.transformer.set_activations(args.activations)?;
+    let activations = model.transformer.activation_dtype();
     model.check_fits(args.prompt_tokens, 0, "--prompt-tokens")?;
     model.check_fits(
         args.decode_prompt_tokens,
@@ -238,7 +232,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     if on_device_path(&model) {
         println!("attention: {:?}", args.attention);
     }
-    match (args.activations, activations) {
+    match (args.model.activations(), activations) {
         (Activations::F32, _) => {}
         (_, candle_core::DType::F32) => {
             println!(

@@ -91,7 +91,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or(0);
     let spec = p.plan.specs[mine_index].clone();
     eprintln!(
-        "kvbench run: {} on {} problems × {} samples ({}), prompt {:?}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {:?}, KV cache {}",
+        "kvbench run: {} on {} problems × {} samples ({}), prompt {:?}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {:?}, KV cache {}, activations {}",
         p.cfg.model.model(),
         p.plan.problems.len(),
         p.plan.samples,
@@ -105,6 +105,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         p.plan.decoding.seed,
         p.plan.decoding.weights,
         p.cfg.model.kv_type(),
+        p.cfg.model.activations(),
     );
     let done = execute_plan(
         &p,

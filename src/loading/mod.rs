@@ -91,6 +91,7 @@ pub fn load_model(files: ModelFiles, opts: &LoadOptions) -> Result<Model> {
         .map_err(Error::Input)?;
     let mut transformer = Transformer::load(&mut source, config, opts.format, &opts.device)?;
     transformer.set_kv_type(opts.kv_type);
+    transformer.set_activations(opts.activations)?;
     let name = match &files {
         ModelFiles::Gguf(p) => p.file_stem().map(|s| s.to_string_lossy().into_owned()),
         // A hub snapshot (`…/models--owner--name/snapshots/<rev>`) is named after its repository.

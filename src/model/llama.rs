@@ -60,7 +60,18 @@ pub struct Transformer {
 }
 
 /// The type activations are kept in between the forward pass's operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Activations {
     /// f32 throughout, each 16-bit matrix's product converting its input and output (exact reference
     /// arithmetic; kvbench's default).
@@ -70,6 +81,15 @@ pub enum Activations {
     /// GPU engines keep them: no conversion around each product, attention scores and softmax in f32.
     /// f32 when any matrix is quantized. Off the CPU's own decoding loop only.
     Weights,
+}
+
+impl std::fmt::Display for Activations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Activations::F32 => "f32",
+            Activations::Weights => "weights",
+        })
+    }
 }
 
 /// One sequence's part of a forward call.
@@ -236,6 +256,11 @@ impl Transformer {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The activations' type chosen by [`set_activations`](Self::set_activations).
+    pub fn activation_dtype(&self) -> DType {
+        self.activations
     }
 
     /// How every new sequence's cache stores keys and values (f32 unless set).

@@ -40,6 +40,8 @@ pub struct LoadOptions {
     pub device: Device,
     /// How each sequence's cache stores keys and values.
     pub kv_type: crate::cache::KvType,
+    /// The activations' type between operations (f32, or the float weights' own).
+    pub activations: Activations,
 }
 
 impl Default for LoadOptions {
@@ -50,6 +52,7 @@ impl Default for LoadOptions {
             tokenizer: None,
             device: Device::Cpu,
             kv_type: crate::cache::KvType::F32,
+            activations: Activations::F32,
         }
     }
 }

@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 /// Everything read from the result directories.
 pub struct Collection {
     pub records: Vec<SampleRecord>,
-    /// Records dropped because another had the same unit id.
+    /// Records dropped because another had the same unit id and numerics (KV cache and
+    /// activations' types: the model's own type is not part of a unit's id, so two directories that
+    /// differ only there plan the same ids, and their records are not duplicates).
     pub duplicates: usize,
     /// Planned units without a record, with the directory that planned them.
     pub missing: Vec<(PathBuf, PlannedUnit)>,
@@ -53,6 +55,8 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
         unplanned: Vec::new(),
     };
     let mut seen = HashSet::new();
+    // The units done per family of directories (one study's, [`family`]).
+    let mut done_in: HashMap<String, HashSet<String>> = HashMap::new();
     for dir in dirs {
         if !dir.is_dir() {
             return Err(crate::Error::Input(format!(
@@ -79,12 +83,18 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
                 unplanned += 1;
                 continue;
             }
-            let key = if r.unit.is_empty() {
+            let unit = if r.unit.is_empty() {
                 format!("{}#{}#{}", r.policy, r.problem_id, r.sample)
             } else {
                 r.unit.clone()
             };
-            if seen.insert(key) {
+            if let Some(m) = &manifest {
+                done_in
+                    .entry(family(m).to_string())
+                    .or_default()
+                    .insert(r.unit.clone());
+            }
+            if seen.insert((unit, kv_type_of(&r), activations_of(&r))) {
                 c.records.push(r);
             } else {
                 c.duplicates += 1;
@@ -106,16 +116,26 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
         }
     }
     check_same_decoding(&c.manifests)?;
-    let done: HashSet<&str> = c.records.iter().map(|r| r.unit.as_str()).collect();
+    // A planned unit is missing when no directory of its study has it (shards of one study may
+    // write to several directories); another study's record of the same id (the same unit in
+    // another cache or activations' type) does not count.
     let mut planned = HashSet::new();
     for (dir, m) in &c.manifests {
+        let done = done_in.get(family(m));
         for u in &m.units {
-            if !done.contains(u.id.as_str()) && planned.insert(u.id.clone()) {
+            let is_done = done.is_some_and(|d| d.contains(&u.id));
+            if !is_done && planned.insert((family(m).to_string(), u.id.clone())) {
                 c.missing.push((dir.clone(), u.clone()));
             }
         }
     }
     Ok(c)
+}
+
+/// The directories of one study share this: the hash of their config without the grid (directories
+/// of kvbench 0.4 and earlier, which record none, their config hash).
+fn family(m: &Manifest) -> &str {
+    m.base_hash.as_deref().unwrap_or(&m.config_hash)
 }
 
 /// The settings that decide how a directory's outputs were generated, besides the model, the data
@@ -248,6 +268,8 @@ pub struct Row {
     pub decode_tokens_per_s: Option<f64>,
     /// How the cache stored keys and values (`f32`, `f16`, `bf16`).
     pub kv_type: String,
+    /// The activations' type between operations (`f32`, or the weights' `bf16`/`f16`).
+    pub activations: String,
     /// The batch sizes (sequences decoded together) of the speed records, ascending, joined by "/":
     /// aggregate speed depends on them, so rows of different batch sizes do not compare.
     pub batch: Option<String>,
@@ -337,8 +359,8 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
     let speed_machine = by_count.first().map(|(m, _)| m.clone());
     let other_machines = by_count.into_iter().skip(1).collect();
 
-    let mut groups: BTreeMap<(String, String, String, String), Vec<&SampleRecord>> =
-        BTreeMap::new();
+    type GroupKey = (String, String, String, String, String);
+    let mut groups: BTreeMap<GroupKey, Vec<&SampleRecord>> = BTreeMap::new();
     for r in records {
         groups
             .entry((
@@ -346,33 +368,36 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
                 dataset_identity(&r.dataset),
                 r.policy.clone(),
                 kv_type_of(r),
+                activations_of(r),
             ))
             .or_default()
             .push(r);
     }
     let groups: Vec<Vec<&SampleRecord>> = groups.into_values().collect();
     // The full records of each model and data, for the comparisons: the full cache of the finest
-    // storage type there is (f32, the exact reference, where there are some; else 16 bits; ...), so
-    // that a row of a coarser type, full ones included, shows what the storage costs too. Among types
-    // equally fine, the row's own, else the first.
+    // storage type there is (f32, the exact reference, where there are some; else 16 bits; ...), and
+    // among those f32 activations (the exact arithmetic) where there are some, so that a row of a
+    // coarser type or in 16-bit activations, full ones included, shows what they cost too. Among
+    // types equally fine, the row's own, else the first.
     let mut fulls: HashMap<(String, String), Vec<&Vec<&SampleRecord>>> = HashMap::new();
     for rs in groups.iter().filter(|rs| is_full(rs[0])) {
         let key = (rs[0].model.clone(), dataset_identity(&rs[0].dataset));
         fulls.entry(key).or_default().push(rs);
     }
     let bits = |r: &SampleRecord| {
-        kv_type_of(r)
+        let kv = kv_type_of(r)
             .parse::<KvType>()
-            .map_or(0, KvType::nominal_bits)
+            .map_or(0, KvType::nominal_bits);
+        (kv, activations_of(r) == REFERENCE_ACTIVATIONS)
     };
     let full_for = |rs: &[&SampleRecord]| -> Option<&Vec<&SampleRecord>> {
         let candidates = fulls.get(&(rs[0].model.clone(), dataset_identity(&rs[0].dataset)))?;
         let finest = candidates.iter().map(|f| bits(f[0])).max()?;
         let finest: Vec<_> = candidates.iter().filter(|f| bits(f[0]) == finest).collect();
-        let own = kv_type_of(rs[0]);
+        let own = (kv_type_of(rs[0]), activations_of(rs[0]));
         finest
             .iter()
-            .find(|f| kv_type_of(f[0]) == own)
+            .find(|f| (kv_type_of(f[0]), activations_of(f[0])) == own)
             .or_else(|| finest.first())
             .map(|f| **f)
     };
@@ -406,6 +431,7 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
             .then(a.budget.unwrap_or(0.0).total_cmp(&b.budget.unwrap_or(0.0)))
             .then(a.config.cmp(&b.config))
             .then(a.kv_type.cmp(&b.kv_type))
+            .then(a.activations.cmp(&b.activations))
     });
     // Which engines wrote the records (records before kvbench 0.5 name none).
     let mut engines: Vec<(String, usize)> = Vec::new();
@@ -432,6 +458,17 @@ pub fn kv_type_of(r: &SampleRecord) -> String {
     r.engine
         .as_ref()
         .map_or_else(|| KvType::F32.to_string(), |e| e.kv_type.clone())
+}
+
+/// The activations' type of records that do not say (written before the choice existed).
+const REFERENCE_ACTIVATIONS: &str = "f32";
+
+/// The type a record's activations were kept in between operations (`f32` for records that do
+/// not say).
+pub fn activations_of(r: &SampleRecord) -> String {
+    r.engine
+        .as_ref()
+        .map_or_else(|| REFERENCE_ACTIVATIONS.into(), |e| e.activations.clone())
 }
 
 fn is_full(r: &SampleRecord) -> bool {
@@ -585,6 +622,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         policy_state_peak_bytes: metric(&|m| m.policy_state_bytes_peak as f64),
         decode_tokens_per_s: (decode_secs > 0.0).then(|| speed_tokens / decode_secs),
         kv_type: kv_type_of(first),
+        activations: activations_of(first),
         batch: {
             let sizes: std::collections::BTreeSet<usize> = speed.iter().map(|m| m.batch).collect();
             (!sizes.is_empty()).then(|| {
@@ -773,6 +811,52 @@ pub(crate) mod tests {
         assert_eq!(full.policy_decode_share, Some(0.25));
         let table = table::markdown(&s);
         assert!(table.contains("| 50.0 / 25.0 |"), "{table}");
+    }
+
+    /// Rows in 16-bit activations are rows of their own, compared with the full cache in f32
+    /// activations (the exact arithmetic) where there is one: a policy in bf16 and the bf16 full
+    /// row both carry Δ against it.
+    #[test]
+    fn rows_in_sixteen_bit_activations_are_their_own_and_compared_with_f32_ones() {
+        let in_activations = |mut r: SampleRecord, act: &str| {
+            let engine = crate::results::sample::Engine::current(
+                "cpu",
+                "Auto".into(),
+                1,
+                crate::cache::KvType::F16,
+                candle_core::DType::F32,
+            );
+            r.engine = Some(crate::results::sample::Engine {
+                activations: act.into(),
+                ..engine
+            });
+            r
+        };
+        let mut records = Vec::new();
+        for i in 0..10 {
+            let p = format!("p{i}");
+            records.push(in_activations(record("full", &p, true, 100, false), "f32"));
+            records.push(in_activations(
+                record("full", &p, i > 0, 100, false),
+                "bf16",
+            ));
+            records.push(in_activations(record("rkv", &p, i > 1, 100, false), "bf16"));
+        }
+        // Listed bf16 first: the reference is chosen by its arithmetic, not the order.
+        records.reverse();
+        let s = summarize(&records);
+        let row = |policy: &str, act: &str| {
+            s.rows
+                .iter()
+                .find(|r| r.policy == policy && r.activations == act)
+                .unwrap_or_else(|| panic!("no {policy} row in {act}: {:?}", s.rows))
+        };
+        assert_eq!(s.rows.len(), 3);
+        assert!(row("full", "f32").delta_pass.is_none());
+        assert!((row("full", "bf16").delta_pass.unwrap() + 0.1).abs() < 1e-12);
+        assert!((row("rkv", "bf16").delta_pass.unwrap() + 0.2).abs() < 1e-12);
+        let table = table::markdown(&s);
+        assert!(table.contains("| activations |"), "{table}");
     }
 
     #[test]

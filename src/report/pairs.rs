@@ -6,14 +6,15 @@
 //! exact (binomial) McNemar test on the problems only one side solved.
 
 use super::paired::{paired, Interval};
-use super::{dataset_identity, is_full, kv_type_of};
+use super::{activations_of, dataset_identity, is_full, kv_type_of};
 use crate::error::{Error, Result};
 use crate::results::sample::SampleRecord;
 use std::collections::BTreeMap;
 
 /// A row as `--pair` names it: `POLICY@BUDGET` (`full` alone), narrowed where a report has several
 /// rows of one policy and budget by `+KEY=VALUE` (a parameter of the policy, as its description
-/// shows it: `lazy+gqa=mean-prob@128`) or `+kv=TYPE` (the cache's storage type: `full+kv=q8_0`).
+/// shows it: `lazy+gqa=mean-prob@128`), `+kv=TYPE` (the cache's storage type: `full+kv=q8_0`) or
+/// `+act=TYPE` (the activations' type: `full+act=bf16`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowSelector {
     pub policy: String,
@@ -22,6 +23,8 @@ pub struct RowSelector {
     pub args: Vec<String>,
     /// The cache's storage type, when named.
     pub kv: Option<String>,
+    /// The activations' type, when named.
+    pub act: Option<String>,
 }
 
 impl RowSelector {
@@ -45,16 +48,17 @@ impl RowSelector {
                 "--pair {s:?}: expected POLICY[+KEY=VALUE...]@BUDGET or full"
             )));
         }
-        let (mut args, mut kv) = (Vec::new(), None);
+        let (mut args, mut kv, mut act) = (Vec::new(), None, None);
         for part in parts {
             match part.split_once('=') {
                 Some(("kv", t)) if !t.trim().is_empty() => kv = Some(t.trim().to_string()),
+                Some(("act", t)) if !t.trim().is_empty() => act = Some(t.trim().to_string()),
                 Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
                     args.push(format!("{}={}", k.trim(), v.trim()))
                 }
                 _ => {
                     return Err(Error::Input(format!(
-                        "--pair {s:?}: {part:?} is not KEY=VALUE (a policy parameter, or kv=TYPE)"
+                        "--pair {s:?}: {part:?} is not KEY=VALUE (a policy parameter, kv=TYPE or act=TYPE)"
                     )))
                 }
             }
@@ -64,11 +68,14 @@ impl RowSelector {
             budget,
             args,
             kv,
+            act,
         })
     }
 
     fn matches(&self, r: &SampleRecord) -> bool {
-        if self.kv.as_ref().is_some_and(|kv| *kv != kv_type_of(r)) {
+        if self.kv.as_ref().is_some_and(|kv| *kv != kv_type_of(r))
+            || self.act.as_ref().is_some_and(|a| *a != activations_of(r))
+        {
             return false;
         }
         if self.policy == "full" {
@@ -91,6 +98,9 @@ impl std::fmt::Display for RowSelector {
         }
         if let Some(kv) = &self.kv {
             write!(f, "+kv={kv}")?;
+        }
+        if let Some(act) = &self.act {
+            write!(f, "+act={act}")?;
         }
         if let Some(b) = self.budget {
             write!(f, "@{b}")?;
@@ -213,9 +223,16 @@ pub fn compare(
             for (sel, rs) in [(a, &ra), (b, &rb)] {
                 let mut configs: Vec<String> = rs
                     .iter()
-                    .map(|r| match kv_type_of(r).as_str() {
-                        "f32" => r.policy.clone(),
-                        kv => format!("{} (kv={kv})", r.policy),
+                    .map(|r| {
+                        let kv = match kv_type_of(r).as_str() {
+                            "f32" => String::new(),
+                            kv => format!(" (kv={kv})"),
+                        };
+                        let act = match activations_of(r).as_str() {
+                            "f32" => String::new(),
+                            a => format!(" (act={a})"),
+                        };
+                        format!("{}{kv}{act}", r.policy)
                     })
                     .collect();
                 configs.sort_unstable();
@@ -223,7 +240,7 @@ pub fn compare(
                 if configs.len() > 1 {
                     return Err(Error::Input(format!(
                         "--pair {sel}: {} rows of different parameters match (narrow it with \
-                         +KEY=VALUE or +kv=TYPE): {}",
+                         +KEY=VALUE, +kv=TYPE or +act=TYPE): {}",
                         configs.len(),
                         configs.join(" | ")
                     )));
@@ -248,18 +265,24 @@ pub fn compare(
     Ok(out)
 }
 
-/// Every row's selector, for the error that lists them (with `+kv=TYPE` when the records hold
-/// several storage types).
+/// Every row's selector, for the error that lists them (with `+kv=TYPE` and `+act=TYPE` when the
+/// records hold several storage or activations' types).
 fn row_names(records: &[SampleRecord]) -> Vec<String> {
-    let first = records.first().map(kv_type_of);
-    let typed = records.iter().any(|r| Some(kv_type_of(r)) != first);
+    let varies = |of: fn(&SampleRecord) -> String| {
+        let first = records.first().map(of);
+        records.iter().any(|r| Some(of(r)) != first)
+    };
+    let (typed, acted) = (varies(kv_type_of), varies(activations_of));
     let mut names: Vec<String> = records
         .iter()
         .map(|r| {
-            let kv = match typed {
+            let mut kv = match typed {
                 true => format!("+kv={}", kv_type_of(r)),
                 false => String::new(),
             };
+            if acted {
+                kv.push_str(&format!("+act={}", activations_of(r)));
+            }
             match (is_full(r), r.budget) {
                 (true, _) | (false, None) => format!("full{kv}"),
                 (false, Some(b)) => format!("{}{kv}@{b}", r.policy_name),
@@ -364,6 +387,7 @@ mod tests {
                     "Auto".into(),
                     1,
                     crate::cache::KvType::Q8_0,
+                    candle_core::DType::F32,
                 )
             });
             rs.push(q8);
@@ -412,12 +436,17 @@ mod tests {
                 budget: Some(256.0),
                 args: vec![],
                 kv: None,
+                act: None,
             }
         );
-        let narrow = RowSelector::parse("lazy + gqa=mean-prob +kv=q8_0@128").unwrap();
+        let narrow = RowSelector::parse("lazy + gqa=mean-prob +kv=q8_0 +act=bf16@128").unwrap();
         assert_eq!(narrow.args, vec!["gqa=mean-prob".to_string()]);
         assert_eq!(narrow.kv.as_deref(), Some("q8_0"));
-        assert_eq!(narrow.to_string(), "lazy+gqa=mean-prob+kv=q8_0@128");
+        assert_eq!(narrow.act.as_deref(), Some("bf16"));
+        assert_eq!(
+            narrow.to_string(),
+            "lazy+gqa=mean-prob+kv=q8_0+act=bf16@128"
+        );
         assert!(RowSelector::parse("lazy+gqa@128").is_err());
         assert_eq!(RowSelector::parse("full").unwrap().budget, None);
         assert!(RowSelector::parse("rkv@x")

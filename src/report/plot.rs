@@ -326,10 +326,16 @@ fn series(
     (series, bars.into_iter().collect())
 }
 
-/// `label` with the row's cache type when the rows differ in it: one line per (policy, type).
+/// `label` with the row's cache type and activations' type where the rows differ in them: one line
+/// per (policy, types).
 fn with_kv_type(rows: &[&Row], r: &Row, label: String) -> String {
-    if rows.iter().any(|o| o.kv_type != r.kv_type) {
+    let label = if rows.iter().any(|o| o.kv_type != r.kv_type) {
         format!("{label} [{}]", r.kv_type)
+    } else {
+        label
+    };
+    if rows.iter().any(|o| o.activations != r.activations) {
+        format!("{label} [{} activations]", r.activations)
     } else {
         label
     }

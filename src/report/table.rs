@@ -67,6 +67,10 @@ pub fn markdown(s: &Summary) -> String {
     let batches = mixed_batches(s);
     // A column when rows differ in how their caches stored entries; one line below the table otherwise.
     let any_kv_type = s.rows.iter().any(|r| r.kv_type != s.rows[0].kv_type);
+    let any_activations = s
+        .rows
+        .iter()
+        .any(|r| r.activations != s.rows[0].activations);
     let mut head = vec![
         "policy",
         "budget",
@@ -107,6 +111,9 @@ pub fn markdown(s: &Summary) -> String {
     if any_fidelity {
         head.extend(["KL from full", "top-1 agree %", "first divergence"]);
     }
+    if any_activations {
+        head.insert(2, "activations");
+    }
     if any_kv_type {
         head.insert(2, "KV type");
     }
@@ -119,13 +126,17 @@ pub fn markdown(s: &Summary) -> String {
         "|{}",
         head.iter()
             .enumerate()
-            .map(
-                |(i, _)| if i < 2 + usize::from(many_subjects) + usize::from(any_kv_type) {
+            .map(|(i, _)| {
+                if i < 2
+                    + usize::from(many_subjects)
+                    + usize::from(any_kv_type)
+                    + usize::from(any_activations)
+                {
                     "---|"
                 } else {
                     "---:|"
                 }
-            )
+            })
             .collect::<String>()
     );
     for r in &s.rows {
@@ -145,6 +156,9 @@ pub fn markdown(s: &Summary) -> String {
                 _ => "-".into(),
             },
         ];
+        if any_activations {
+            cells.insert(2, r.activations.clone());
+        }
         if any_kv_type {
             cells.insert(2, r.kv_type.clone());
         }
@@ -246,6 +260,20 @@ pub fn markdown(s: &Summary) -> String {
             out,
             "KV type: every row's cache stored keys and values as {}",
             r.kv_type
+        );
+    }
+    if any_activations {
+        let _ = writeln!(
+            out,
+            "activations: their type between the forward pass's operations (f32 the exact arithmetic; bf16 or \
+             f16, the weights' own, as GPU engines keep them); every row is compared with a full cache in f32 \
+             activations where the report has one, so Δ includes what 16-bit activations cost"
+        );
+    } else if let Some(r) = s.rows.first().filter(|r| r.activations != "f32") {
+        let _ = writeln!(
+            out,
+            "activations: every row kept them in {} between operations (the weights' own type; f32 is the exact arithmetic)",
+            r.activations
         );
     }
     if s.rows.iter().any(|r| r.random_weights) {

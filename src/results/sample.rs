@@ -79,10 +79,17 @@ pub struct Engine {
     /// How the cache stored keys and values (`f32` in records before the choice existed).
     #[serde(default = "reference_kv_type")]
     pub kv_type: String,
+    /// The activations' type between operations (`f32` in records before the choice existed).
+    #[serde(default = "reference_activations")]
+    pub activations: String,
 }
 
 fn reference_kv_type() -> String {
     crate::cache::KvType::F32.to_string()
+}
+
+fn reference_activations() -> String {
+    candle_core::DType::F32.as_str().into()
 }
 
 impl Engine {
@@ -92,6 +99,7 @@ impl Engine {
         weights: String,
         batch_size: usize,
         kv_type: crate::cache::KvType,
+        activations: candle_core::DType,
     ) -> Self {
         Engine {
             kvbench: env!("CARGO_PKG_VERSION").into(),
@@ -102,6 +110,7 @@ impl Engine {
             batch_size,
             threads: rayon::current_num_threads(),
             kv_type: kv_type.to_string(),
+            activations: activations.as_str().into(),
         }
     }
 

@@ -331,6 +331,9 @@ impl SweepConfig {
         if c.model.kv_type == Some(crate::cache::KvType::default_for(self.model.device())) {
             c.model.kv_type = None;
         }
+        if c.model.activations == Some(crate::model::Activations::default()) {
+            c.model.activations = None;
+        }
         let mut config = serde_json::to_value(&c).unwrap_or_default();
         // The device's kind decides the numbers; which GPU of a node does not (shards of one sweep
         // run on several). The CPU is the default and writes no key, as before devices existed.
@@ -615,6 +618,52 @@ mod tests {
         let e = SweepConfig::load(&path).unwrap_err().to_string();
         assert!(e.contains("kv_type") || e.contains("q3"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_hash_sees_activations_other_than_f32_and_a_bad_value_is_named() {
+        let with = |line: &str| {
+            config(&format!(
+                "{HEAD}{line}budgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+            ))
+        };
+        let (none, f32, weights) = (
+            with(""),
+            with("activations = \"f32\"\n"),
+            with("activations = \"weights\"\n"),
+        );
+        // f32 is the default: naming it is the same study (and the hash of studies before the key).
+        assert_eq!(none.hash("m", "d"), f32.hash("m", "d"));
+        assert_ne!(none.hash("m", "d"), weights.hash("m", "d"));
+        assert_ne!(none.base_hash("m", "d"), weights.base_hash("m", "d"));
+        // A flag overrides the file's key.
+        let over = Overrides {
+            model: ModelFlags {
+                activations: Some(crate::model::Activations::F32),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let path =
+            std::env::temp_dir().join(format!("kvbench-activations-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            format!(
+                "{HEAD}activations = \"weights\"\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+            ),
+        )
+        .unwrap();
+        let cfg = SweepConfig::load_with(&path, &over).unwrap();
+        assert_eq!(cfg.hash("m", "d"), none.hash("m", "d"));
+        std::fs::write(
+            &path,
+            format!("{HEAD}activations = \"bf16\"\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n"),
+        )
+        .unwrap();
+        let e = SweepConfig::load(&path).unwrap_err().to_string();
+        let _ = std::fs::remove_file(&path);
+        assert!(e.contains("activations") && e.contains("bf16"), "{e}");
+        assert!(e.contains("kvbench-activations"), "names the file: {e}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::problems::{load_problems, ProblemSet};
 use crate::error::{Error, Result};
 use crate::loading::resolve::{resolve, ModelFiles};
 use crate::loading::verify::sha256_file;
-use crate::model::{LoadOptions, Model};
+use crate::model::Model;
 use crate::results::dir::{Manifest, PlannedUnit, ResultsDir};
 use crate::results::sample::SampleRecord;
 use crate::results::trace::TraceWriter;
@@ -240,13 +240,7 @@ pub fn load_model(p: &Planned, tokenizer: Option<&Path>) -> Result<Model> {
     let m = &p.cfg.model;
     Model::load_files(
         p.files.clone(),
-        &LoadOptions {
-            format: m.weights(),
-            template: m.chat_template,
-            tokenizer: tokenizer.map(Path::to_path_buf),
-            device: m.device().open("--device")?,
-            kv_type: m.kv_type(),
-        },
+        &m.load_options(tokenizer.map(Path::to_path_buf))?,
     )
 }
 
@@ -512,6 +506,7 @@ fn run_units(
             format!("{:?}", p.cfg.model.weights()),
             o.batch_size(),
             p.cfg.model.kv_type(),
+            model.transformer.activation_dtype(),
         ),
     };
     let mut done = 0usize;

@@ -19,8 +19,9 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
    device memory; transformers' generate at the same shapes and batches (and its model's own decoding
    step in a plain loop); rkv and snapkv at B = 1,024 at batch 32; batch 1 with a bf16 and an f32
    cache, and with bf16 activations at batch 1 and 32 (`speed_batch1`, not in the default steps).
-5. long_outputs: at an 8K-token context, full against rkv at B = 1,024: the largest batch whose KV
-   cache fits the GPU and its decode throughput.
+5. long_outputs: full against rkv at B = 1,024 over 8K-token outputs, each at the largest batch whose
+   KV cache fits the GPU: both measured at an 8K-token context, then the full cache at the midpoints of
+   the output's quarters, and the throughput over the whole output estimated from those rates.
 
 `--activations weights` runs speed_compressed and long_outputs with kvbench's activations in bf16 (the
 default, f32, converts a bf16 cache to f32 at every layer, which costs the full cache more than R-KV's).
@@ -35,6 +36,7 @@ code paths, in a minute or two.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -393,9 +395,20 @@ def speed_transformers(c):
 
 
 def long_outputs(c):
+    """R-KV at B = 1,024 against the full cache over 8K-token outputs, each at the largest batch whose
+    cache fits the GPU. Decoding 8,192 tokens at those batches takes minutes, past the check's
+    deadline, so the step measures the rate at the points that decide it and integrates: first both
+    policies at an 8,192-token context (the batch that fits at the outputs' longest, and its rate
+    there), then the full cache at the same batch at the midpoints of the output's four quarters
+    (1,024, 3,072, 5,120, 7,168), and R-KV at its batch where it still holds every entry (below
+    B + its buffer; past that it holds at most B + buffer whatever the length, so its rate at 8,192
+    stands for the rest). The estimated throughput over the whole output is the length over the sum
+    of each quarter's length over its rate (the rates' harmonic mean): an estimate from measured
+    rates, labelled as such in the results."""
     q = c.args.quick
-    context = 256 if q else 8192
+    length = 256 if q else 8192
     budget = 32 if q else 1024
+    decode = 16 if q else 64
     if c.args.device == "cpu":
         limit_mib = 256
     else:
@@ -406,19 +419,54 @@ def long_outputs(c):
         # perf fits the batch to the KV bytes held at batch 1; a batch's pooled caches hold up to an
         # eighth more capacity than entries, and attention's f32 copies of a layer come on top.
         limit_mib = max((free - weights - 6 * 2**30) / 1.15 / 2**20, 1024)
-    path = c.out / "perf_long.json"
-    c.kv("perf", "--model", speed_shapes(c)["model"], "--device", c.args.device, "--prompt-tokens", 16,
-         "--decode-prompt-tokens", context, "--decode-tokens", 16 if q else 64, "--batch", 1,
-         "--policy", "full,rkv", "--budget", budget, "--mem-limit", f"{limit_mib:.0f}", "--activations",
-         c.args.activations, "--warmup", 1,
-         "--warmup-tokens", 4, "--repeats", 1, "--no-bandwidth", "--export-json", path)
-    doc = json.loads(path.read_text())
-    fits = [r for r in doc["rows"] if r["measurement"].get("fits_mem_limit")]
-    res = {"context": context, "budget": budget, "kv_limit_mib": limit_mib, "largest_batches": fits}
-    rate = {r["measurement"]["policy"].split()[0]: r["tokens_per_s_median"] for r in fits}
+    model = speed_shapes(c)["model"]
+
+    def perf(name, policy, context, batch_flags):
+        path = c.out / f"perf_long_{name}.json"
+        c.kv("perf", "--model", model, "--device", c.args.device, "--prompt-tokens", 16,
+             "--decode-prompt-tokens", context, "--decode-tokens", decode, *batch_flags, "--policy", policy,
+             "--budget", budget, "--activations", c.args.activations, "--warmup", 1, "--warmup-tokens", 4,
+             "--repeats", 1, "--no-bandwidth", "--export-json", path)
+        return [r for r in json.loads(path.read_text())["rows"] if r["measurement"].get("phase") == "decode"]
+
+    rows = perf("end", "full,rkv", length, ["--batch", 1, "--mem-limit", f"{limit_mib:.0f}"])
+    fits = [r for r in rows if r["measurement"].get("fits_mem_limit")]
+    res = {"length": length, "budget": budget, "kv_limit_mib": limit_mib, "largest_batches": fits}
+    by_policy = {r["measurement"]["policy"].split()[0]: r for r in fits}
+    rate = {p: r["tokens_per_s_median"] for p, r in by_policy.items()}
     if rate.get("full") and rate.get("rkv"):
-        res["rkv_over_full_throughput"] = rate["rkv"] / rate["full"]
+        res["rkv_over_full_throughput_at_length"] = rate["rkv"] / rate["full"]
+    try:
+        res["estimated_over_whole_outputs"] = whole_output_estimate(by_policy, rate, length, budget, decode, perf)
+    except Exception as e:  # the rates at the full length stand on their own
+        res["estimate_error"] = f"{type(e).__name__}: {e}"[-2000:]
+        return res
+    est = res["estimated_over_whole_outputs"]
+    if "full" in est and "rkv" in est:
+        res["rkv_over_full_estimated"] = est["rkv"]["estimated_tokens_per_s"] / est["full"]["estimated_tokens_per_s"]
     return res
+
+
+def whole_output_estimate(by_policy, rate, length, budget, decode, perf):
+    """Each policy's rate at its batch at the midpoints of the output's quarters, and the throughput
+    over the whole output those rates give (see `long_outputs`)."""
+    quarters = 4
+    mids = [length * (2 * i + 1) // (2 * quarters) for i in range(quarters)]
+    estimate = {}
+    for p, r in by_policy.items():
+        batch = r["measurement"]["batch"]
+        m = re.search(r"buffer=(\d+)", r["measurement"]["policy"])
+        holds_all_below = budget + int(m.group(1)) if p == "rkv" and m else length + 1
+        rates = []
+        for mid in mids:
+            if mid + decode >= holds_all_below:
+                rates.append({"context": mid, "tokens_per_s": rate[p], "from": f"measured at {length}"})
+                continue
+            (row,) = perf(f"{p}_{mid}", p, mid, ["--batch", batch])
+            rates.append({"context": mid, "tokens_per_s": row["tokens_per_s_median"], "from": "measured"})
+        est = length / sum(length / quarters / x["tokens_per_s"] for x in rates)
+        estimate[p] = {"batch": batch, "quarters": rates, "estimated_tokens_per_s": est}
+    return estimate
 
 
 def main():
@@ -444,7 +492,7 @@ def main():
         "speed_kvbench": (70, speed_kvbench),
         "speed_transformers": (60, speed_transformers),
         "speed_compressed": (60, speed_compressed),
-        "long_outputs": (45, long_outputs),
+        "long_outputs": (120, long_outputs),
         "speed_batch1": (60, speed_batch1),
     }
     for name in args.steps.split(","):

@@ -443,6 +443,7 @@ fn run_units(
         "grader": crate::eval::grade::GRADER_VERSION,
         "machine": crate::metrics::machine(),
         "device": &device,
+        "activations": model.transformer.activation_dtype().as_str(),
         "threads": rayon::current_num_threads(),
         "shard": flags.shard.map(|s| s.to_string()),
         "units": todo.len(),
@@ -452,7 +453,7 @@ fn run_units(
         eprintln!("note: {note}");
     }
     eprintln!(
-        "kvbench: {} units on {} ({:.0} MiB of weights, loaded in {:.1} s; {:?} template, prompt {:?}, hash {}), writing {}",
+        "kvbench: {} units on {} ({:.0} MiB of weights, loaded in {:.1} s; {:?} template, prompt {:?}, hash {}; activations {}{}), writing {}",
         todo.len(),
         model.name,
         model.transformer.weight_bytes() as f64 / (1 << 20) as f64,
@@ -460,6 +461,12 @@ fn run_units(
         model.template,
         o.prompt(),
         template_hash,
+        model.transformer.activation_dtype().as_str(),
+        match (p.cfg.model.activations(), model.transformer.activation_dtype()) {
+            (crate::model::Activations::Weights, candle_core::DType::F32) =>
+                " (activations = weights: the weights are not all 16-bit floats)",
+            _ => "",
+        },
         appender.path().display()
     );
     // Traced: the first unit of every compressing (policy, budget), into DIR/traces/, and with

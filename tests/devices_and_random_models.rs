@@ -69,25 +69,33 @@ fn cuda_on_a_build_without_it_fails_in_one_line_and_writes_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
-    let out_dir = temp("random-run");
-    let stdout = ok(&kvbench(&[
+/// `kvbench run` on `random:tiny@3`: two problems, `tokens` new tokens each whatever the
+/// end-of-sequence token, into `out`, then `extra`.
+fn run_random(out: &str, tokens: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
         "run",
         "--model",
         "random:tiny@3",
         "--limit",
         "2",
         "--max-new-tokens",
-        "24",
+        tokens,
         "--ignore-eos",
-        "--policy",
-        "streaming",
-        "--budget",
-        "16",
         "--out",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    kvbench(&args)
+}
+
+#[test]
+fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
+    let out_dir = temp("random-run");
+    let stdout = ok(&run_random(
         out_dir.to_str().unwrap(),
-    ]));
+        "24",
+        &["--policy", "streaming", "--budget", "16"],
+    ));
     assert!(
         stdout.contains("accuracy: none: the weights are random"),
         "{stdout}"
@@ -125,24 +133,8 @@ fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
 fn sixteen_bit_activations_are_their_own_study_and_their_own_rows() {
     let base = temp("activations");
     let dir = |name: &str| base.join(name).to_str().unwrap().to_string();
-    let run = |out: &str, extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "--model",
-            "random:tiny@3",
-            "--limit",
-            "2",
-            "--max-new-tokens",
-            "8",
-            "--ignore-eos",
-            "--policy",
-            "full",
-            "--out",
-            out,
-        ];
-        args.extend_from_slice(extra);
-        kvbench(&args)
-    };
+    let run =
+        |out: &str, extra: &[&str]| run_random(out, "8", &[&["--policy", "full"], extra].concat());
     let (f32_dir, bf16_dir, kv_dir) = (dir("f32"), dir("bf16"), dir("kv-f32"));
     ok(&run(&f32_dir, &[]));
     ok(&run(&kv_dir, &["--kv-type", "f32"]));

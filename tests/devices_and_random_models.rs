@@ -69,8 +69,8 @@ fn cuda_on_a_build_without_it_fails_in_one_line_and_writes_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `kvbench run` on `random:tiny@3`: two problems, `tokens` new tokens each whatever the
-/// end-of-sequence token, into `out`, then `extra`.
+/// `kvbench run` on `random:tiny@3`: two problems, at most `tokens` new tokens each, into `out`,
+/// then `extra`.
 fn run_random(out: &str, tokens: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "run",
@@ -80,7 +80,6 @@ fn run_random(out: &str, tokens: &str, extra: &[&str]) -> std::process::Output {
         "2",
         "--max-new-tokens",
         tokens,
-        "--ignore-eos",
         "--out",
         out,
     ];
@@ -94,7 +93,7 @@ fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
     let stdout = ok(&run_random(
         out_dir.to_str().unwrap(),
         "24",
-        &["--policy", "streaming", "--budget", "16"],
+        &["--ignore-eos", "--policy", "streaming", "--budget", "16"],
     ));
     assert!(
         stdout.contains("accuracy: none: the weights are random"),
@@ -185,6 +184,36 @@ fn sixteen_bit_activations_are_their_own_study_and_their_own_rows() {
         "full+act=f32,full+act=bf16",
     ]));
     assert!(pair.contains("full+act=bf16"), "{pair}");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Whether end-of-sequence ends an output is not in a unit's id: directories that differ only there
+/// are refused together (their records are not comparable, and used to be taken for duplicates).
+#[test]
+fn directories_that_differ_in_ignore_eos_are_not_reported_together() {
+    let base = temp("ignore-eos");
+    let (with, without) = (base.join("with"), base.join("without"));
+    ok(&run_random(
+        with.to_str().unwrap(),
+        "8",
+        &["--ignore-eos", "--policy", "full"],
+    ));
+    ok(&run_random(
+        without.to_str().unwrap(),
+        "8",
+        &["--policy", "full"],
+    ));
+    let out = kvbench(&[
+        "report",
+        with.to_str().unwrap(),
+        without.to_str().unwrap(),
+        "--out",
+        base.join("report").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ignore_eos true there, false here"), "{err}");
+    assert!(!base.join("report").exists(), "nothing written");
     let _ = std::fs::remove_dir_all(&base);
 }
 

@@ -140,7 +140,8 @@ fn family(m: &Manifest) -> &str {
 
 /// The settings that decide how a directory's outputs were generated, besides the model, the data
 /// and the policy: the weights, template, prompt, sampling (and its seed when it samples), the length
-/// limit and the budget rule. Rows pool records by (model, dataset, policy) and pair them with full's,
+/// limit and whether end-of-sequence ends an output, the budget rule and the device's kind (none of
+/// them is in a unit's id, so directories that differ only there plan the same ids). Rows pool records by (model, dataset, policy) and pair them with full's,
 /// so directories that differ here cannot be reported together. Problem selection, sample counts and
 /// batch sizes may differ: pairing uses the problems both rows have.
 /// `None` when the directory's config does not parse (an older kvbench's): it is then not checked.
@@ -156,6 +157,7 @@ fn decoding_of(dir: &Path) -> Option<serde_json::Value> {
         "top_p": top_p,
         "seed": (temperature > 0.0).then(|| o.seed()),
         "max_new_tokens": o.max_new_tokens,
+        "ignore_eos": o.ignore_eos.unwrap_or(false),
         "budget_rule": cfg.budget_rule(),
         "device": cfg.model.device().kind(),
     }))

@@ -141,3 +141,29 @@ pub fn run() -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// No command declares a flag twice (a command's own flag and a shared struct's, say): clap
+    /// refuses that only when parsing in a debug build, and tests run in release.
+    #[test]
+    fn no_command_declares_a_flag_twice() {
+        use clap::CommandFactory;
+        let cli = super::Cli::command();
+        let mut checked = 0;
+        for sub in cli.get_subcommands() {
+            let mut seen = std::collections::HashSet::new();
+            for a in sub.get_arguments() {
+                if let Some(long) = a.get_long() {
+                    assert!(
+                        seen.insert(long),
+                        "kvbench {} declares --{long} twice",
+                        sub.get_name()
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 50, "only {checked} flags found");
+    }
+}

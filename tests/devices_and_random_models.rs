@@ -184,6 +184,15 @@ fn sixteen_bit_activations_are_their_own_study_and_their_own_rows() {
         "full+act=f32,full+act=bf16",
     ]));
     assert!(pair.contains("full+act=bf16"), "{pair}");
+    // Two rows match `full`: refused with the selectors that tell them apart, before any table.
+    let out = kvbench(&["report", &f32_dir, &bf16_dir, "--pair", "full,full"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("+act=TYPE"));
     let _ = std::fs::remove_dir_all(&base);
 }
 

@@ -81,10 +81,12 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
+    // The pairs first: a selector that matches no row, or several, is refused before anything is
+    // printed or written.
+    let pair_rows = kvbench::report::pairs::compare(&c.records, &pairs)?;
     let summary = summarize(&c.records);
     let md = table::markdown(&summary);
     print!("{md}");
-    let pair_rows = kvbench::report::pairs::compare(&c.records, &pairs)?;
     let out = args.out.clone().unwrap_or_else(|| match dirs.as_slice() {
         [one] => one.join("report"),
         _ => PathBuf::from("results").join("report"),

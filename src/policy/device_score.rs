@@ -1,5 +1,10 @@
-//! R-KV's redundancy score ([`super::score::redundancy`]) computed with candle's operations where the
-//! keys live, for caches off the CPU.
+//! The observation-window policies' scores computed with candle's operations where the keys live, for
+//! caches off the CPU: the window attention score ([`super::score::window_scores`]) and R-KV's
+//! redundancy ([`super::score::redundancy`]). Only the scores come back to the host, not the keys.
+//!
+//! The window score is a product of the window's queries with every key, a (masked) softmax per row
+//! and sums over rows: on a GPU's host it needed the layer's keys copied out at every compression and
+//! `g·w·n·d` multiply-adds per head there. Here it is one product and a few operations for all heads.
 //!
 //! The score is quadratic in the entries: at a compression of an 8K-token prompt about 17 GFLOP per
 //! head and layer, which on a GPU's host took minutes a sequence while the GPU waited. Here the cosine
@@ -8,7 +13,70 @@
 //! column 0 zeroed, column means, softmax); the sums run in another order, so scores differ by
 //! rounding. Caches on the CPU keep the host version.
 
+use super::params::{GqaAgg, QueryReduce, SoftmaxDomain};
 use candle_core::{DType, Result, Tensor, D};
+
+/// The window attention score of every candidate (the first `n_cand` keys) of each KV head, as
+/// [`super::score::window_scores`] computes it from [`super::score::GroupLogits`] (the first vector of
+/// its result: one per KV head; under [`GqaAgg::PerQueryHead`], where the cache stores keys per query
+/// head, the group is one head). `queries`: the window, `[query_heads, w, d]`; `keys`: `[heads, n, d]`
+/// as cached. `None` when a window row would see no key (its softmax is empty on the host; here it
+/// would be undefined): the caller scores on the host then.
+pub fn window_scores(
+    queries: &Tensor,
+    keys: &Tensor,
+    n_cand: usize,
+    agg: GqaAgg,
+    domain: SoftmaxDomain,
+    reduce: QueryReduce,
+) -> Result<Option<Vec<Vec<f32>>>> {
+    let (hq, w, d) = queries.dims3()?;
+    let (heads, n, _) = keys.dims3()?;
+    let g = hq / heads;
+    if n_cand == 0 {
+        return Ok(Some(vec![Vec::new(); heads]));
+    }
+    // What each window query's softmax sees: the candidates, or every key up to its own position.
+    let visible: Vec<usize> = (0..w)
+        .map(|i| match domain {
+            SoftmaxDomain::Candidates => n_cand,
+            SoftmaxDomain::AllCausal => (n + i + 1).saturating_sub(w).min(n),
+        })
+        .collect();
+    if visible.contains(&0) {
+        return Ok(None);
+    }
+    let dev = keys.device();
+    let mask: Vec<f32> = visible
+        .iter()
+        .flat_map(|&v| (0..n).map(move |j| if j < v { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    let mask = Tensor::from_vec(mask, (w, n), dev)?;
+    let scale = 1.0 / (d as f32).sqrt();
+    let q = queries
+        .to_dtype(DType::F32)?
+        .contiguous()?
+        .reshape((heads, g * w, d))?;
+    let k = keys.to_dtype(DType::F32)?.contiguous()?;
+    let z = (q.matmul(&k.t()?)? * scale as f64)?.reshape((heads, g, w, n))?;
+    // Rows `[heads, groups, w, n]` to softmax: the group's maximum logit, its first head's, or all.
+    let z = match agg {
+        GqaAgg::MaxLogit => z.max_keepdim(1)?,
+        GqaAgg::PerQueryHead => z.narrow(1, 0, 1)?,
+        GqaAgg::SumProb | GqaAgg::MeanProb => z,
+    };
+    let probs = candle_nn::ops::softmax_last_dim(&z.broadcast_add(&mask)?.contiguous()?)?
+        .narrow(3, 0, n_cand)?;
+    let per_row = match reduce {
+        QueryReduce::Sum => probs.sum(2)?,
+        QueryReduce::Mean => (probs.sum(2)? / w as f64)?,
+    }; // [heads, groups, n_cand]
+    let scores = match agg {
+        GqaAgg::MeanProb => (per_row.sum(1)? / g as f64)?,
+        _ => per_row.sum(1)?,
+    };
+    Ok(Some(scores.to_vec2::<f32>()?))
+}
 
 /// The redundancy score of every entry of each head: `keys` is `[heads, n, d]` (post-RoPE, as
 /// cached); returns `[heads][n]`. One head at a time, so the transient memory is a few `n × n`
@@ -55,6 +123,72 @@ mod tests {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             assert!((x - y).abs() <= tol, "entry {i}: {x} against {y}");
         }
+    }
+
+    /// Seeded values in [-0.5, 0.5).
+    fn random(len: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed;
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Every aggregation, softmax domain and reduction, with groups of two query heads and of one,
+    /// gives the host's scores: one vector per KV head over the candidates.
+    #[test]
+    fn window_scores_are_the_host_s_under_every_variant() {
+        use crate::policy::params::{GqaAgg, QueryReduce, SoftmaxDomain};
+        let (heads, w, n, d) = (3, 4, 40, 16);
+        for g in [1, 2] {
+            let hq = heads * g;
+            // Logits of a few units, so that the softmaxes are far from uniform.
+            let q: Vec<f32> = random(hq * w * d, 11).iter().map(|x| 8.0 * x).collect();
+            let k = random(heads * n * d, 12);
+            let qt = Tensor::from_vec(q.clone(), (hq, w, d), &Device::Cpu).unwrap();
+            let kt = Tensor::from_vec(k.clone(), (heads, n, d), &Device::Cpu).unwrap();
+            for agg in [
+                GqaAgg::MaxLogit,
+                GqaAgg::SumProb,
+                GqaAgg::MeanProb,
+                GqaAgg::PerQueryHead,
+            ] {
+                for domain in [SoftmaxDomain::Candidates, SoftmaxDomain::AllCausal] {
+                    for reduce in [QueryReduce::Mean, QueryReduce::Sum] {
+                        let n_cand = n - w;
+                        let got = window_scores(&qt, &kt, n_cand, agg, domain, reduce)
+                            .unwrap()
+                            .expect("every row sees a key");
+                        for h in 0..heads {
+                            let z = score::GroupLogits::compute(
+                                &q[h * g * w * d..(h + 1) * g * w * d],
+                                &k[h * n * d..(h + 1) * n * d],
+                                g,
+                                d,
+                                1.0 / (d as f32).sqrt(),
+                            );
+                            let host = score::window_scores(&z, n_cand, agg, domain, reduce);
+                            close(&got[h], &host[0], 1e-6);
+                        }
+                    }
+                }
+            }
+        }
+        // A window query that would see no key: left to the host.
+        let qt = Tensor::zeros((1, 4, 2), DType::F32, &Device::Cpu).unwrap();
+        let kt = Tensor::zeros((1, 2, 2), DType::F32, &Device::Cpu).unwrap();
+        let none = window_scores(
+            &qt,
+            &kt,
+            1,
+            GqaAgg::SumProb,
+            SoftmaxDomain::AllCausal,
+            QueryReduce::Mean,
+        )
+        .unwrap();
+        assert!(none.is_none());
     }
 
     #[test]

@@ -196,6 +196,18 @@ pub struct WindowPolicy {
     layers: usize,
 }
 
+/// A compression's shape: `w_q` window queries of dimension `d` per query head, `g` query heads per
+/// cache head, `n` entries of which the last `alpha` (the window's) are kept and the first `n_cand`
+/// are candidates.
+struct Shape {
+    w_q: usize,
+    d: usize,
+    g: usize,
+    n: usize,
+    alpha: usize,
+    n_cand: usize,
+}
+
 impl WindowPolicy {
     pub fn new(config: Config, ctx: &BuildContext) -> Self {
         Self {
@@ -204,59 +216,133 @@ impl WindowPolicy {
         }
     }
 
-    /// Kept indices per cache head when compressing layer `l` down to `keep` entries.
+    /// Kept indices per cache head when compressing layer `l` down to `keep` entries: scored where
+    /// the keys are ([`super::device_score`] off the CPU, the host's own loops on it).
     fn select(
         &self,
         queries: &candle_core::Tensor,
         cache: &LayerCache,
         keep: usize,
     ) -> candle_core::Result<Vec<Vec<usize>>> {
-        let c = &self.config;
-        let (hq, w_q, d) = queries.dims3()?;
-        let q = host_vec(queries)?;
-        let heads = cache.kv_heads();
-        let g = hq / heads;
-        let n = cache.len();
-        let alpha = c.window.min(n);
-        let n_cand = n - alpha;
-        let scale = 1.0 / (d as f32).sqrt();
-        // R-KV's redundancy is quadratic in the entries (about 340 MFLOP per head at 1,152 entries,
-        // 17 GFLOP at 8,192): off the CPU it is computed where the keys are.
-        let on_device = match c.redundancy {
-            Some((_, threshold)) if !cache.buffers().0.device().is_cpu() => {
-                Some(super::device_score::redundancy(&cache.keys()?, threshold)?)
+        if !cache.buffers().0.device().is_cpu() {
+            if let Some(kept) = self.select_on_device(queries, cache, keep)? {
+                return Ok(kept);
             }
-            _ => None,
+        }
+        self.select_on_host(queries, cache, keep)
+    }
+
+    /// The shape of a compression of `cache` scored by the window `queries`.
+    fn shape(
+        &self,
+        queries: &candle_core::Tensor,
+        cache: &LayerCache,
+    ) -> candle_core::Result<Shape> {
+        let (hq, w_q, d) = queries.dims3()?;
+        let n = cache.len();
+        let alpha = self.config.window.min(n);
+        Ok(Shape {
+            w_q,
+            d,
+            g: hq / cache.kv_heads(),
+            n,
+            alpha,
+            n_cand: n - alpha,
+        })
+    }
+
+    /// The group aggregation a compression uses: any is the sum when a group is one head.
+    fn aggregation(&self, g: usize) -> GqaAgg {
+        if g == 1 {
+            GqaAgg::SumProb
+        } else {
+            self.config.gqa
+        }
+    }
+
+    /// One head's kept indices from its candidates' window scores and (R-KV) their redundancy:
+    /// pooled, mixed, the top `keep − alpha` in the configured order, then the window's entries.
+    fn kept_from_scores(
+        &self,
+        scores: &[f32],
+        redundancy: Option<&[f32]>,
+        keep: usize,
+        s: &Shape,
+    ) -> Vec<usize> {
+        let c = &self.config;
+        let mut f = pool(scores, c.pool);
+        if let (Some((lambda, _)), Some(r)) = (c.redundancy, redundancy) {
+            f.iter_mut()
+                .zip(r)
+                .for_each(|(a, r)| *a = lambda * *a - (1.0 - lambda) * r);
+        }
+        let mut kept = top_k(&f, keep - s.alpha);
+        if c.order == KeptOrder::Positional {
+            kept.sort_unstable();
+        }
+        kept.extend(s.n_cand..s.n);
+        kept
+    }
+
+    /// [`select`](Self::select) with the scores computed on the keys' device and only the scores
+    /// copied to the host (R-KV's redundancy is quadratic in the entries: about 340 MFLOP per head at
+    /// 1,152 entries, 17 GFLOP at 8,192). `None` where the device version does not apply (a window
+    /// query that sees no key).
+    fn select_on_device(
+        &self,
+        queries: &candle_core::Tensor,
+        cache: &LayerCache,
+        keep: usize,
+    ) -> candle_core::Result<Option<Vec<Vec<usize>>>> {
+        let c = &self.config;
+        let s = self.shape(queries, cache)?;
+        let keys = cache.keys()?;
+        let agg = self.aggregation(s.g);
+        let Some(scores) =
+            super::device_score::window_scores(queries, &keys, s.n_cand, agg, c.domain, c.reduce)?
+        else {
+            return Ok(None);
         };
-        // Heads in parallel: each head's choice is its own.
+        let redundancy = match c.redundancy {
+            Some((_, threshold)) => Some(super::device_score::redundancy(&keys, threshold)?),
+            None => None,
+        };
+        Ok(Some(
+            (0..cache.kv_heads())
+                .into_par_iter()
+                .map(|h| {
+                    let r = redundancy.as_ref().map(|r| r[h].as_slice());
+                    self.kept_from_scores(&scores[h], r, keep, &s)
+                })
+                .collect(),
+        ))
+    }
+
+    /// [`select`](Self::select) from the keys on the host, heads in parallel (each head's choice is
+    /// its own).
+    fn select_on_host(
+        &self,
+        queries: &candle_core::Tensor,
+        cache: &LayerCache,
+        keep: usize,
+    ) -> candle_core::Result<Vec<Vec<usize>>> {
+        let c = &self.config;
+        let s = self.shape(queries, cache)?;
+        let (g, w_q, d) = (s.g, s.w_q, s.d);
+        let q = host_vec(queries)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let agg = self.aggregation(g);
         cache.with_host_keys(|kv| {
-            (0..heads)
+            (0..cache.kv_heads())
                 .into_par_iter()
                 .map(|h| {
                     let qh = &q[h * g * w_q * d..(h + 1) * g * w_q * d];
                     let z = GroupLogits::compute(qh, kv.keys(h), g, d, scale);
-                    let agg = if g == 1 { GqaAgg::SumProb } else { c.gqa };
-                    let scores = window_scores(&z, n_cand, agg, c.domain, c.reduce);
-                    let mut f = pool(&scores[0], c.pool);
-                    if let Some((lambda, threshold)) = c.redundancy {
-                        let host;
-                        let r: &[f32] = match &on_device {
-                            Some(r) => &r[h],
-                            None => {
-                                host = redundancy(kv.keys(h), d, threshold);
-                                &host
-                            }
-                        };
-                        f.iter_mut()
-                            .zip(r)
-                            .for_each(|(a, r)| *a = lambda * *a - (1.0 - lambda) * r);
-                    }
-                    let mut kept = top_k(&f, keep - alpha);
-                    if c.order == KeptOrder::Positional {
-                        kept.sort_unstable();
-                    }
-                    kept.extend(n_cand..n);
-                    kept
+                    let scores = window_scores(&z, s.n_cand, agg, c.domain, c.reduce);
+                    let r = c
+                        .redundancy
+                        .map(|(_, threshold)| redundancy(kv.keys(h), d, threshold));
+                    self.kept_from_scores(&scores[0], r.as_deref(), keep, &s)
                 })
                 .collect()
         })
@@ -326,6 +412,73 @@ impl Policy for WindowPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Seeded values in [-0.5, 0.5).
+    fn random(len: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed;
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// The scores computed where the keys are (a GPU's path, run here on the CPU's tensors) keep the
+    /// entries the host's own loops keep, for R-KV, SnapKV and PyramidKV and the variants of
+    /// aggregation, softmax domain, reduction and order, with GQA groups of two.
+    #[test]
+    fn scoring_on_the_device_keeps_what_the_host_keeps() {
+        use candle_core::{Device, Tensor};
+        let (heads, g, w, n, d) = (2, 2, 8, 64, 16);
+        let variants: [(&str, &[(&str, &str)]); 6] = [
+            ("rkv", &[]),
+            ("rkv", &[("softmax", "all-causal"), ("reduce", "sum")]),
+            ("snapkv", &[]),
+            ("snapkv", &[("gqa", "mean-prob"), ("order", "positional")]),
+            ("snapkv", &[("gqa", "sum-prob"), ("pool", "avg:5")]),
+            ("pyramidkv", &[]),
+        ];
+        let mut keys = random(heads * n * d, 21);
+        // Near copies of earlier keys, so that R-KV's redundancy tells entries apart.
+        for h in 0..heads {
+            for i in (3..n).step_by(4) {
+                for j in 0..d {
+                    keys[(h * n + i) * d + j] = keys[(h * n + i / 2) * d + j] + 0.01;
+                }
+            }
+        }
+        let keys = Tensor::from_vec(keys, (heads, n, d), &Device::Cpu).unwrap();
+        let mut cache = LayerCache::new(heads, d, crate::cache::KvType::F32, &Device::Cpu).unwrap();
+        cache.append(&keys, &keys, 0).unwrap();
+        let q: Vec<f32> = random(heads * g * w * d, 22)
+            .iter()
+            .map(|x| 8.0 * x)
+            .collect();
+        let queries = Tensor::from_vec(q, (heads * g, w, d), &Device::Cpu).unwrap();
+        let ctx = BuildContext {
+            num_layers: 1,
+            head_dim: d,
+            max_new_tokens: 256,
+            qwen: false,
+            delimiters: None,
+        };
+        for (name, args) in variants {
+            let args = args
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let spec = super::super::PolicySpec::new(name, 24.0, args).unwrap();
+            let super::super::Config::Window(c) = &spec.config else {
+                panic!("{name} is a window policy")
+            };
+            let p = WindowPolicy::new(c.clone(), &ctx);
+            let host = p.select_on_host(&queries, &cache, 24).unwrap();
+            let device = p.select_on_device(&queries, &cache, 24).unwrap().unwrap();
+            assert_eq!(host, device, "{}", spec.describe());
+            assert_eq!(host[0].len(), 24);
+        }
+    }
 
     #[test]
     fn pyramid_budgets_match_the_reference_example() {

@@ -691,6 +691,12 @@ impl Transformer {
                 win
             });
         }
+        // Off the CPU a policy that reads the attention probabilities copies them to the host, which
+        // waits for the device's queued work (this layer's computation): waited for here, so that the
+        // policy's time is its own (the copy and its decision). No extra wait: the copy would make it.
+        if probs.is_some() && !self.device.is_cpu() {
+            self.device.synchronize()?;
+        }
         let started = std::time::Instant::now();
         let view = AttentionView {
             layer: l,

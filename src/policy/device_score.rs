@@ -80,7 +80,7 @@ pub fn window_scores(
 
 /// The redundancy score of every entry of each head: `keys` is `[heads, n, d]` (post-RoPE, as
 /// cached); returns `[heads][n]`. One head at a time, so the transient memory is a few `n × n`
-/// matrices (256 MiB each at 8,192 entries).
+/// matrices (256 MiB each at 8,192 entries); the scores come back together.
 pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
     let (heads, n, _) = keys.dims3()?;
     let dev = keys.device();
@@ -93,7 +93,7 @@ pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
     // 1 off the diagonal, 0 on it (the host version never computes s[i][i]).
     let off_diagonal = rows.ne(&cols)?.to_dtype(DType::F32)?;
     let col_index = cols.to_dtype(DType::F32)?;
-    let mut out = Vec::with_capacity(heads);
+    let mut cols = Vec::with_capacity(heads);
     for h in 0..heads {
         let k = keys.get(h)?.to_dtype(DType::F32)?; // [n, d]
         let norm = (k.sqr()?.sum_keepdim(D::Minus1)?.sqrt()? + 1e-8)?;
@@ -106,10 +106,10 @@ pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
         let kept = col_index.broadcast_ne(&partner)?.to_dtype(DType::F32)?;
         let s = (s * kept)?;
         let col = (s.sum(0)? / n as f64)?; // column means, [n]
-        let col = candle_nn::ops::softmax_last_dim(&col.unsqueeze(0)?)?.squeeze(0)?;
-        out.push(col.to_vec1::<f32>()?);
+        cols.push(candle_nn::ops::softmax_last_dim(&col.unsqueeze(0)?)?.squeeze(0)?);
     }
-    Ok(out)
+    // One copy to the host for all heads (one wait for the device, not one per head).
+    Tensor::stack(&cols, 0)?.to_vec2::<f32>()
 }
 
 #[cfg(test)]

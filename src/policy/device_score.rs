@@ -93,7 +93,7 @@ pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
     // 1 off the diagonal, 0 on it (the host version never computes s[i][i]).
     let off_diagonal = rows.ne(&cols)?.to_dtype(DType::F32)?;
     let col_index = cols.to_dtype(DType::F32)?;
-    let mut cols = Vec::with_capacity(heads);
+    let mut scores = Vec::with_capacity(heads);
     for h in 0..heads {
         let k = keys.get(h)?.to_dtype(DType::F32)?; // [n, d]
         let norm = (k.sqr()?.sum_keepdim(D::Minus1)?.sqrt()? + 1e-8)?;
@@ -106,16 +106,17 @@ pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
         let kept = col_index.broadcast_ne(&partner)?.to_dtype(DType::F32)?;
         let s = (s * kept)?;
         let col = (s.sum(0)? / n as f64)?; // column means, [n]
-        cols.push(candle_nn::ops::softmax_last_dim(&col.unsqueeze(0)?)?.squeeze(0)?);
+        scores.push(candle_nn::ops::softmax_last_dim(&col.unsqueeze(0)?)?.squeeze(0)?);
     }
     // One copy to the host for all heads (one wait for the device, not one per head).
-    Tensor::stack(&cols, 0)?.to_vec2::<f32>()
+    Tensor::stack(&scores, 0)?.to_vec2::<f32>()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::score;
+    use crate::policy::tests::random;
     use candle_core::Device;
 
     fn close(a: &[f32], b: &[f32], tol: f32) {
@@ -123,17 +124,6 @@ mod tests {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             assert!((x - y).abs() <= tol, "entry {i}: {x} against {y}");
         }
-    }
-
-    /// Seeded values in [-0.5, 0.5).
-    fn random(len: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed;
-        (0..len)
-            .map(|_| {
-                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            })
-            .collect()
     }
 
     /// Every aggregation, softmax domain and reduction, with groups of two query heads and of one,
@@ -215,21 +205,17 @@ mod tests {
         // Two heads of 96 keys of 32 values; every fourth key a near copy of an earlier one, so rows
         // have partners above the threshold, some of them the most recent of several.
         let (heads, n, d) = (2, 96, 32);
-        let mut seed = 7u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
+        let noise = random(heads * n * d, 7);
         let mut keys = vec![0f32; heads * n * d];
         for h in 0..heads {
             for i in 0..n {
                 for j in 0..d {
-                    let v = if i % 4 == 3 {
-                        keys[(h * n + i / 2) * d + j] + 0.05 * next()
+                    let at = (h * n + i) * d + j;
+                    keys[at] = if i % 4 == 3 {
+                        keys[(h * n + i / 2) * d + j] + 0.05 * noise[at]
                     } else {
-                        next()
+                        noise[at]
                     };
-                    keys[(h * n + i) * d + j] = v;
                 }
             }
         }

@@ -4,6 +4,17 @@ use super::*;
 use crate::cache::LayerCache;
 use candle_core::{DType, Device, Tensor};
 
+/// Seeded values in [-0.5, 0.5) (a linear congruential generator: the same on every platform).
+pub(super) fn random(len: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
 fn ctx() -> BuildContext {
     BuildContext {
         num_layers: 1,

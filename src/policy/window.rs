@@ -412,17 +412,7 @@ impl Policy for WindowPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Seeded values in [-0.5, 0.5).
-    fn random(len: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed;
-        (0..len)
-            .map(|_| {
-                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
+    use crate::policy::tests::random;
 
     /// The scores computed where the keys are (a GPU's path, run here on the CPU's tensors) keep the
     /// entries the host's own loops keep, for R-KV, SnapKV and PyramidKV and the variants of

@@ -99,11 +99,17 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     let (config, kv_type) = (&model.transformer.config, model.transformer.kv_type());
     let longest = *lengths.last().unwrap_or(&1);
     println!(
-        "model {} ({:?} weights), {}-token prompt, machine: {}",
+        "model {} ({:?} weights, KV cache {}, activations {}), {}-token prompt, machine: {}",
         model.name,
         args.model.weights(),
+        kv_type,
+        model.transformer.activation_dtype().as_str(),
         args.prompt_tokens,
         metrics::machine()
+    );
+    println!(
+        "device: {}",
+        kvbench::device::describe(args.model.device(), model.transformer.device())
     );
     let bar = ProgressBar::new((specs.len() * longest) as u64);
     bar.set_style(

@@ -292,3 +292,94 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
         }
     }
 }
+
+/// A policy that keeps every entry and records the attention probabilities it is shown at each
+/// decode step and layer.
+struct ProbsRecorder(std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>);
+
+impl kvbench::policy::Policy for ProbsRecorder {
+    fn name(&self) -> &str {
+        "probs-recorder"
+    }
+
+    fn capabilities(&self) -> kvbench::policy::Capabilities {
+        kvbench::policy::Capabilities {
+            attention_probs: true,
+            ..Default::default()
+        }
+    }
+
+    fn reset(&mut self) {}
+
+    fn after_attention(
+        &mut self,
+        step: &kvbench::policy::StepInfo<'_>,
+        view: &kvbench::policy::AttentionView<'_>,
+        _cache: &mut kvbench::cache::LayerCache,
+    ) -> candle_core::Result<()> {
+        if !step.is_prefill {
+            let probs = view.probs.expect("the engine hands probabilities over");
+            let row = probs
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            self.0.lock().unwrap().push(row);
+        }
+        Ok(())
+    }
+
+    fn entry_limit(&self, _layer: usize, _seen: usize, _prompt_len: usize) -> Option<usize> {
+        None
+    }
+}
+
+/// Each sequence of a pooled batch is shown its own attention probabilities (those one sequence at a
+/// time gives it), at every layer and step: H2O and LazyEviction decide from them, and on a random
+/// model's near-uniform attention a mix-up would barely change their choices, so the logits alone
+/// would not tell.
+#[test]
+fn each_sequence_of_a_pooled_batch_is_shown_its_own_probabilities() {
+    use kvbench::model::SeqInput;
+    use std::sync::{Arc, Mutex};
+    kvbench::init_threads(None).unwrap();
+    let pooled = tiny_random(true);
+    let mut per_sequence = tiny_random(true);
+    per_sequence.transformer.set_batched_attention(false);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+    let (prompts, tokens) = batch_inputs(&mut rng);
+    let record = |m: &kvbench::model::Model| -> Vec<Vec<Vec<f32>>> {
+        let logs: Vec<Arc<Mutex<Vec<Vec<f32>>>>> = prompts.iter().map(|_| Arc::default()).collect();
+        let mut states: Vec<_> = logs
+            .iter()
+            .map(|log| {
+                m.transformer
+                    .new_state_with(Box::new(ProbsRecorder(log.clone())), KvType::F32)
+                    .unwrap()
+            })
+            .collect();
+        for (p, st) in prompts.iter().zip(states.iter_mut()) {
+            common::logits_of(m, st, p);
+        }
+        for step in 0..8 {
+            let column: Vec<[u32; 1]> = tokens.iter().map(|t| [t[step]]).collect();
+            let mut inputs: Vec<SeqInput<'_>> = states
+                .iter_mut()
+                .zip(&column)
+                .map(|(state, tok)| SeqInput { tokens: tok, state })
+                .collect();
+            m.transformer.forward(&mut inputs).unwrap();
+        }
+        drop(states);
+        logs.iter().map(|l| l.lock().unwrap().clone()).collect()
+    };
+    let (a, b) = (record(&pooled), record(&per_sequence));
+    for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(sa.len(), sb.len(), "sequence {i}: layers × steps");
+        assert!(!sa.is_empty());
+        for (k, (x, y)) in sa.iter().zip(sb).enumerate() {
+            assert_eq!(x.len(), y.len(), "sequence {i}, record {k}: entries");
+            let worst = common::max_abs_diff(x, y);
+            assert!(worst < 1e-5, "sequence {i}, record {k}: differ by {worst}");
+        }
+    }
+}

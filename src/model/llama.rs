@@ -691,10 +691,10 @@ impl Transformer {
                 win
             });
         }
-        // Off the CPU a policy that reads the attention probabilities copies them to the host, which
-        // waits for the device's queued work (this layer's computation): waited for here, so that the
-        // policy's time is its own (the copy and its decision). No extra wait: the copy would make it.
-        if probs.is_some() && !self.device.is_cpu() {
+        // Probabilities left on a GPU are copied to the host by the policy, which waits for the
+        // device's queued work (this layer's computation): waited for here, so that the policy's time
+        // is its own (the copy and its decision). No extra wait: the copy would make it.
+        if probs.is_some_and(|p| !p.device().is_cpu()) {
             self.device.synchronize()?;
         }
         let started = std::time::Instant::now();

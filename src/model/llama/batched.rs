@@ -111,18 +111,39 @@ impl Transformer {
         //    its own slot and probabilities, in parallel: a compression event's scoring can run on
         //    the host, and a batch's sequences one after another took minutes.
         let window_extended = self.extend_windows(l, q, batch)?;
+        // The probabilities, for the policies that read them (H2O, LazyEviction), copied to the host
+        // once for the batch: one copy and one wait for the device a layer, not one per sequence. The
+        // copy is their policies' cost, so its time (after the layer's own work is done) is shared
+        // among them.
+        let readers = batch
+            .iter()
+            .filter(|s| s.state.caps.attention_probs)
+            .count();
+        let host_probs = match readers {
+            0 => None,
+            _ => {
+                if !self.device.is_cpu() {
+                    self.device.synchronize()?;
+                }
+                let started = std::time::Instant::now();
+                let host = probs.to_device(&candle_core::Device::Cpu)?;
+                Some((host, started.elapsed() / readers as u32))
+            }
+        };
         let finish = |(i, (s, step)): (usize, (&mut SeqInput<'_>, &StepInfo))| {
             let st: &mut SeqState = s.state;
             let m = lens[i] + 1;
-            let probs_i = match st.caps.attention_probs {
-                true => Some(
-                    probs
-                        .narrow(0, i * hkv, hkv)?
-                        .narrow(2, 0, m)?
-                        .contiguous()?
-                        .reshape((hkv, g, 1, m))?,
-                ),
-                false => None,
+            let probs_i = match (&host_probs, st.caps.attention_probs) {
+                (Some((host, share)), true) => {
+                    st.policy_time += *share;
+                    Some(
+                        host.narrow(0, i * hkv, hkv)?
+                            .narrow(2, 0, m)?
+                            .contiguous()?
+                            .reshape((hkv, g, 1, m))?,
+                    )
+                }
+                _ => None,
             };
             let q_s = q.narrow(1, i, 1)?;
             self.finish_layer(l, step, st, &q_s, probs_i.as_ref(), window_extended)

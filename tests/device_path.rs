@@ -293,18 +293,22 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
     }
 }
 
-/// A policy that keeps every entry and records the attention probabilities it is shown at each
-/// decode step and layer.
-struct ProbsRecorder(std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>);
+/// A policy that keeps every entry and records what it is shown at each decode step and layer: the
+/// attention probabilities, or (as a sparse-attention policy, attending to everything) the query.
+struct Recorder {
+    log: std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>,
+    queries: bool,
+}
 
-impl kvbench::policy::Policy for ProbsRecorder {
+impl kvbench::policy::Policy for Recorder {
     fn name(&self) -> &str {
-        "probs-recorder"
+        "recorder"
     }
 
     fn capabilities(&self) -> kvbench::policy::Capabilities {
         kvbench::policy::Capabilities {
-            attention_probs: true,
+            attention_probs: !self.queries,
+            sparse_attention: self.queries,
             ..Default::default()
         }
     }
@@ -317,15 +321,26 @@ impl kvbench::policy::Policy for ProbsRecorder {
         view: &kvbench::policy::AttentionView<'_>,
         _cache: &mut kvbench::cache::LayerCache,
     ) -> candle_core::Result<()> {
-        if !step.is_prefill {
+        if !step.is_prefill && !self.queries {
             let probs = view.probs.expect("the engine hands probabilities over");
             let row = probs
                 .to_dtype(candle_core::DType::F32)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
-            self.0.lock().unwrap().push(row);
+            self.log.lock().unwrap().push(row);
         }
         Ok(())
+    }
+
+    fn select_attention(
+        &mut self,
+        _step: &kvbench::policy::StepInfo<'_>,
+        _layer: usize,
+        query: &[f32],
+        _cache: &kvbench::cache::LayerCache,
+    ) -> candle_core::Result<Option<Vec<Vec<usize>>>> {
+        self.log.lock().unwrap().push(query.to_vec());
+        Ok(None)
     }
 
     fn entry_limit(&self, _layer: usize, _seen: usize, _prompt_len: usize) -> Option<usize> {
@@ -333,53 +348,70 @@ impl kvbench::policy::Policy for ProbsRecorder {
     }
 }
 
-/// Each sequence of a pooled batch is shown its own attention probabilities (those one sequence at a
-/// time gives it), at every layer and step: H2O and LazyEviction decide from them, and on a random
-/// model's near-uniform attention a mix-up would barely change their choices, so the logits alone
-/// would not tell.
-#[test]
-fn each_sequence_of_a_pooled_batch_is_shown_its_own_probabilities() {
+/// What each sequence's [`Recorder`] saw over 8 decode steps of the three [`batch_inputs`] sequences:
+/// decoded together (`together`), or each in a forward call of its own.
+fn recorded(m: &kvbench::model::Model, queries: bool, together: bool) -> Vec<Vec<Vec<f32>>> {
     use kvbench::model::SeqInput;
     use std::sync::{Arc, Mutex};
-    kvbench::init_threads(None).unwrap();
-    let pooled = tiny_random(true);
-    let mut per_sequence = tiny_random(true);
-    per_sequence.transformer.set_batched_attention(false);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
     let (prompts, tokens) = batch_inputs(&mut rng);
-    let record = |m: &kvbench::model::Model| -> Vec<Vec<Vec<f32>>> {
-        let logs: Vec<Arc<Mutex<Vec<Vec<f32>>>>> = prompts.iter().map(|_| Arc::default()).collect();
-        let mut states: Vec<_> = logs
-            .iter()
-            .map(|log| {
-                m.transformer
-                    .new_state_with(Box::new(ProbsRecorder(log.clone())), KvType::F32)
-                    .unwrap()
-            })
+    let logs: Vec<Arc<Mutex<Vec<Vec<f32>>>>> = prompts.iter().map(|_| Arc::default()).collect();
+    let mut states: Vec<_> = logs
+        .iter()
+        .map(|log| {
+            let policy = Recorder {
+                log: log.clone(),
+                queries,
+            };
+            m.transformer
+                .new_state_with(Box::new(policy), KvType::F32)
+                .unwrap()
+        })
+        .collect();
+    for (p, st) in prompts.iter().zip(states.iter_mut()) {
+        common::logits_of(m, st, p);
+    }
+    for step in 0..8 {
+        let column: Vec<[u32; 1]> = tokens.iter().map(|t| [t[step]]).collect();
+        let mut inputs: Vec<SeqInput<'_>> = states
+            .iter_mut()
+            .zip(&column)
+            .map(|(state, tok)| SeqInput { tokens: tok, state })
             .collect();
-        for (p, st) in prompts.iter().zip(states.iter_mut()) {
-            common::logits_of(m, st, p);
-        }
-        for step in 0..8 {
-            let column: Vec<[u32; 1]> = tokens.iter().map(|t| [t[step]]).collect();
-            let mut inputs: Vec<SeqInput<'_>> = states
-                .iter_mut()
-                .zip(&column)
-                .map(|(state, tok)| SeqInput { tokens: tok, state })
-                .collect();
+        if together {
             m.transformer.forward(&mut inputs).unwrap();
+        } else {
+            for one in inputs.chunks_mut(1) {
+                m.transformer.forward(one).unwrap();
+            }
         }
-        drop(states);
-        logs.iter().map(|l| l.lock().unwrap().clone()).collect()
-    };
-    let (a, b) = (record(&pooled), record(&per_sequence));
-    for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
-        assert_eq!(sa.len(), sb.len(), "sequence {i}: layers × steps");
-        assert!(!sa.is_empty());
-        for (k, (x, y)) in sa.iter().zip(sb).enumerate() {
-            assert_eq!(x.len(), y.len(), "sequence {i}, record {k}: entries");
-            let worst = common::max_abs_diff(x, y);
-            assert!(worst < 1e-5, "sequence {i}, record {k}: differ by {worst}");
+    }
+    drop(states);
+    logs.iter().map(|l| l.lock().unwrap().clone()).collect()
+}
+
+/// Each sequence of a batch is shown its own attention probabilities (pooled: one copy of the
+/// batch's for the layer) and its own query (a sparse-attention policy's, from one copy of the
+/// layer's queries), at every layer and step, as when it decodes alone. H2O, LazyEviction and
+/// RocketKV decide from them, and on a random model's near-uniform attention a mix-up barely changes
+/// their choices, so the logits alone would not tell.
+#[test]
+fn each_sequence_of_a_batch_is_shown_its_own_probabilities_and_query() {
+    kvbench::init_threads(None).unwrap();
+    let m = tiny_random(true);
+    for queries in [false, true] {
+        let (a, b) = (recorded(&m, queries, true), recorded(&m, queries, false));
+        for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(sa.len(), sb.len(), "sequence {i}: layers × steps");
+            assert!(!sa.is_empty());
+            for (k, (x, y)) in sa.iter().zip(sb).enumerate() {
+                assert_eq!(x.len(), y.len(), "sequence {i}, record {k}: entries");
+                let worst = common::max_abs_diff(x, y);
+                assert!(
+                    worst < 1e-5,
+                    "queries {queries}: sequence {i}, record {k}: differ by {worst}"
+                );
+            }
         }
     }
 }

@@ -472,11 +472,35 @@ impl Transformer {
                 if batched {
                     self.attend_batch(l, &q, &k, &v, batch, &steps)?
                 } else {
+                    // Every new token's query on the host, once for the layer, where a decoding
+                    // sequence needs its own there (the CPU's loop, a sparse-attention policy): off
+                    // the CPU one copy and one wait for the device, not one per sequence.
+                    let host_query = |s: &SeqInput<'_>, t: usize| {
+                        t == 1 && (self.cpu_loop() || s.state.caps.sparse_attention)
+                    };
+                    let q_host = match batch
+                        .iter()
+                        .zip(&spans)
+                        .any(|(s, &(_, t))| host_query(s, t))
+                    {
+                        true => Some(q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
+                        false => None,
+                    };
                     let work = |((s, &(off, t)), step): (
                         (&mut SeqInput<'_>, &(usize, usize)),
                         &StepInfo,
                     )| {
-                        self.attend_sequence(l, &q, &k, &v, off, t, step, &mut *s.state)
+                        // This sequence's query, `[heads · d]`, from the layer's `[heads, n_tok, d]`.
+                        let q_vec = match (&q_host, host_query(s, t)) {
+                            (Some(all), true) => Some(
+                                (0..hq)
+                                    .flat_map(|h| &all[(h * n_tok + off) * d..][..d])
+                                    .copied()
+                                    .collect(),
+                            ),
+                            _ => None,
+                        };
+                        self.attend_sequence(l, (&q, q_vec), &k, &v, off, t, step, &mut *s.state)
                     };
                     // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
                     let mut outs: Vec<Tensor> = if batch.len() > 1 {
@@ -536,12 +560,14 @@ impl Transformer {
 
 impl Transformer {
     /// One sequence's part of layer `l`: append its new keys and values, attend over its cache, update
-    /// its query window, run its policy. Returns the attention output `[t, heads·d]`.
+    /// its query window, run its policy. `q` is every new token's query, `[heads, tokens, d]`, with
+    /// this sequence's own on the host (`[heads · d]`) where it decodes on the CPU's loop or under a
+    /// sparse-attention policy. Returns the attention output `[t, heads·d]`.
     #[allow(clippy::too_many_arguments)]
     fn attend_sequence(
         &self,
         l: usize,
-        q: &Tensor,
+        (q, q_vec): (&Tensor, Option<Vec<f32>>),
         k: &Tensor,
         v: &Tensor,
         off: usize,
@@ -571,12 +597,7 @@ impl Transformer {
         let (hkv, g) = (cache_heads, hq / cache_heads);
         st.cache.layer_mut(l).append(&k_s, &v_s, step.seen_before)?;
         let want_probs = st.caps.attention_probs;
-        // A host copy of the query only for the CPU loop or a sparse-attention policy.
-        let q_vec = if t == 1 && (self.cpu_loop() || st.caps.sparse_attention) {
-            Some(q_s.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-        } else {
-            None
-        };
+        // `q_vec`: the query on the host, given only for the CPU loop or a sparse-attention policy.
         let subset = match &q_vec {
             Some(q) if st.caps.sparse_attention => st.select_attention(step, l, q)?,
             _ => None,

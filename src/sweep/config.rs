@@ -468,15 +468,18 @@ impl SweepConfig {
 mod tests {
     use super::*;
 
+    /// `text` loaded as a config file. Each call writes a file of its own: tests run in parallel, and
+    /// two writing the same text to one path could each read the other's half-written file.
     fn config(text: &str) -> SweepConfig {
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("kvbench-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!(
-            "{}.toml",
-            crate::sweep::plan::content_id(&text.into())
-        ));
+        let path = dir.join(format!("{call}.toml"));
         std::fs::write(&path, text).unwrap();
-        SweepConfig::load(&path).unwrap()
+        let config = SweepConfig::load(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        config
     }
 
     const HEAD: &str = "name = \"s\"\nmodel = \"smollm2-135m\"\ndataset = \"builtin\"\n";

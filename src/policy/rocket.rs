@@ -44,6 +44,48 @@ impl Config {
     }
 }
 
+/// Stage 1's window score of every candidate (the first `n_cand` entries) of each cache head: the
+/// `window` queries' softmax over all keys with a causal window, summed over queries and over the GQA
+/// group. `on_device`: computed where the keys are ([`super::device_score`]), only the scores copied
+/// to the host (at an 8K-token prompt and R1-Distill-Qwen-7B's shapes the host version copies the
+/// layer's keys out and does about 235 million multiply-adds per head); otherwise, or where the
+/// device version does not apply, on the host.
+fn stage1_scores(
+    window: &candle_core::Tensor,
+    cache: &LayerCache,
+    n_cand: usize,
+    on_device: bool,
+) -> candle_core::Result<Vec<Vec<f32>>> {
+    let (agg, domain, reduce) = (GqaAgg::SumProb, SoftmaxDomain::AllCausal, QueryReduce::Sum);
+    if on_device {
+        let keys = cache.keys()?;
+        if let Some(s) =
+            super::device_score::window_scores(window, &keys, n_cand, agg, domain, reduce)?
+        {
+            return Ok(s);
+        }
+    }
+    let (hq, w, d) = window.dims3()?;
+    let q = host_vec(window)?;
+    let heads = cache.kv_heads();
+    let g = hq / heads;
+    let scale = 1.0 / (d as f32).sqrt();
+    cache.with_host_keys(|kv| {
+        (0..heads)
+            .map(|h| {
+                let z = GroupLogits::compute(
+                    &q[h * g * w * d..(h + 1) * g * w * d],
+                    kv.keys(h),
+                    g,
+                    d,
+                    scale,
+                );
+                window_scores(&z, n_cand, agg, domain, reduce).swap_remove(0)
+            })
+            .collect()
+    })
+}
+
 /// RocketKV's budget split for one sequence (spec §3(f)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Split {
@@ -319,37 +361,20 @@ impl Policy for RocketKv {
             return Ok(());
         }
         // Stage 1, SnapKV++: the last `window` prompt queries over every prompt key.
-        let (hq, t, d) = view.queries.dims3()?;
+        let t = view.queries.dim(1)?;
         let w = self.config.window.min(t);
-        let q = host_vec(&view.queries.narrow(1, t - w, w)?)?;
-        let heads = cache.kv_heads();
-        let g = hq / heads;
-        let scale = 1.0 / (d as f32).sqrt();
-        let (n_cand, pool_kind) = (n - w, self.config.pool);
-        let kept: Vec<Vec<usize>> = cache.with_host_keys(|kv| {
-            (0..heads)
-                .map(|h| {
-                    let z = GroupLogits::compute(
-                        &q[h * g * w * d..(h + 1) * g * w * d],
-                        kv.keys(h),
-                        g,
-                        d,
-                        scale,
-                    );
-                    let s = window_scores(
-                        &z,
-                        n_cand,
-                        GqaAgg::SumProb,
-                        SoftmaxDomain::AllCausal,
-                        QueryReduce::Sum,
-                    );
-                    let mut top = top_k(&pool(&s[0], pool_kind), keep - w);
-                    top.sort_unstable();
-                    top.extend(n_cand..n);
-                    top
-                })
-                .collect()
-        })?;
+        let window = view.queries.narrow(1, t - w, w)?;
+        let on_device = !cache.buffers().0.device().is_cpu();
+        let n_cand = n - w;
+        let kept: Vec<Vec<usize>> = stage1_scores(&window, cache, n_cand, on_device)?
+            .iter()
+            .map(|s| {
+                let mut top = top_k(&pool(s, self.config.pool), keep - w);
+                top.sort_unstable();
+                top.extend(n_cand..n);
+                top
+            })
+            .collect();
         cache.gather(&kept)
     }
 
@@ -415,6 +440,36 @@ impl Policy for RocketKv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stage 1 scored where the keys are (a GPU's path, here on the CPU's tensors) gives the host's
+    /// scores, with GQA groups of two and a causal window.
+    #[test]
+    fn stage1_scores_on_the_device_are_the_host_s() {
+        use candle_core::{Device, Tensor};
+        let (heads, g, w, n, d) = (2, 2, 6, 48, 16);
+        let keys = Tensor::from_vec(
+            crate::policy::tests::random(heads * n * d, 31),
+            (heads, n, d),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let mut cache = LayerCache::new(heads, d, crate::cache::KvType::F32, &Device::Cpu).unwrap();
+        cache.append(&keys, &keys, 0).unwrap();
+        let q: Vec<f32> = crate::policy::tests::random(heads * g * w * d, 32)
+            .iter()
+            .map(|x| 8.0 * x)
+            .collect();
+        let window = Tensor::from_vec(q, (heads * g, w, d), &Device::Cpu).unwrap();
+        let host = stage1_scores(&window, &cache, n - w, false).unwrap();
+        let device = stage1_scores(&window, &cache, n - w, true).unwrap();
+        assert_eq!(host.len(), heads);
+        for (a, b) in host.iter().zip(&device) {
+            assert_eq!(a.len(), n - w);
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() < 1e-6, "{x} against {y}");
+            }
+        }
+    }
 
     #[test]
     fn budget_split_matches_the_worked_examples() {

@@ -438,33 +438,33 @@ impl Transformer {
             let attn = if decode_cpu {
                 self.decode_attention_cpu(l, &qkv, &cos_v, &sin_v, batch, &steps)?
             } else {
-                let mut q = qkv
-                    .narrow(1, 0, hq * d)?
-                    .contiguous()?
-                    .reshape((n_tok, hq, d))?;
-                let mut k = qkv
-                    .narrow(1, hq * d, hkv * d)?
-                    .contiguous()?
-                    .reshape((n_tok, hkv, d))?;
-                let v = qkv
-                    .narrow(1, (hq + hkv) * d, hkv * d)?
-                    .contiguous()?
-                    .reshape((n_tok, hkv, d))?;
-                if let (Some(qn), Some(kn)) = (&block.q_norm, &block.k_norm) {
-                    q = qn.forward(&q)?;
-                    k = kn.forward(&k)?;
-                }
-                // 3. Rotate at logical positions: [1, heads, tokens, d].
+                // 2b. Every head's rows at once, `[q heads + 2·kv heads, tokens, d]`: one copy (none
+                //     for a single token), then views. Queries and keys are rotated in one
+                //     operation where no norm comes between them; splitting q, k and v into their
+                //     own tensors first took five copies and two rotations a layer.
+                let heads = hq + 2 * hkv;
+                let all = qkv
+                    .reshape((n_tok, heads, d))?
+                    .transpose(0, 1)?
+                    .contiguous()?;
+                let v = all.narrow(0, hq + hkv, hkv)?;
+                // 3. Rotate at logical positions: [heads, tokens, d].
                 let (cos, sin) = tables
                     .as_ref()
                     .expect("rope tables are built for the generic path");
-                let q = self
-                    .rope(&q.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?
-                    .squeeze(0)?;
-                let k = self
-                    .rope(&k.transpose(0, 1)?.unsqueeze(0)?.contiguous()?, cos, sin)?
-                    .squeeze(0)?;
-                let v = v.transpose(0, 1)?;
+                let rotated = |x: &Tensor| -> candle_core::Result<Tensor> {
+                    self.rope(&x.unsqueeze(0)?, cos, sin)?.squeeze(0)
+                };
+                let (q, k) = match (&block.q_norm, &block.k_norm) {
+                    (Some(qn), Some(kn)) => (
+                        rotated(&qn.forward(&all.narrow(0, 0, hq)?)?)?,
+                        rotated(&kn.forward(&all.narrow(0, hq, hkv)?)?)?,
+                    ),
+                    _ => {
+                        let qk = rotated(&all.narrow(0, 0, hq + hkv)?)?;
+                        (qk.narrow(0, 0, hq)?, qk.narrow(0, hq, hkv)?)
+                    }
+                };
 
                 // 4. A decoding batch attends at once through its pooled caches; otherwise per
                 //    sequence (in parallel across a batch): cache, attend over its own cache, let its

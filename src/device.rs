@@ -77,21 +77,47 @@ impl DeviceSpec {
         matches!(self, DeviceSpec::Cpu)
     }
 
-    /// Opens the device. `flag` names where the choice came from (`--device`, a config's `device`
-    /// key) in the one-line error when it cannot be used.
-    pub fn open(&self, flag: &str) -> Result<Device> {
+    /// Opens the device. `setting` says where the choice came from and what it was (`--device
+    /// cuda:1`, `sweep.toml: device = "cuda:1"`), the start of the one-line error when it cannot be
+    /// used. A GPU is opened once per process: every later call gets the same device (one stream,
+    /// one set of libraries' handles), so tensors of two loads in one process can meet.
+    pub fn open(&self, setting: &str) -> Result<Device> {
         match *self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
-            DeviceSpec::Cuda(n) => open_cuda(n, flag),
+            DeviceSpec::Cuda(n) => {
+                static OPENED: std::sync::OnceLock<
+                    std::sync::Mutex<std::collections::HashMap<usize, Device>>,
+                > = std::sync::OnceLock::new();
+                let mut opened = OPENED
+                    .get_or_init(Default::default)
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if let Some(device) = opened.get(&n) {
+                    return Ok(device.clone());
+                }
+                let device = open_cuda(n, setting)?;
+                opened.insert(n, device.clone());
+                Ok(device)
+            }
         }
+    }
+
+    /// `--device` as a flag with this value, for [`DeviceSpec::open`]'s message.
+    pub fn as_flag(&self) -> String {
+        format!("--device {self}")
+    }
+
+    /// A config file's `device` key with this value, for [`DeviceSpec::open`]'s message.
+    pub fn as_config_key(&self, file: &std::path::Path) -> String {
+        format!("{}: device = \"{self}\"", file.display())
     }
 }
 
 #[cfg(feature = "cuda")]
-fn open_cuda(n: usize, flag: &str) -> Result<Device> {
+fn open_cuda(n: usize, setting: &str) -> Result<Device> {
     let device = Device::new_cuda(n).map_err(|e| {
         Error::Input(format!(
-            "{flag} cuda:{n}: no usable CUDA device ({}): check `nvidia-smi`, the driver and CUDA_VISIBLE_DEVICES",
+            "{setting}: no usable CUDA device ({}): check `nvidia-smi`, the driver and CUDA_VISIBLE_DEVICES",
             crate::error::candle_message(&e).lines().next().unwrap_or("")
         ))
     })?;
@@ -100,17 +126,17 @@ fn open_cuda(n: usize, flag: &str) -> Result<Device> {
         // buffer's reads and writes with CUDA events (created, recorded and waited on per buffer and
         // operation) to order work across streams. kvbench queues everything on that one stream, so
         // the ordering is the stream's own and the events are pure per-operation overhead.
-        // SAFETY: no tensor exists on this device yet, and kvbench uses no other stream: nothing is
-        // freed, read or written from a second stream.
+        // SAFETY: no tensor exists on this device yet (it is opened once per process), and kvbench
+        // uses no other stream: nothing is freed, read or written from a second stream.
         unsafe { d.disable_event_tracking() };
     }
     Ok(device)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda(n: usize, flag: &str) -> Result<Device> {
+fn open_cuda(_: usize, setting: &str) -> Result<Device> {
     Err(Error::Input(format!(
-        "{flag} cuda:{n}: this kvbench was built without CUDA support; build it with `scripts/build_cuda.sh` (cargo feature `cuda`)"
+        "{setting}: this kvbench was built without CUDA support; build it with `scripts/build_cuda.sh` (cargo feature `cuda`)"
     )))
 }
 
@@ -291,11 +317,20 @@ mod tests {
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_without_the_feature_is_an_input_error_naming_the_flag() {
-        let e = DeviceSpec::Cuda(0).open("--device").unwrap_err();
-        assert!(e.is_input_error());
-        let msg = e.to_string();
-        assert!(msg.starts_with("--device cuda:0:"), "{msg}");
-        assert!(msg.contains("without CUDA support"), "{msg}");
-        assert!(!msg.contains('\n'), "{msg}");
+        let cuda = DeviceSpec::Cuda(0);
+        for (setting, start) in [
+            (cuda.as_flag(), "--device cuda:0:"),
+            (
+                cuda.as_config_key(std::path::Path::new("s.toml")),
+                "s.toml: device = \"cuda:0\":",
+            ),
+        ] {
+            let e = cuda.open(&setting).unwrap_err();
+            assert!(e.is_input_error());
+            let msg = e.to_string();
+            assert!(msg.starts_with(start), "{msg}");
+            assert!(msg.contains("without CUDA support"), "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
     }
 }

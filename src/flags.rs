@@ -102,7 +102,7 @@ impl ModelFlags {
             format: self.weights(),
             template: self.chat_template,
             tokenizer,
-            device: self.device().open("--device")?,
+            device: self.device().open(&self.device().as_flag())?,
             kv_type: self.kv_type(),
             activations: self.activations(),
         })

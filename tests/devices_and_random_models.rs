@@ -30,14 +30,23 @@ fn cuda_on_a_build_without_it_fails_in_one_line_and_writes_nothing() {
         "--out",
         out_dir.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    let error_lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
-    assert_eq!(error_lines.len(), 1, "{err}");
-    assert!(
-        error_lines[0].contains("--device cuda:0") && error_lines[0].contains("without CUDA"),
-        "{err}"
-    );
+    // One line, and nothing before it (not the run's header, not the plan).
+    let only_the_error = |out: &std::process::Output, start: &str| {
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        assert!(
+            lines[0].starts_with(&format!("error: {start}")) && lines[0].contains("without CUDA"),
+            "{err}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    };
+    only_the_error(&out, "--device cuda:0:");
     assert!(!out_dir.exists(), "nothing may be written");
 
     // The same from a sweep config's `device` key, and for the benchmarks.
@@ -56,12 +65,25 @@ fn cuda_on_a_build_without_it_fails_in_one_line_and_writes_nothing() {
         "--out",
         results.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cuda:1"));
+    // The config's key is named where it came from there, the flag where it overrides the key.
+    only_the_error(&out, &format!("{}: device = \"cuda:1\":", cfg.display()));
     assert!(!results.exists());
+    let out = kvbench(&[
+        "sweep",
+        cfg.to_str().unwrap(),
+        "--device",
+        "cuda:2",
+        "--out",
+        results.to_str().unwrap(),
+    ]);
+    only_the_error(&out, "--device cuda:2:");
+    assert!(!results.exists());
+    // A dry run needs no device: a plan may be made on a machine without the GPU.
+    let out = kvbench(&["sweep", cfg.to_str().unwrap(), "--dry-run"]);
+    assert_eq!(out.status.code(), Some(0));
     for cmd in ["perf", "scaling", "forward"] {
         let out = kvbench(&[cmd, "--model", "random:tiny", "--device", "cuda"]);
-        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        only_the_error(&out, "--device cuda:0:");
     }
     let out = kvbench(&["run", "--device", "gpu0"]);
     assert_eq!(out.status.code(), Some(2));

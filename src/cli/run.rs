@@ -77,6 +77,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         super::check_output_dir("--trace", path)?;
     }
     let p = plan(config(&args)?)?;
+    // A device that cannot be used is refused before anything is printed or written.
+    let device = p.cfg.model.device();
+    device.open(&device.as_flag())?;
     // Default directory: named after the policy and the config hash, so that rerunning the same
     // command resumes (and reuses finished samples) and another command gets another directory.
     let out = p.cfg.options.out.clone().unwrap_or_else(|| {

@@ -102,6 +102,13 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         print!("{script}");
         return Ok(ExitCode::SUCCESS);
     }
+    // A device that cannot be used is refused before anything is printed or written (a dry run and
+    // an emitted script need none: they may be made on a machine without the GPU).
+    let device = p.cfg.model.device();
+    device.open(&match args.model.device {
+        Some(_) => device.as_flag(),
+        None => device.as_config_key(&args.config),
+    })?;
     println!("{}", p.describe(&out));
     let done = execute_plan(
         &p,

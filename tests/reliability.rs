@@ -175,6 +175,8 @@ fn zero_counts_are_refused_by_the_flag_s_name_before_loading() {
         (&["perf", "--batch", "1,0"], "--batch"),
         (&["perf", "--repeats", "0"], "--repeats"),
         (&["perf", "--decode-tokens", "0"], "--decode-tokens"),
+        // One new token is the prefill's: no decoding step would be timed (a rate of NaN).
+        (&["perf", "--decode-tokens", "1"], "--decode-tokens"),
         (
             &["perf", "--decode-prompt-tokens", "0"],
             "--decode-prompt-tokens",
@@ -182,6 +184,7 @@ fn zero_counts_are_refused_by_the_flag_s_name_before_loading() {
         (&["perf", "--prompt-tokens", "x"], "--prompt-tokens"),
         (&["perf", "--warmup-tokens", "0"], "--warmup-tokens"),
         (&["scaling", "--lengths", "0,512"], "--lengths"),
+        (&["scaling", "--lengths", "1,512"], "--lengths"),
         (&["scaling", "--prompt-tokens", "0"], "--prompt-tokens"),
         (&["forward", "--tokens", "0"], "--tokens"),
         (&["forward", "--batch", "0"], "--batch"),

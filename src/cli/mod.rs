@@ -30,6 +30,15 @@ pub fn parse_positive(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A number of generated tokens whose decoding is timed: from 2, since the first new token comes from
+/// the prefill's logits (with one, no decoding step is timed: a rate of 0 tokens over 0 s).
+pub fn parse_generated_length(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 2 => Ok(n),
+        _ => Err("expected a whole number from 2 (the first new token comes from the prefill's logits; decoding steps make the rest)".into()),
+    }
+}
+
 /// Measure what KV-cache compression does to reasoning language models.
 #[derive(Parser, Debug)]
 #[command(name = "kvbench", version, about)]

@@ -28,8 +28,9 @@ pub struct PerfArgs {
     /// Prompt length of each sequence in the decode measurement.
     #[arg(long, default_value_t = 64, value_parser = super::parse_positive)]
     pub decode_prompt_tokens: usize,
-    /// Tokens decoded per sequence in the decode measurement.
-    #[arg(long, default_value_t = 64, value_parser = super::parse_positive)]
+    /// Tokens decoded per sequence in the decode measurement, from 2 (the first comes from the
+    /// prefill's logits: the rest are the decoding steps timed).
+    #[arg(long, default_value_t = 64, value_parser = super::parse_generated_length)]
     pub decode_tokens: usize,
     /// Batch sizes of the decode measurement, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32", value_parser = super::parse_positive)]

@@ -27,8 +27,9 @@ pub struct ScalingArgs {
     /// longest length (the one sequence's full generation length).
     #[command(flatten)]
     pub policy: PolicyFlags,
-    /// Generated lengths at which to record, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096,8192", value_parser = super::parse_positive)]
+    /// Generated lengths at which to record, comma separated, each from 2 (the first new token
+    /// comes from the prefill; the decoding rate is timed from there).
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096,8192", value_parser = super::parse_generated_length)]
     pub lengths: Vec<usize>,
     /// Prompt length.
     #[arg(long, default_value_t = 64, value_parser = super::parse_positive)]
@@ -133,6 +134,10 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
             let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
             input = vec![metrics::divergence::argmax(&logits)];
             bar.inc(1);
+            if generated == 1 {
+                // The prefill made this token: decoding is timed from here.
+                segment = (Instant::now(), 1);
+            }
             if lengths.contains(&generated) {
                 let secs = segment.0.elapsed().as_secs_f64();
                 points.push(Point {

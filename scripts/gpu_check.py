@@ -491,7 +491,6 @@ def main():
     ap.add_argument("--steps", default="env,cpu_vs_gpu,speed_kvbench,speed_transformers,vs_transformers,"
                     "speed_compressed,long_outputs")
     args = ap.parse_args()
-    c = Check(args)
     plan = {
         "env": (5, env),
         "cpu_vs_gpu": (60, cpu_vs_gpu),
@@ -502,7 +501,14 @@ def main():
         "long_outputs": (150, long_outputs),
         "speed_batch1": (60, speed_batch1),
     }
-    for name in args.steps.split(","):
+    steps = args.steps.split(",")
+    unknown = [name for name in steps if name not in plan]
+    if unknown:
+        ap.error(f"--steps: no step named {', '.join(map(repr, unknown))}; the steps: {', '.join(plan)}")
+    if args.decode_tokens < 2:
+        ap.error("--decode-tokens: from 2 (the first new token comes from the prefill)")
+    c = Check(args)
+    for name in steps:
         allowance, fn = plan[name]
         c.step(name, 2 if args.quick else allowance, lambda fn=fn: fn(c))
     c.results["total_s"] = round(now(), 1)

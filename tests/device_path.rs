@@ -415,3 +415,57 @@ fn each_sequence_of_a_batch_is_shown_its_own_probabilities_and_query() {
         }
     }
 }
+
+/// `perf --profile`'s clock on the path a GPU takes, one sequence and a pooled batch: every phase of a
+/// decoding step is recorded (RoPE too, which the CPU's own loop does inside attention), the prefill
+/// is not, each forward call is one step, and the logits are those of an unprofiled run, bit for bit.
+#[test]
+fn profiling_a_decoding_step_records_every_phase_and_changes_no_logit() {
+    use kvbench::model::profile::Phase;
+    kvbench::init_threads(None).unwrap();
+    let m = tiny_random(true);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let (prompts, tokens) = batch_inputs(&mut rng);
+    let spec = common::compressing_specs()
+        .into_iter()
+        .find(|s| s.name() == "rkv")
+        .unwrap();
+    let profiler = m.transformer.profiler();
+    let one = |m: &kvbench::model::Model| {
+        teacher_forced(m, &spec, KvType::F32, &prompts[0], &tokens[0][..12]).0
+    };
+    let batch = |m: &kvbench::model::Model| {
+        let short: Vec<Vec<u32>> = tokens.iter().map(|t| t[..12].to_vec()).collect();
+        batch_teacher_forced(m, &spec, &prompts, &short, (usize::MAX, 0))
+    };
+    let (plain_one, plain_batch) = (one(&m), batch(&m));
+    assert_eq!(profiler.times().steps, 0, "off: nothing recorded");
+    for (name, run, plain) in [
+        ("one sequence", &one as &dyn Fn(&_) -> _, vec![plain_one]),
+        (
+            "a pooled batch",
+            &|m: &_| batch(m).into_iter().flatten().collect(),
+            vec![plain_batch.into_iter().flatten().collect()],
+        ),
+    ] {
+        profiler.set(true);
+        let profiled = run(&m);
+        let times = profiler.times();
+        profiler.set(false);
+        assert_eq!(
+            vec![profiled],
+            plain,
+            "{name}: profiling changed the logits"
+        );
+        // Twelve teacher-forced tokens and the last one's logits: twelve decoding steps, and the
+        // prefills (one per sequence) not among them.
+        assert_eq!(times.steps, 12, "{name}");
+        for p in Phase::ALL {
+            assert!(
+                times.per_step_secs(p) > 0.0,
+                "{name}: {} not recorded",
+                p.name()
+            );
+        }
+    }
+}

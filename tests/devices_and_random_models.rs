@@ -385,3 +385,63 @@ fn forward_decodes_a_batch_and_refuses_one_it_cannot_build() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --generate"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `perf --profile`: a table of a decoding step's phases after the main one, and in the exported rows
+/// each phase's time per step over the extra run's steps (the decoding steps only: new tokens − 1);
+/// without the flag, no profile.
+#[test]
+fn perf_profile_prints_and_exports_a_decoding_step_s_phases() {
+    let dir = temp("perf-profile");
+    std::fs::create_dir_all(&dir).unwrap();
+    let perf = |json: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "perf",
+            "--model",
+            "random:tiny",
+            "--batch",
+            "1,2",
+            "--decode-prompt-tokens",
+            "8",
+            "--decode-tokens",
+            "5",
+            "--prompt-tokens",
+            "8",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--no-bandwidth",
+            "--export-json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = ok(&kvbench(&args));
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        let decode: Vec<serde_json::Value> = doc["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["measurement"]["phase"] == "decode")
+            .map(|r| r["measurement"]["profile"].clone())
+            .collect();
+        (out, decode)
+    };
+    let (out, profiles) = perf(&dir.join("p.json"), &["--profile"]);
+    assert!(out.contains("| decode | embed | norms | qkv"), "{out}");
+    assert_eq!(profiles.len(), 2);
+    for p in &profiles {
+        assert_eq!(p["steps"], 4, "{p}");
+        let phases = p["phases_secs_per_step"].as_object().unwrap();
+        assert_eq!(phases.len(), 10, "{p}");
+        assert!(phases["attention"].as_f64().unwrap() > 0.0, "{p}");
+        let sum: f64 = phases.values().map(|v| v.as_f64().unwrap()).sum();
+        let profiled = p["profiled_secs_per_step"].as_f64().unwrap();
+        assert!(sum <= profiled * 1.0001 && sum > 0.0, "{p}");
+        assert!(p["unprofiled_secs_per_step"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let (out, profiles) = perf(&dir.join("q.json"), &[]);
+    assert!(!out.contains("| decode | embed"), "{out}");
+    assert!(profiles.iter().all(|p| p.is_null()), "{profiles:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

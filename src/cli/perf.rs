@@ -7,6 +7,7 @@ use kvbench::eval::builtin;
 use kvbench::flags::{ModelFlags, PolicyFlags, RuntimeFlags};
 use kvbench::generate::{generate_copies, Request, SamplingParams};
 use kvbench::metrics;
+use kvbench::model::profile::{Phase, PhaseTimes};
 use kvbench::model::{Activations, Model, SeqInput};
 use kvbench::policy::{Full, PolicySpec};
 use std::process::ExitCode;
@@ -62,6 +63,12 @@ pub struct PerfArgs {
     /// to measure what batching gives).
     #[arg(long, value_enum, default_value_t = Attention::Batched)]
     pub attention: Attention,
+    /// After each decode measurement, one more run (not counted in its rates) that waits for the
+    /// device after every phase of every layer and prints where a decoding step's time goes: norms,
+    /// projections, RoPE, attention with the cache and policy, the head, and the rest (logits to the
+    /// host, sampling). The phases' sum exceeds an unprofiled step by what overlapping them gains.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// `--attention`.
@@ -84,6 +91,8 @@ struct Decode {
     read_per_step_per_seq: f64,
     /// The most device memory in use during the measured repeats (on a GPU).
     device_peak: Option<u64>,
+    /// `--profile`: the phases' times over the extra run's steps, and that run's time per step.
+    profile: Option<(PhaseTimes, f64)>,
 }
 
 fn measure_decode(
@@ -101,8 +110,13 @@ fn measure_decode(
         peak_per_seq: 0,
         read_per_step_per_seq: 0.0,
         device_peak: None,
+        profile: None,
     };
-    for i in 0..args.warmup + args.repeats {
+    let runs = args.warmup + args.repeats + usize::from(args.profile);
+    for i in 0..runs {
+        // `--profile`'s run comes after the measured ones, apart from them.
+        let profiling = args.profile && i == runs - 1;
+        model.transformer.profiler().set(profiling);
         let tokens = match args.warmup_tokens {
             Some(w) if i < args.warmup => w.clamp(1, args.decode_tokens),
             _ => args.decode_tokens,
@@ -129,6 +143,12 @@ fn measure_decode(
             .fold(0.0, f64::max);
         // The first token comes from the prefill logits; decode steps produce the rest.
         let decoded: usize = gens.iter().map(|g| g.tokens.len() - 1).sum();
+        if profiling {
+            let times = model.transformer.profiler().times();
+            model.transformer.profiler().set(false);
+            d.profile = Some((times, secs / (tokens - 1) as f64));
+            continue;
+        }
         if i >= args.warmup {
             d.rates.push(decoded as f64 / secs);
             let policy: f64 = gens
@@ -293,6 +313,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     )];
 
     let decode_prompt = prompt_of(&model, args.decode_prompt_tokens)?;
+    let mut profiles = Vec::new();
     for spec in &specs {
         let mut batches = args.batch.clone();
         let mut fit = None;
@@ -344,6 +365,16 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 },
                 summary(&d.rates)
             );
+            let profile = d.profile.as_ref().map(|(times, profiled)| {
+                let unprofiled = b as f64 / rate.max(1e-12);
+                profiles.push((
+                    format!("{} budget {}, batch {b}", spec.name(), spec.budget()),
+                    times.clone(),
+                    *profiled,
+                    unprofiled,
+                ));
+                profile_json(times, *profiled, unprofiled)
+            });
             exported.push(export_row(
                 serde_json::json!({
                     "phase": "decode",
@@ -358,6 +389,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                     "kv_bytes_read_per_step_per_sequence": d.read_per_step_per_seq,
                     "fits_mem_limit": fit.is_some_and(|(f, _)| f == b),
                     "device_memory_peak_bytes": d.device_peak,
+                    "profile": profile,
                 }),
                 &d.rates,
             ));
@@ -370,6 +402,9 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 args.mem_limit.unwrap_or(0.0)
             );
         }
+    }
+    if !profiles.is_empty() {
+        print_profiles(&profiles);
     }
     println!(
         "\npeak RSS {}",
@@ -400,6 +435,51 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         println!("rows written to {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--profile`'s table: per decode measurement, each phase's time per step and its share of the
+/// profiled step, the rest (outside the forward pass: logits to the host, sampling, bookkeeping),
+/// and the step's time with and without profiling.
+fn print_profiles(profiles: &[(String, PhaseTimes, f64, f64)]) {
+    println!(
+        "\nwhere a decoding step's time goes (--profile: one more run, the device waited for after every phase of every layer; ms per step, share of the profiled step):\n"
+    );
+    let names: Vec<&str> = Phase::ALL.iter().map(|p| p.name()).collect();
+    println!(
+        "| decode | {} | rest | profiled step | unprofiled step |",
+        names.join(" | ")
+    );
+    println!("|---|{}---:|---:|---:|", "---:|".repeat(names.len()));
+    let cell = |secs: f64, step: f64| format!("{:.3} ({:.0}%)", secs * 1e3, 100.0 * secs / step);
+    for (label, times, profiled, unprofiled) in profiles {
+        let phases: Vec<String> = Phase::ALL
+            .iter()
+            .map(|&p| cell(times.per_step_secs(p), *profiled))
+            .collect();
+        let rest = (profiled - times.sum_per_step_secs()).max(0.0);
+        println!(
+            "| {label} | {} | {} | {:.3} ms | {:.3} ms |",
+            phases.join(" | "),
+            cell(rest, *profiled),
+            profiled * 1e3,
+            unprofiled * 1e3
+        );
+    }
+}
+
+/// `--profile`'s figures for the exported row, in seconds per decoding step.
+fn profile_json(times: &PhaseTimes, profiled: f64, unprofiled: f64) -> serde_json::Value {
+    let phases: serde_json::Map<String, serde_json::Value> = Phase::ALL
+        .iter()
+        .map(|&p| (p.name().to_string(), times.per_step_secs(p).into()))
+        .collect();
+    serde_json::json!({
+        "steps": times.steps,
+        "phases_secs_per_step": phases,
+        "rest_secs_per_step": (profiled - times.sum_per_step_secs()).max(0.0),
+        "profiled_secs_per_step": profiled,
+        "unprofiled_secs_per_step": unprofiled,
+    })
 }
 
 /// One exported row: what was measured, tokens/s as median, min, max and every repeat.

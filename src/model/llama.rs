@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::loading::source::WeightSource;
 use crate::model::attention;
 use crate::model::config::{apply_rope_freq_factors, ModelConfig};
+use crate::model::profile::Phase;
 use crate::model::state::SeqState;
 use crate::model::weights::{Embedding, Linear, RmsNorm, WeightFormat};
 use crate::policy::{AttentionView, StepInfo};
@@ -57,6 +58,8 @@ pub struct Transformer {
     /// The activations' type between operations: f32, or (off the CPU's own loop) the float
     /// weights' 16-bit type, as GPU engines keep them ([`Activations`]).
     activations: DType,
+    /// The decoding steps' phase clock (`kvbench perf --profile`), off unless turned on.
+    profiler: super::profile::Profiler,
 }
 
 /// The type activations are kept in between the forward pass's operations.
@@ -213,6 +216,7 @@ impl Transformer {
             kv_type: crate::cache::KvType::F32,
             pool_inputs: std::sync::Mutex::new(None),
             activations: DType::F32,
+            profiler: Default::default(),
         })
     }
 
@@ -256,6 +260,11 @@ impl Transformer {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The decoding steps' phase clock: [`super::profile::Profiler::set`] turns it on.
+    pub fn profiler(&self) -> &super::profile::Profiler {
+        &self.profiler
     }
 
     /// The activations' type chosen by [`set_activations`](Self::set_activations).
@@ -380,6 +389,16 @@ impl Transformer {
         self.forward_on_pool(batch, all_logits)
     }
 
+    /// Runs `f` as phase `p` of a decoding step, timed when `recording` ([`super::profile`]).
+    fn phase<R, E: From<candle_core::Error>>(
+        &self,
+        recording: bool,
+        p: Phase,
+        f: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
+        super::profile::timed(&self.profiler, &self.device, recording, p, f)
+    }
+
     fn forward_on_pool(&self, batch: &mut [SeqInput<'_>], all_logits: bool) -> Result<Tensor> {
         let cfg = &self.config;
         let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -415,124 +434,151 @@ impl Transformer {
             ids.extend_from_slice(s.tokens);
         }
         let n_tok = ids.len();
+        // A decoding step's phases are timed when profiling is on (`kvbench perf --profile`).
+        let recording =
+            self.profiler.is_on() && steps.iter().all(|s| !s.is_prefill && s.tokens.len() == 1);
         let (cos_v, sin_v) = self.rope_table_vecs(&positions);
         let half = d / 2;
         let act = self.activations;
-        let mut x = self.embed.lookup(&ids, &self.device, act)?;
+        let mut x = self.phase(recording, Phase::Embed, || {
+            self.embed.lookup(&ids, &self.device, act)
+        })?;
         // Decoding on the CPU takes a path with fewer, larger steps (see `decode_attention_cpu`); the
         // generic path needs the tables as tensors.
         let decode_cpu = self.cpu_loop() && !cfg.qk_norm && spans.iter().all(|&(_, t)| t == 1);
         let batched = !decode_cpu && self.can_batch_attention(batch);
         let tables = match decode_cpu {
             true => None,
-            false => Some((
-                Tensor::from_slice(&cos_v, (n_tok, half), &self.device)?.to_dtype(act)?,
-                Tensor::from_slice(&sin_v, (n_tok, half), &self.device)?.to_dtype(act)?,
-            )),
+            false => Some(self.phase(recording, Phase::Rope, || {
+                candle_core::Result::Ok((
+                    Tensor::from_slice(&cos_v, (n_tok, half), &self.device)?.to_dtype(act)?,
+                    Tensor::from_slice(&sin_v, (n_tok, half), &self.device)?.to_dtype(act)?,
+                ))
+            })?),
         };
 
         for (l, block) in self.blocks.iter().enumerate() {
             // 2. Project queries, keys and values for all new tokens at once.
-            let h = block.attn_norm.forward(&x)?;
-            let qkv = block.qkv.forward(&h)?;
+            let h = self.phase(recording, Phase::Norms, || block.attn_norm.forward(&x))?;
+            let qkv = self.phase(recording, Phase::Qkv, || block.qkv.forward(&h))?;
             let attn = if decode_cpu {
-                self.decode_attention_cpu(l, &qkv, &cos_v, &sin_v, batch, &steps)?
+                self.phase(recording, Phase::Attention, || {
+                    self.decode_attention_cpu(l, &qkv, &cos_v, &sin_v, batch, &steps)
+                })?
             } else {
-                // 2b. Every head's rows at once, `[q heads + 2·kv heads, tokens, d]`: one copy (none
-                //     for a single token), then views. Queries and keys are rotated in one
-                //     operation where no norm comes between them; splitting q, k and v into their
-                //     own tensors first took five copies and two rotations a layer.
-                let heads = hq + 2 * hkv;
-                let all = qkv
-                    .reshape((n_tok, heads, d))?
-                    .transpose(0, 1)?
-                    .contiguous()?;
-                let v = all.narrow(0, hq + hkv, hkv)?;
-                // 3. Rotate at logical positions: [heads, tokens, d].
+                // 3. Rotate at logical positions. Every head's rows at once, `[q heads + 2·kv heads,
+                //    tokens, d]`: one copy (none for a single token), then views. Queries and keys
+                //    are rotated in one operation where no norm comes between them; splitting q, k
+                //    and v into their own tensors first took five copies and two rotations a layer.
                 let (cos, sin) = tables
                     .as_ref()
                     .expect("rope tables are built for the generic path");
                 let rotated = |x: &Tensor| -> candle_core::Result<Tensor> {
                     self.rope(&x.unsqueeze(0)?, cos, sin)?.squeeze(0)
                 };
-                let (q, k) = match (&block.q_norm, &block.k_norm) {
-                    (Some(qn), Some(kn)) => (
-                        rotated(&qn.forward(&all.narrow(0, 0, hq)?)?)?,
-                        rotated(&kn.forward(&all.narrow(0, hq, hkv)?)?)?,
-                    ),
-                    _ => {
-                        let qk = rotated(&all.narrow(0, 0, hq + hkv)?)?;
-                        (qk.narrow(0, 0, hq)?, qk.narrow(0, hq, hkv)?)
-                    }
-                };
+                let (q, k, v) =
+                    self.phase(recording, Phase::Rope, || -> candle_core::Result<_> {
+                        let heads = hq + 2 * hkv;
+                        let all = qkv
+                            .reshape((n_tok, heads, d))?
+                            .transpose(0, 1)?
+                            .contiguous()?;
+                        let v = all.narrow(0, hq + hkv, hkv)?;
+                        let (q, k) = match (&block.q_norm, &block.k_norm) {
+                            (Some(qn), Some(kn)) => (
+                                rotated(&qn.forward(&all.narrow(0, 0, hq)?)?)?,
+                                rotated(&kn.forward(&all.narrow(0, hq, hkv)?)?)?,
+                            ),
+                            _ => {
+                                let qk = rotated(&all.narrow(0, 0, hq + hkv)?)?;
+                                (qk.narrow(0, 0, hq)?, qk.narrow(0, hq, hkv)?)
+                            }
+                        };
+                        Ok((q, k, v))
+                    })?;
 
                 // 4. A decoding batch attends at once through its pooled caches; otherwise per
                 //    sequence (in parallel across a batch): cache, attend over its own cache, let its
                 //    policy act.
-                if batched {
-                    self.attend_batch(l, &q, &k, &v, batch, &steps)?
-                } else {
-                    // Every new token's query on the host, once for the layer, where a decoding
-                    // sequence needs its own there (the CPU's loop, a sparse-attention policy): off
-                    // the CPU one copy and one wait for the device, not one per sequence.
-                    let host_query = |s: &SeqInput<'_>, t: usize| {
-                        t == 1 && (self.cpu_loop() || s.state.caps.sparse_attention)
-                    };
-                    let q_host = match batch
-                        .iter()
-                        .zip(&spans)
-                        .any(|(s, &(_, t))| host_query(s, t))
-                    {
-                        true => Some(q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
-                        false => None,
-                    };
-                    let work = |((s, &(off, t)), step): (
-                        (&mut SeqInput<'_>, &(usize, usize)),
-                        &StepInfo,
-                    )| {
-                        // This sequence's query, `[heads · d]`, from the layer's `[heads, n_tok, d]`.
-                        let q_vec = match (&q_host, host_query(s, t)) {
-                            (Some(all), true) => Some(
-                                (0..hq)
-                                    .flat_map(|h| &all[(h * n_tok + off) * d..][..d])
-                                    .copied()
-                                    .collect(),
-                            ),
-                            _ => None,
+                self.phase(recording, Phase::Attention, || -> Result<Tensor> {
+                    Ok(if batched {
+                        self.attend_batch(l, &q, &k, &v, batch, &steps)?
+                    } else {
+                        // Every new token's query on the host, once for the layer, where a decoding
+                        // sequence needs its own there (the CPU's loop, a sparse-attention policy): off
+                        // the CPU one copy and one wait for the device, not one per sequence.
+                        let host_query = |s: &SeqInput<'_>, t: usize| {
+                            t == 1 && (self.cpu_loop() || s.state.caps.sparse_attention)
                         };
-                        self.attend_sequence(l, (&q, q_vec), &k, &v, off, t, step, &mut *s.state)
-                    };
-                    // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
-                    let mut outs: Vec<Tensor> = if batch.len() > 1 {
-                        batch
-                            .par_iter_mut()
-                            .zip(spans.par_iter())
-                            .zip(steps.par_iter())
-                            .map(work)
-                            .collect::<candle_core::Result<_>>()?
-                    } else {
-                        batch
-                            .iter_mut()
-                            .zip(spans.iter())
-                            .zip(steps.iter())
-                            .map(work)
-                            .collect::<candle_core::Result<_>>()?
-                    };
-                    if outs.len() == 1 {
-                        outs.pop().expect("one output")
-                    } else {
-                        Tensor::cat(&outs, 0)?
-                    }
-                }
+                        let q_host = match batch
+                            .iter()
+                            .zip(&spans)
+                            .any(|(s, &(_, t))| host_query(s, t))
+                        {
+                            true => Some(q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
+                            false => None,
+                        };
+                        let work = |((s, &(off, t)), step): (
+                            (&mut SeqInput<'_>, &(usize, usize)),
+                            &StepInfo,
+                        )| {
+                            // This sequence's query, `[heads · d]`, from the layer's `[heads, n_tok, d]`.
+                            let q_vec = match (&q_host, host_query(s, t)) {
+                                (Some(all), true) => Some(
+                                    (0..hq)
+                                        .flat_map(|h| &all[(h * n_tok + off) * d..][..d])
+                                        .copied()
+                                        .collect(),
+                                ),
+                                _ => None,
+                            };
+                            self.attend_sequence(
+                                l,
+                                (&q, q_vec),
+                                &k,
+                                &v,
+                                off,
+                                t,
+                                step,
+                                &mut *s.state,
+                            )
+                        };
+                        // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
+                        let mut outs: Vec<Tensor> = if batch.len() > 1 {
+                            batch
+                                .par_iter_mut()
+                                .zip(spans.par_iter())
+                                .zip(steps.par_iter())
+                                .map(work)
+                                .collect::<candle_core::Result<_>>()?
+                        } else {
+                            batch
+                                .iter_mut()
+                                .zip(spans.iter())
+                                .zip(steps.iter())
+                                .map(work)
+                                .collect::<candle_core::Result<_>>()?
+                        };
+                        if outs.len() == 1 {
+                            outs.pop().expect("one output")
+                        } else {
+                            Tensor::cat(&outs, 0)?
+                        }
+                    })
+                })?
             };
 
             // 5. Output projection and MLP over all tokens.
-            x = (x + block.wo.forward(&attn)?)?;
-            let h = block.ffn_norm.forward(&x)?;
-            let gate_up = block.gate_up.forward(&h)?;
+            x = self.phase(recording, Phase::Output, || {
+                x.add(&block.wo.forward(&attn)?)
+            })?;
+            let h = self.phase(recording, Phase::Norms, || block.ffn_norm.forward(&x))?;
+            let gate_up = self.phase(recording, Phase::GateUp, || block.gate_up.forward(&h))?;
             let ffn = cfg.intermediate_size;
-            let act = super::ops::swiglu(&gate_up, ffn)?;
-            x = (x + block.down.forward(&act)?)?;
+            let act = self.phase(recording, Phase::Swiglu, || {
+                super::ops::swiglu(&gate_up, ffn)
+            })?;
+            x = self.phase(recording, Phase::Down, || x.add(&block.down.forward(&act)?))?;
         }
 
         // 6. Bookkeeping (and the budget check), final norm and logits (of each sequence's last token
@@ -542,19 +588,25 @@ impl Transformer {
             s.state.cache.end_step(s.state.seen);
             s.state.check_entry_limits()?;
         }
-        let x = if all_logits {
-            x
-        } else {
-            let last: Vec<u32> = spans.iter().map(|&(off, t)| (off + t - 1) as u32).collect();
-            let n = last.len();
-            x.index_select(&Tensor::from_vec(last, n, &self.device)?, 0)?
-        };
-        let x = self.norm.forward(&x)?;
-        Ok(self
-            .lm_head
-            .forward(&x)?
-            .to_dtype(DType::F32)?
-            .contiguous()?)
+        let logits = self.phase(recording, Phase::Head, || -> Result<Tensor> {
+            let x = if all_logits {
+                x
+            } else {
+                let last: Vec<u32> = spans.iter().map(|&(off, t)| (off + t - 1) as u32).collect();
+                let n = last.len();
+                x.index_select(&Tensor::from_vec(last, n, &self.device)?, 0)?
+            };
+            let x = self.norm.forward(&x)?;
+            Ok(self
+                .lm_head
+                .forward(&x)?
+                .to_dtype(DType::F32)?
+                .contiguous()?)
+        })?;
+        if recording {
+            self.profiler.count_step();
+        }
+        Ok(logits)
     }
 }
 

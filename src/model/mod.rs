@@ -6,6 +6,7 @@ pub mod chat;
 pub mod config;
 pub mod llama;
 pub mod ops;
+pub mod profile;
 pub mod state;
 pub mod tokenizer;
 pub mod weights;

@@ -312,7 +312,8 @@ def speed_batch1(c):
     """Batch-1 decoding with the cache in bf16 (the GPU default) and in f32, f32 activations, the rest
     as the speed step (a bf16 cache is converted to the f32 queries' type at every step); then bf16
     activations (`--activations weights`: no conversion around each product) at batch 1 and the
-    largest speed batch, against the first run of the same call."""
+    largest speed batch, against the first run of the same call. Each with `--profile`: one more run
+    that waits for the device after every phase of every layer, to say where a step's time goes."""
     s = speed_shapes(c)
     res = {"shapes": s}
     runs = [("bf16", "bf16", "f32", [1]), ("f32", "f32", "f32", [1]),
@@ -322,7 +323,7 @@ def speed_batch1(c):
         c.kv("perf", "--model", s["model"], "--device", c.args.device, "--kv-type", kv_type, "--activations",
              activations, "--prompt-tokens", s["prompt"], "--decode-prompt-tokens", s["prompt"], "--decode-tokens",
              s["decode"], "--batch", ",".join(map(str, batches)), "--policy", "full", "--warmup", 1,
-             "--warmup-tokens", 16, "--repeats", 1, "--no-bandwidth", "--export-json", path)
+             "--warmup-tokens", 16, "--repeats", 1, "--no-bandwidth", "--profile", "--export-json", path)
         res[name] = json.loads(path.read_text())
         c.save()
     return res
@@ -499,7 +500,7 @@ def main():
         "speed_transformers": (60, speed_transformers),
         "speed_compressed": (150, speed_compressed),
         "long_outputs": (150, long_outputs),
-        "speed_batch1": (60, speed_batch1),
+        "speed_batch1": (75, speed_batch1),
     }
     steps = args.steps.split(",")
     unknown = [name for name in steps if name not in plan]

@@ -399,7 +399,7 @@ fn perf_profile_prints_and_exports_a_decoding_step_s_phases() {
             "--model",
             "random:tiny",
             "--batch",
-            "1,2",
+            "1,2,1",
             "--decode-prompt-tokens",
             "8",
             "--decode-tokens",
@@ -429,6 +429,7 @@ fn perf_profile_prints_and_exports_a_decoding_step_s_phases() {
     };
     let (out, profiles) = perf(&dir.join("p.json"), &["--profile"]);
     assert!(out.contains("| decode | embed | norms | qkv"), "{out}");
+    // One row per batch size (1 given twice).
     assert_eq!(profiles.len(), 2);
     for p in &profiles {
         assert_eq!(p["steps"], 4, "{p}");

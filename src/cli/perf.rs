@@ -315,7 +315,13 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     let decode_prompt = prompt_of(&model, args.decode_prompt_tokens)?;
     let mut profiles = Vec::new();
     for spec in &specs {
-        let mut batches = args.batch.clone();
+        // Each batch size once, in the order given (`--batch 1,1` is not two measurements).
+        let mut batches: Vec<usize> = Vec::new();
+        for &b in &args.batch {
+            if !batches.contains(&b) {
+                batches.push(b);
+            }
+        }
         let mut fit = None;
         if let Some(limit) = args.mem_limit {
             let one = measure_decode(&model, spec, &decode_prompt, 1, &args)?;

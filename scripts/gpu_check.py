@@ -70,15 +70,17 @@ class Check:
         tmp.write_text(json.dumps(self.results, indent=2, default=str))
         tmp.replace(path)
 
-    def kv(self, *argv, timeout=None, check=True):
-        """Runs kvbench; returns its standard output."""
+    def kv(self, *argv, timeout=None, check=True, env=None):
+        """Runs kvbench (with `env` added to the environment); returns its standard output."""
         cmd = [self.args.kvbench, *map(str, argv)]
         left = self.args.deadline - now()
         timeout = min(timeout or left, max(left, 1))
         t = time.time()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **(env or {})})
         log = self.results.setdefault("commands", [])
-        log.append({"cmd": " ".join(cmd), "rc": p.returncode, "secs": round(time.time() - t, 1)})
+        shown = " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *cmd])
+        log.append({"cmd": shown, "rc": p.returncode, "secs": round(time.time() - t, 1)})
         if check and p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-2000:]}")
         return p.stdout
@@ -312,18 +314,23 @@ def speed_batch1(c):
     """Batch-1 decoding with the cache in bf16 (the GPU default) and in f32, f32 activations, the rest
     as the speed step (a bf16 cache is converted to the f32 queries' type at every step); then bf16
     activations (`--activations weights`: no conversion around each product) at batch 1 and the
-    largest speed batch, against the first run of the same call. Each with `--profile`: one more run
-    that waits for the device after every phase of every layer, to say where a step's time goes."""
+    largest speed batch, against the first run of the same call, and the same with the logits copied to
+    the host for the greedy choice (`KVBENCH_HOST_LOGITS`, kvbench before the device chose them). Each
+    with `--profile`: one more run that waits for the device after every phase of every layer, to say
+    where a step's time goes."""
     s = speed_shapes(c)
     res = {"shapes": s}
-    runs = [("bf16", "bf16", "f32", [1]), ("f32", "f32", "f32", [1]),
-            ("bf16_activations", "bf16", "weights", [1, s["batches"][-1]])]
-    for name, kv_type, activations, batches in runs:
+    largest = [1, s["batches"][-1]]
+    host_logits = {"KVBENCH_HOST_LOGITS": "1"}
+    runs = [("bf16", "bf16", "f32", [1], None), ("f32", "f32", "f32", [1], None),
+            ("bf16_activations", "bf16", "weights", largest, None),
+            ("bf16_activations_host_logits", "bf16", "weights", largest, host_logits)]
+    for name, kv_type, activations, batches, env in runs:
         path = c.out / f"perf_batch1_{name}.json"
         c.kv("perf", "--model", s["model"], "--device", c.args.device, "--kv-type", kv_type, "--activations",
              activations, "--prompt-tokens", s["prompt"], "--decode-prompt-tokens", s["prompt"], "--decode-tokens",
              s["decode"], "--batch", ",".join(map(str, batches)), "--policy", "full", "--warmup", 1,
-             "--warmup-tokens", 16, "--repeats", 1, "--no-bandwidth", "--profile", "--export-json", path)
+             "--warmup-tokens", 16, "--repeats", 1, "--no-bandwidth", "--profile", "--export-json", path, env=env)
         res[name] = json.loads(path.read_text())
         c.save()
     return res
@@ -500,7 +507,7 @@ def main():
         "speed_transformers": (60, speed_transformers),
         "speed_compressed": (150, speed_compressed),
         "long_outputs": (150, long_outputs),
-        "speed_batch1": (75, speed_batch1),
+        "speed_batch1": (90, speed_batch1),
     }
     steps = args.steps.split(",")
     unknown = [name for name in steps if name not in plan]

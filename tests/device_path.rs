@@ -469,3 +469,57 @@ fn profiling_a_decoding_step_records_every_phase_and_changes_no_logit() {
         }
     }
 }
+
+/// Greedy decoding off the CPU's loop chooses each step's tokens on the device
+/// (`generate::device_greedy`): a batch decoded so gives the CPU loop's tokens (which samples on the
+/// host) under every policy, and so do the greedy sequences of a batch with one sampling sequence in
+/// it, which takes the logits to the host for all. (The sampling sequence itself is left out: a draw
+/// at a temperature may turn on a logit's last bits, which the two paths round differently.)
+#[test]
+fn greedy_tokens_chosen_on_the_device_path_are_the_cpu_loop_s() {
+    use kvbench::generate::{generate_batch, Request, SamplingParams};
+    kvbench::init_threads(None).unwrap();
+    let (cpu, device_path) = (tiny_random(false), tiny_random(true));
+    assert!(device_path.transformer.greedy_on_device() && !cpu.transformer.greedy_on_device());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let (prompts, _) = batch_inputs(&mut rng);
+    for spec in common::compressing_specs() {
+        for sampled in [None, Some(1)] {
+            let run = |m: &kvbench::model::Model| {
+                let ctx = m.policy_context(&spec, 40);
+                let requests = prompts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| Request {
+                        prompt: p.clone(),
+                        sampling: match sampled == Some(i) {
+                            true => SamplingParams {
+                                temperature: 0.8,
+                                top_p: 0.9,
+                                seed: 5,
+                            },
+                            false => SamplingParams::greedy(),
+                        },
+                        max_new_tokens: 40,
+                        policy: spec.build(&ctx).unwrap(),
+                        trace: false,
+                        kv_type: Some(KvType::F32),
+                    })
+                    .collect();
+                generate_batch(&m.transformer, requests, &[], &mut |_, _| {})
+                    .unwrap()
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| sampled != Some(*i))
+                    .map(|(_, g)| g.tokens)
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                run(&device_path),
+                run(&cpu),
+                "{} (sampling sequence: {sampled:?})",
+                spec.name()
+            );
+        }
+    }
+}

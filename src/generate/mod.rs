@@ -7,6 +7,7 @@
 //! the same tokens as running each sequence alone (a test checks it on f32 weights). Copies of one
 //! request can share its prefill ([`generate_copies`]).
 
+pub mod device_greedy;
 pub mod fidelity;
 pub mod sampler;
 
@@ -259,6 +260,7 @@ fn generate(
                 .collect()
         }
     }
+    let greedy_on_device = model.greedy_on_device();
     let decode_start = Instant::now();
     for s in seqs.iter_mut() {
         s.decode_start = decode_start;
@@ -288,10 +290,28 @@ fn generate(
             }
             model.forward(&mut inputs)?
         };
-        let logits = logits.to_vec2::<f32>()?;
+        // Greedy sequences off the CPU's loop have their tokens chosen on the device (only the ids
+        // are copied); otherwise, or where a logit is not finite, the logits come to the host.
+        enum Choice {
+            Tokens(Vec<u32>),
+            Logits(Vec<Vec<f32>>),
+        }
+        let all_greedy = active.iter().all(|&i| seqs[i].sampler.is_greedy());
+        let choice = match all_greedy && greedy_on_device {
+            true => device_greedy::greedy_tokens(&logits)?.map(Choice::Tokens),
+            false => None,
+        };
+        let choice = match choice {
+            Some(c) => c,
+            None => Choice::Logits(logits.to_vec2::<f32>()?),
+        };
         let step = step_start.elapsed().as_secs_f32();
         device_memory.sample(model.device());
-        let mut drawn = draw_all(&mut seqs, &logits).into_iter();
+        let mut drawn = match choice {
+            Choice::Tokens(tokens) => tokens.into_iter().map(Ok).collect(),
+            Choice::Logits(l) => draw_all(&mut seqs, &l),
+        }
+        .into_iter();
         for &i in &active {
             seqs[i].step_secs.push(step);
             let s = &mut seqs[i];

@@ -294,6 +294,14 @@ impl Transformer {
         self.batched_attention = on;
     }
 
+    /// Whether a decoding step's logits are chosen from where they are computed
+    /// ([`crate::generate::device_greedy`]) rather than copied to the host first: off the CPU's own
+    /// loop (on a GPU, or the path it takes run on the CPU), unless `KVBENCH_HOST_LOGITS` is set (to
+    /// compare the two in one call).
+    pub fn greedy_on_device(&self) -> bool {
+        !self.cpu_loop() && std::env::var_os("KVBENCH_HOST_LOGITS").is_none()
+    }
+
     /// Whether this model attends with the CPU's own loop (which reads f32 activations).
     fn cpu_loop(&self) -> bool {
         self.device.is_cpu() && !self.generic_attention && self.activations == DType::F32

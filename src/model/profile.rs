@@ -160,7 +160,7 @@ mod tests {
     fn a_phase_is_recorded_only_while_recording() {
         let p = Profiler::default();
         let dev = candle_core::Device::Cpu;
-        let slow = || {
+        let slow = || -> candle_core::Result<()> {
             std::thread::sleep(Duration::from_millis(2));
             Ok(())
         };

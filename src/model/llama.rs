@@ -508,71 +508,9 @@ impl Transformer {
                 // 4. A decoding batch attends at once through its pooled caches; otherwise per
                 //    sequence (in parallel across a batch): cache, attend over its own cache, let its
                 //    policy act.
-                self.phase(recording, Phase::Attention, || -> Result<Tensor> {
-                    Ok(if batched {
-                        self.attend_batch(l, &q, &k, &v, batch, &steps)?
-                    } else {
-                        // Every new token's query on the host, once for the layer, where a decoding
-                        // sequence needs its own there (the CPU's loop, a sparse-attention policy): off
-                        // the CPU one copy and one wait for the device, not one per sequence.
-                        let host_query = |s: &SeqInput<'_>, t: usize| {
-                            t == 1 && (self.cpu_loop() || s.state.caps.sparse_attention)
-                        };
-                        let q_host = match batch
-                            .iter()
-                            .zip(&spans)
-                            .any(|(s, &(_, t))| host_query(s, t))
-                        {
-                            true => Some(q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
-                            false => None,
-                        };
-                        let work = |((s, &(off, t)), step): (
-                            (&mut SeqInput<'_>, &(usize, usize)),
-                            &StepInfo,
-                        )| {
-                            // This sequence's query, `[heads · d]`, from the layer's `[heads, n_tok, d]`.
-                            let q_vec = match (&q_host, host_query(s, t)) {
-                                (Some(all), true) => Some(
-                                    (0..hq)
-                                        .flat_map(|h| &all[(h * n_tok + off) * d..][..d])
-                                        .copied()
-                                        .collect(),
-                                ),
-                                _ => None,
-                            };
-                            self.attend_sequence(
-                                l,
-                                (&q, q_vec),
-                                &k,
-                                &v,
-                                off,
-                                t,
-                                step,
-                                &mut *s.state,
-                            )
-                        };
-                        // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
-                        let mut outs: Vec<Tensor> = if batch.len() > 1 {
-                            batch
-                                .par_iter_mut()
-                                .zip(spans.par_iter())
-                                .zip(steps.par_iter())
-                                .map(work)
-                                .collect::<candle_core::Result<_>>()?
-                        } else {
-                            batch
-                                .iter_mut()
-                                .zip(spans.iter())
-                                .zip(steps.iter())
-                                .map(work)
-                                .collect::<candle_core::Result<_>>()?
-                        };
-                        if outs.len() == 1 {
-                            outs.pop().expect("one output")
-                        } else {
-                            Tensor::cat(&outs, 0)?
-                        }
-                    })
+                self.phase(recording, Phase::Attention, || match batched {
+                    true => self.attend_batch(l, &q, &k, &v, batch, &steps),
+                    false => self.attend_each(l, (&q, &k, &v), batch, &spans, &steps),
                 })?
             };
 
@@ -619,6 +557,67 @@ impl Transformer {
 }
 
 impl Transformer {
+    /// Layer `l`'s attention one sequence at a time (in parallel across a batch): each appends its
+    /// new keys and values, attends over its own cache and lets its policy act
+    /// ([`Self::attend_sequence`]). `q`, `k`, `v` are every new token's, `[heads, tokens, d]`;
+    /// `spans` each sequence's `(first token, tokens)`. Returns `[tokens, heads·d]`.
+    fn attend_each(
+        &self,
+        l: usize,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        batch: &mut [SeqInput<'_>],
+        spans: &[(usize, usize)],
+        steps: &[StepInfo],
+    ) -> candle_core::Result<Tensor> {
+        let cfg = &self.config;
+        let (hq, d) = (cfg.num_heads, cfg.head_dim);
+        let n_tok = q.dim(1)?;
+        // Every new token's query on the host, once for the layer, where a decoding sequence needs
+        // its own there (the CPU's loop, a sparse-attention policy): off the CPU one copy and one
+        // wait for the device, not one per sequence.
+        let host_query = |s: &SeqInput<'_>, t: usize| {
+            t == 1 && (self.cpu_loop() || s.state.caps.sparse_attention)
+        };
+        let q_host = match batch.iter().zip(spans).any(|(s, &(_, t))| host_query(s, t)) {
+            true => Some(q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
+            false => None,
+        };
+        let work = |((s, &(off, t)), step): ((&mut SeqInput<'_>, &(usize, usize)), &StepInfo)| {
+            // This sequence's query, `[heads · d]`, from the layer's `[heads, n_tok, d]`.
+            let q_vec = match (&q_host, host_query(s, t)) {
+                (Some(all), true) => Some(
+                    (0..hq)
+                        .flat_map(|h| &all[(h * n_tok + off) * d..][..d])
+                        .copied()
+                        .collect(),
+                ),
+                _ => None,
+            };
+            self.attend_sequence(l, (q, q_vec), k, v, off, t, step, &mut *s.state)
+        };
+        // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
+        let mut outs: Vec<Tensor> = if batch.len() > 1 {
+            batch
+                .par_iter_mut()
+                .zip(spans.par_iter())
+                .zip(steps.par_iter())
+                .map(work)
+                .collect::<candle_core::Result<_>>()?
+        } else {
+            batch
+                .iter_mut()
+                .zip(spans.iter())
+                .zip(steps.iter())
+                .map(work)
+                .collect::<candle_core::Result<_>>()?
+        };
+        if outs.len() == 1 {
+            Ok(outs.pop().expect("one output"))
+        } else {
+            Tensor::cat(&outs, 0)
+        }
+    }
+
     /// One sequence's part of layer `l`: append its new keys and values, attend over its cache, update
     /// its query window, run its policy. `q` is every new token's query, `[heads, tokens, d]`, with
     /// this sequence's own on the host (`[heads · d]`) where it decodes on the CPU's loop or under a

@@ -446,3 +446,52 @@ fn perf_profile_prints_and_exports_a_decoding_step_s_phases() {
     assert!(profiles.iter().all(|p| p.is_null()), "{profiles:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A bf16 checkpoint on the CPU (`--weights auto`) multiplies in kvbench's bf16 product: its logits
+/// are the widened matrices' (`--weights f32`) to float rounding, prefill and decoding steps alike
+/// (candle's bf16 product, before, rounded the activations to bf16: 4.4e-3 here).
+#[test]
+fn bf16_weights_on_the_cpu_compute_as_their_f32_widening() {
+    use kvbench::model::weights::WeightFormat;
+    use kvbench::model::{LoadOptions, Model};
+    kvbench::init_threads(None).unwrap();
+    let load = |format| {
+        Model::load(
+            "random:tiny@6",
+            &LoadOptions {
+                format,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let (stored, widened) = (load(WeightFormat::Auto), load(WeightFormat::F32));
+    assert_eq!(
+        stored.transformer.weight_bytes() * 2,
+        widened.transformer.weight_bytes(),
+        "bf16 weights are held in their two bytes"
+    );
+    let logits = |m: &Model| {
+        let mut state = m
+            .transformer
+            .new_state(Box::new(kvbench::policy::Full))
+            .unwrap();
+        let mut out = vec![common::logits_of(
+            m,
+            &mut state,
+            &(0..37).collect::<Vec<u32>>(),
+        )];
+        for t in [5u32, 900, 4095, 17] {
+            out.push(common::logits_of(m, &mut state, &[t]));
+        }
+        out
+    };
+    let (a, b) = (logits(&stored), logits(&widened));
+    let worst = a
+        .iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "largest logit difference {worst}");
+}

@@ -2,10 +2,12 @@
 //!
 //! By default ([`WeightFormat::Auto`]) every GGUF matrix stays in the file's own quantized blocks,
 //! resident once, and kvbench's kernels ([`crate::kernels`]) multiply from them for decoding and prefill
-//! alike; float tensors keep their stored type. No f32 or requantized copy is made unless asked for
+//! alike; float tensors keep their stored type (bf16 ones on the CPU in kvbench's bf16 product,
+//! [`crate::kernels::bf16`]). No f32 or requantized copy is made unless asked for
 //! (`--weights f32|q8`). candle's quantized product serves the formats kvbench has no kernel for, other
 //! devices, and `--weights native` (the reference path, equal to candle-transformers' models).
 
+use crate::kernels::bf16::Bf16Matrix;
 use crate::kernels::{BlockFormat, QMatrix, WeightBytes};
 use crate::loading::source::RawTensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -48,6 +50,9 @@ enum Weight {
     Candle(QMatMul),
     /// A float matrix transposed to `[in, out]` in its stored type: gemm reads it in place.
     Dense(Tensor),
+    /// A bf16 matrix `[out, in]` on the CPU, in kvbench's product ([`crate::kernels::bf16`]):
+    /// candle's bf16 product there was most of a decoding step's time.
+    Bf16(Arc<Bf16Matrix>),
 }
 
 impl Weight {
@@ -73,6 +78,13 @@ impl Weight {
             return Ok(Weight::Candle(QMatMul::from_arc(Arc::new(q))?));
         }
         if let Some(t) = raw.to_float(device)? {
+            if format == WeightFormat::Auto && own_kernels && t.dtype() == DType::BF16 {
+                let (n, k) = t.dims2()?;
+                let values = t.flatten_all()?.to_vec1::<half::bf16>()?;
+                let bits = values.into_iter().map(|v| v.to_bits()).collect();
+                let m = Bf16Matrix::new(bits, n, k).map_err(candle_core::Error::Msg)?;
+                return Ok(Weight::Bf16(Arc::new(m)));
+            }
             return Weight::dense(t);
         }
         let dims = raw.dims2()?;
@@ -127,6 +139,15 @@ impl Weight {
                 Tensor::from_vec(y, (rows, q.rows()), x.device())
             }
             Weight::Candle(q) => q.forward(x),
+            Weight::Bf16(m) => {
+                let rows = x.dim(0)?;
+                let x32 = x.to_dtype(DType::F32)?;
+                let y = match super::ops::with_f32_slice(&x32, |input| m.matmul(input, rows)) {
+                    Some(y) => y,
+                    None => m.matmul(&x32.contiguous()?.flatten_all()?.to_vec1::<f32>()?, rows),
+                };
+                Tensor::from_vec(y, (rows, m.rows()), x.device())?.to_dtype(dtype)
+            }
             Weight::Dense(wt) if wt.dtype() == dtype => x.matmul(wt),
             Weight::Dense(wt) => x.to_dtype(wt.dtype())?.matmul(wt)?.to_dtype(dtype),
         }
@@ -140,6 +161,7 @@ impl Weight {
                 t.dims2()?.0
             }
             Weight::Dense(wt) => wt.dims2()?.1,
+            Weight::Bf16(m) => m.rows(),
         })
     }
 
@@ -151,6 +173,7 @@ impl Weight {
                 t.elem_count() * t.dtype().size_in_bytes()
             }
             Weight::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Weight::Bf16(m) => m.bytes(),
         }
     }
 }
@@ -183,6 +206,11 @@ impl Linear {
                     let stacked = QMatrix::stack(vec![owned(prev), owned(next)])
                         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
                     built.push(Weight::Own(Arc::new(stacked)));
+                }
+                (Some(Weight::Bf16(prev)), Weight::Bf16(next)) => {
+                    let prev = Arc::try_unwrap(prev).unwrap_or_else(|m| (*m).clone());
+                    let stacked = prev.stacked(&next).map_err(candle_core::Error::Msg)?;
+                    built.push(Weight::Bf16(Arc::new(stacked)));
                 }
                 // Float matrices of one type (a checkpoint's separate q, k and v, or gate and up),
                 // `[in, out]` each, side by side: one product, not one per part and a concatenation
@@ -230,6 +258,7 @@ impl Linear {
     pub fn float_dtype(&self) -> Option<DType> {
         let mut types = self.parts.iter().map(|p| match p {
             Weight::Dense(t) => Some(t.dtype()),
+            Weight::Bf16(_) => Some(DType::BF16),
             _ => None,
         });
         let first = types.next()??;

@@ -77,7 +77,7 @@ impl Bf16Matrix {
         assert_eq!(x.len(), n * self.cols, "bf16 matmul: activations' shape");
         let mut out = vec![0f32; n * self.rows];
         let tasks = self.rows.div_ceil(ROWS_PER_TASK);
-        let out_ptr = SendPtr(out.as_mut_ptr());
+        let out_cols = crate::kernels::output::Out::new(&mut out, self.rows);
         let dot = dot_for_this_cpu();
         let task = |_: &mut (), t: usize| {
             let r0 = t * ROWS_PER_TASK;
@@ -88,9 +88,9 @@ impl Bf16Matrix {
                     let w = &self.bits[r * self.cols..(r + 1) * self.cols];
                     for i in i0..i1 {
                         let v = dot(&x[i * self.cols..(i + 1) * self.cols], w);
-                        // SAFETY: task `t` alone writes columns r0..r1 of every output row, and
-                        // `out` outlives the call that runs the tasks.
-                        unsafe { *out_ptr.get().add(i * self.rows + r) = v };
+                        // SAFETY: (i, r) is inside the `n × rows` output, and task `t` alone
+                        // writes columns r0..r1.
+                        unsafe { out_cols.set(i, r, v) };
                     }
                 }
             }
@@ -101,20 +101,6 @@ impl Bf16Matrix {
             crate::parallel::for_each_init_on_team(tasks, || (), task);
         }
         out
-    }
-}
-
-/// A pointer the tasks share; each writes its own elements.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: the tasks write disjoint elements (see `Bf16Matrix::matmul`).
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }
 

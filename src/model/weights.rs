@@ -436,8 +436,9 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
-        // On the CPU only f32 parts are joined (see `Linear::new`); the bf16 case is what a GPU joins.
-        for dtype in [DType::F32] {
+        // On the CPU f32 parts join as one dense matrix, bf16 ones as one matrix of kvbench's bf16
+        // product.
+        for dtype in [DType::F32, DType::BF16] {
             let parts = || {
                 vec![
                     part(16, inp, 1, dtype),

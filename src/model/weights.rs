@@ -215,9 +215,10 @@ impl Linear {
                 // Float matrices of one type (a checkpoint's separate q, k and v, or gate and up),
                 // `[in, out]` each, side by side: one product, not one per part and a concatenation
                 // of their outputs (on a GPU, five launches a layer fewer; the small k and v
-                // products were the least efficient). Not 16-bit ones on the CPU: candle's bf16
-                // product there was slower on the wider matrix (random:qwen2.5-coder-0.5b, batch 1:
-                // 1.3 tok/s against 2.1-2.2 apart; f32 the same either way).
+                // products were the least efficient). Not 16-bit ones on the CPU (f16 there, bf16
+                // ones being kvbench's, above): candle's 16-bit product was slower on the wider
+                // matrix (measured in bf16, random:qwen2.5-coder-0.5b, batch 1: 1.3 tok/s against
+                // 2.1-2.2 apart; f32 the same either way).
                 (Some(Weight::Dense(prev)), Weight::Dense(next))
                     if dense_parts_join(&prev, &next, device.is_cpu())? =>
                 {

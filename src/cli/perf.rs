@@ -462,7 +462,7 @@ fn print_profiles(profiles: &[(String, PhaseTimes, f64, f64)]) {
             .iter()
             .map(|&p| cell(times.per_step_secs(p), *profiled))
             .collect();
-        let rest = (profiled - times.sum_per_step_secs()).max(0.0);
+        let rest = times.rest_secs(*profiled);
         println!(
             "| {label} | {} | {} | {:.3} ms | {:.3} ms |",
             phases.join(" | "),
@@ -482,7 +482,7 @@ fn profile_json(times: &PhaseTimes, profiled: f64, unprofiled: f64) -> serde_jso
     serde_json::json!({
         "steps": times.steps,
         "phases_secs_per_step": phases,
-        "rest_secs_per_step": (profiled - times.sum_per_step_secs()).max(0.0),
+        "rest_secs_per_step": times.rest_secs(profiled),
         "profiled_secs_per_step": profiled,
         "unprofiled_secs_per_step": unprofiled,
     })

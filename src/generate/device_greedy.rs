@@ -12,25 +12,28 @@
 use candle_core::{DType, Tensor};
 
 /// Each row's greedy token, or `None` when any logit of any row is NaN or infinite (the caller then
-/// samples on the host, which names the first such logit).
+/// samples on the host, which names the first such logit). One copy to the host: the ids, a row with
+/// such a logit marked by the id `vocab`.
 pub fn greedy_tokens(logits: &Tensor) -> candle_core::Result<Option<Vec<u32>>> {
     let (rows, vocab) = logits.dims2()?;
     let logits = logits.to_dtype(DType::F32)?;
-    // `x − x` is exactly 0 for every finite x and NaN for NaN and ±∞: the sum is NaN iff one is.
-    let finite = logits.sub(&logits)?.sum_all()?;
     let device = logits.device();
+    let sentinel = Tensor::new(vocab as u32, device)?;
     // The lowest id holding the row's maximum: ids where the maximum is, `vocab` elsewhere, the least.
     let max = logits.max_keepdim(1)?;
     let hit = logits.broadcast_eq(&max)?;
     let ids = Tensor::arange(0u32, vocab as u32, device)?
         .unsqueeze(0)?
         .broadcast_as((rows, vocab))?;
-    let elsewhere = Tensor::new(vocab as u32, device)?.broadcast_as((rows, vocab))?;
-    let first = hit.where_cond(&ids, &elsewhere)?.min(1)?;
-    if finite.to_scalar::<f32>()?.is_nan() {
-        return Ok(None);
-    }
-    first.to_vec1::<u32>().map(Some)
+    let first = hit
+        .where_cond(&ids, &sentinel.broadcast_as((rows, vocab))?)?
+        .min(1)?;
+    // `x − x` is exactly 0 for every finite x and NaN for NaN and ±∞: a row's sum is 0 iff all its
+    // logits are finite.
+    let finite = logits.sub(&logits)?.sum(1)?.eq(0f32)?;
+    let chosen = finite.where_cond(&first, &sentinel.broadcast_as(rows)?)?;
+    let chosen = chosen.to_vec1::<u32>()?;
+    Ok((!chosen.contains(&(vocab as u32))).then_some(chosen))
 }
 
 #[cfg(test)]

@@ -92,6 +92,12 @@ impl PhaseTimes {
     pub fn sum_per_step_secs(&self) -> f64 {
         Phase::ALL.iter().map(|&p| self.per_step_secs(p)).sum()
     }
+
+    /// What a step of `step_secs` spent outside the phases (logits to the host, sampling,
+    /// bookkeeping), in seconds; never below 0.
+    pub fn rest_secs(&self, step_secs: f64) -> f64 {
+        (step_secs - self.sum_per_step_secs()).max(0.0)
+    }
 }
 
 /// A forward pass's phase clock: off unless [`Profiler::set`] turned it on.

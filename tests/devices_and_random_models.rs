@@ -447,51 +447,74 @@ fn perf_profile_prints_and_exports_a_decoding_step_s_phases() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A bf16 checkpoint on the CPU (`--weights auto`) multiplies in kvbench's bf16 product: its logits
-/// are the widened matrices' (`--weights f32`) to float rounding, prefill and decoding steps alike
-/// (candle's bf16 product, before, rounded the activations to bf16: 4.4e-3 here).
+/// A 16-bit checkpoint on the CPU (`--weights auto`), bf16 or f16, multiplies in kvbench's 16-bit
+/// product: its logits are the widened matrices' (`--weights f32`) to float rounding, prefill and
+/// decoding steps alike (candle's 16-bit products, before, rounded the activations to 16 bits: 4.4e-3
+/// here in bf16). The f16 checkpoint is the random model exported and narrowed to f16.
 #[test]
-fn bf16_weights_on_the_cpu_compute_as_their_f32_widening() {
+fn sixteen_bit_weights_on_the_cpu_compute_as_their_f32_widening() {
+    use candle_core::DType;
     use kvbench::model::weights::WeightFormat;
     use kvbench::model::{LoadOptions, Model};
     kvbench::init_threads(None).unwrap();
-    let load = |format| {
-        Model::load(
-            "random:tiny@6",
-            &LoadOptions {
-                format,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    };
-    let (stored, widened) = (load(WeightFormat::Auto), load(WeightFormat::F32));
-    assert_eq!(
-        stored.transformer.weight_bytes() * 2,
-        widened.transformer.weight_bytes(),
-        "bf16 weights are held in their two bytes"
-    );
-    let logits = |m: &Model| {
-        let mut state = m
-            .transformer
-            .new_state(Box::new(kvbench::policy::Full))
-            .unwrap();
-        let mut out = vec![common::logits_of(
-            m,
-            &mut state,
-            &(0..37).collect::<Vec<u32>>(),
-        )];
-        for t in [5u32, 900, 4095, 17] {
-            out.push(common::logits_of(m, &mut state, &[t]));
-        }
-        out
-    };
-    let (a, b) = (logits(&stored), logits(&widened));
-    let worst = a
-        .iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
-    assert!(worst < 1e-4, "largest logit difference {worst}");
+    let dir = temp("f16-checkpoint");
+    ok(&kvbench(&[
+        "models",
+        "--export",
+        "random:tiny@6",
+        dir.to_str().unwrap(),
+    ]));
+    let file = dir.join("model.safetensors");
+    let narrowed: std::collections::HashMap<String, candle_core::Tensor> =
+        candle_core::safetensors::load(&file, &candle_core::Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .map(|(name, t)| (name, t.to_dtype(DType::F16).unwrap()))
+            .collect();
+    candle_core::safetensors::save(&narrowed, &file).unwrap();
+    for (model, dtype) in [
+        ("random:tiny@6", DType::BF16),
+        (dir.to_str().unwrap(), DType::F16),
+    ] {
+        let load = |format| {
+            Model::load(
+                model,
+                &LoadOptions {
+                    format,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        let (stored, widened) = (load(WeightFormat::Auto), load(WeightFormat::F32));
+        assert_eq!(
+            stored.transformer.weight_bytes() * 2,
+            widened.transformer.weight_bytes(),
+            "{dtype:?} weights are held in their two bytes"
+        );
+        let logits = |m: &Model| {
+            let mut state = m
+                .transformer
+                .new_state(Box::new(kvbench::policy::Full))
+                .unwrap();
+            let mut out = vec![common::logits_of(
+                m,
+                &mut state,
+                &(0..37).collect::<Vec<u32>>(),
+            )];
+            for t in [5u32, 900, 4095, 17] {
+                out.push(common::logits_of(m, &mut state, &[t]));
+            }
+            out
+        };
+        let (a, b) = (logits(&stored), logits(&widened));
+        let worst = a
+            .iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{dtype:?}: largest logit difference {worst}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -22,8 +22,8 @@
 //! - [`aligned`], [`output`], [`error`], [`weight_bytes`]: the buffers, the output, the errors and the
 //!   memory the weights live in (2 MiB pages where the OS lends them).
 //!
-//! Beside them, [`bf16`]: products with a checkpoint's bf16 matrices, widened on the fly (float
-//! weights, not blocks; the activations stay f32).
+//! Beside them, [`float16`]: products with a checkpoint's bf16 and f16 matrices, widened on the fly
+//! (float weights, not blocks; the activations stay f32).
 //!
 //! Imports only go down this list (no module imports one that imports it back; a test checks), and
 //! every `unsafe fn` says what its caller must guarantee (`# Safety`).
@@ -32,10 +32,10 @@
 
 pub mod acts;
 pub mod aligned;
-pub mod bf16;
 pub mod dispatch;
 pub mod driver;
 pub mod error;
+pub mod float16;
 pub mod format;
 pub mod kquants;
 pub mod legacy;

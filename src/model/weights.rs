@@ -2,12 +2,12 @@
 //!
 //! By default ([`WeightFormat::Auto`]) every GGUF matrix stays in the file's own quantized blocks,
 //! resident once, and kvbench's kernels ([`crate::kernels`]) multiply from them for decoding and prefill
-//! alike; float tensors keep their stored type (bf16 ones on the CPU in kvbench's bf16 product,
-//! [`crate::kernels::bf16`]). No f32 or requantized copy is made unless asked for
+//! alike; float tensors keep their stored type (bf16 and f16 ones on the CPU in kvbench's 16-bit
+//! product, [`crate::kernels::float16`]). No f32 or requantized copy is made unless asked for
 //! (`--weights f32|q8`). candle's quantized product serves the formats kvbench has no kernel for, other
 //! devices, and `--weights native` (the reference path, equal to candle-transformers' models).
 
-use crate::kernels::bf16::Bf16Matrix;
+use crate::kernels::float16::{Float16, Float16Matrix};
 use crate::kernels::{BlockFormat, QMatrix, WeightBytes};
 use crate::loading::source::RawTensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -50,9 +50,9 @@ enum Weight {
     Candle(QMatMul),
     /// A float matrix transposed to `[in, out]` in its stored type: gemm reads it in place.
     Dense(Tensor),
-    /// A bf16 matrix `[out, in]` on the CPU, in kvbench's product ([`crate::kernels::bf16`]):
-    /// candle's bf16 product there was most of a decoding step's time.
-    Bf16(Arc<Bf16Matrix>),
+    /// A bf16 or f16 matrix `[out, in]` on the CPU, in kvbench's product
+    /// ([`crate::kernels::float16`]): candle's 16-bit products there were most of a decoding step.
+    Float16(Arc<Float16Matrix>),
 }
 
 impl Weight {
@@ -78,12 +78,23 @@ impl Weight {
             return Ok(Weight::Candle(QMatMul::from_arc(Arc::new(q))?));
         }
         if let Some(t) = raw.to_float(device)? {
-            if format == WeightFormat::Auto && own_kernels && t.dtype() == DType::BF16 {
+            if format == WeightFormat::Auto && own_kernels {
+                use half::vec::HalfFloatVecExt;
                 let (n, k) = t.dims2()?;
-                let values = t.flatten_all()?.to_vec1::<half::bf16>()?;
-                let bits = values.into_iter().map(|v| v.to_bits()).collect();
-                let m = Bf16Matrix::new(bits, n, k).map_err(candle_core::Error::Msg)?;
-                return Ok(Weight::Bf16(Arc::new(m)));
+                let flat = t.flatten_all()?;
+                let (kind, bits) = match t.dtype() {
+                    DType::BF16 => (
+                        Float16::Bf16,
+                        flat.to_vec1::<half::bf16>()?.reinterpret_into(),
+                    ),
+                    DType::F16 => (
+                        Float16::F16,
+                        flat.to_vec1::<half::f16>()?.reinterpret_into(),
+                    ),
+                    _ => return Weight::dense(t),
+                };
+                let m = Float16Matrix::new(kind, bits, n, k).map_err(candle_core::Error::Msg)?;
+                return Ok(Weight::Float16(Arc::new(m)));
             }
             return Weight::dense(t);
         }
@@ -139,7 +150,7 @@ impl Weight {
                 Tensor::from_vec(y, (rows, q.rows()), x.device())
             }
             Weight::Candle(q) => q.forward(x),
-            Weight::Bf16(m) => {
+            Weight::Float16(m) => {
                 let rows = x.dim(0)?;
                 let x32 = x.to_dtype(DType::F32)?;
                 let y = match super::ops::with_f32_slice(&x32, |input| m.matmul(input, rows)) {
@@ -161,7 +172,7 @@ impl Weight {
                 t.dims2()?.0
             }
             Weight::Dense(wt) => wt.dims2()?.1,
-            Weight::Bf16(m) => m.rows(),
+            Weight::Float16(m) => m.rows(),
         })
     }
 
@@ -173,7 +184,7 @@ impl Weight {
                 t.elem_count() * t.dtype().size_in_bytes()
             }
             Weight::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
-            Weight::Bf16(m) => m.bytes(),
+            Weight::Float16(m) => m.bytes(),
         }
     }
 }
@@ -207,18 +218,21 @@ impl Linear {
                         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
                     built.push(Weight::Own(Arc::new(stacked)));
                 }
-                (Some(Weight::Bf16(prev)), Weight::Bf16(next)) => {
+                (Some(Weight::Float16(prev)), Weight::Float16(next))
+                    if prev.kind() == next.kind() && prev.cols() == next.cols() =>
+                {
                     let prev = Arc::try_unwrap(prev).unwrap_or_else(|m| (*m).clone());
                     let stacked = prev.stacked(&next).map_err(candle_core::Error::Msg)?;
-                    built.push(Weight::Bf16(Arc::new(stacked)));
+                    built.push(Weight::Float16(Arc::new(stacked)));
                 }
                 // Float matrices of one type (a checkpoint's separate q, k and v, or gate and up),
                 // `[in, out]` each, side by side: one product, not one per part and a concatenation
                 // of their outputs (on a GPU, five launches a layer fewer; the small k and v
-                // products were the least efficient). Not 16-bit ones on the CPU (f16 there, bf16
-                // ones being kvbench's, above): candle's 16-bit product was slower on the wider
-                // matrix (measured in bf16, random:qwen2.5-coder-0.5b, batch 1: 1.3 tok/s against
-                // 2.1-2.2 apart; f32 the same either way).
+                // products were the least efficient). Not 16-bit ones on the CPU (there only
+                // `--weights native` keeps them in candle's product, the others being kvbench's,
+                // above): candle's 16-bit product was slower on the wider matrix (measured in bf16,
+                // random:qwen2.5-coder-0.5b, batch 1: 1.3 tok/s against 2.1-2.2 apart; f32 the
+                // same either way).
                 (Some(Weight::Dense(prev)), Weight::Dense(next))
                     if dense_parts_join(&prev, &next, device.is_cpu())? =>
                 {
@@ -259,7 +273,10 @@ impl Linear {
     pub fn float_dtype(&self) -> Option<DType> {
         let mut types = self.parts.iter().map(|p| match p {
             Weight::Dense(t) => Some(t.dtype()),
-            Weight::Bf16(_) => Some(DType::BF16),
+            Weight::Float16(m) => Some(match m.kind() {
+                Float16::Bf16 => DType::BF16,
+                Float16::F16 => DType::F16,
+            }),
             _ => None,
         });
         let first = types.next()??;
@@ -437,9 +454,9 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
-        // On the CPU f32 parts join as one dense matrix, bf16 ones as one matrix of kvbench's bf16
-        // product.
-        for dtype in [DType::F32, DType::BF16] {
+        // On the CPU f32 parts join as one dense matrix, bf16 and f16 ones as one matrix of
+        // kvbench's 16-bit product.
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
             let parts = || {
                 vec![
                     part(16, inp, 1, dtype),
@@ -500,5 +517,16 @@ mod tests {
         .unwrap();
         assert_eq!(mixed.parts.len(), 2);
         assert_eq!(mixed.float_dtype(), None);
+        // bf16 and f16 parts are both kvbench's 16-bit product, but not one matrix.
+        let kinds = Linear::new(
+            vec![part(8, inp, 1, DType::BF16), part(8, inp, 2, DType::F16)],
+            None,
+            WeightFormat::Auto,
+            &Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(kinds.parts.len(), 2);
+        assert_eq!(kinds.float_dtype(), None);
+        assert_eq!(kinds.forward(&x).unwrap().dims2().unwrap(), (3, 16));
     }
 }

@@ -17,7 +17,8 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
    bf16): prefill of 1,024 tokens; decoding after a 1,024-token prompt at batch 1, 8 and 32 (full),
    and at batch 8 with per-sequence attention (the engine before pooled attention);
    device memory; transformers' generate at the same shapes and batches (and its model's own decoding
-   step in a plain loop); rkv and snapkv at B = 1,024 at batch 32 beside full; batch 1 with a bf16 and an f32
+   step in a plain loop); rkv, snapkv and h2o at B = 1,024 at batch 32 beside full (h2o also with its
+   calls after every layer); batch 1 with a bf16 and an f32
    cache, and with bf16 activations at batch 1 and 32 (`speed_batch1`, not in the default steps).
 5. long_outputs: full against rkv at B = 1,024 over 8K-token outputs, each at the largest batch whose
    KV cache fits the GPU: both measured at an 8K-token context, then the full cache at the midpoints of
@@ -292,19 +293,31 @@ def speed_kvbench(c):
 
 
 def speed_compressed(c):
-    """R-KV and SnapKV at B = 1,024 at the largest batch of the speed shapes, beside the full cache in
-    the same call (after transformers' step: the first H100 run spent its deadline here). Their rate
-    over full's is their per-step cost: at these lengths they hold about as many entries as full."""
+    """R-KV, SnapKV and H2O at B = 1,024 at the largest batch of the speed shapes, beside the full cache
+    in the same call (after transformers' step: the first H100 run spent its deadline here). Their rate
+    over full's is their per-step cost: at these lengths R-KV and SnapKV hold about as many entries as
+    full, and H2O evicts one entry per layer and step. Then H2O again with its calls after every layer
+    (`KVBENCH_POLICY_PER_LAYER`, kvbench before they waited for the end of the step): one wait for the
+    device per layer and step against one per step."""
     s = speed_shapes(c)
     res = {"shapes": s}
-    comp = c.out / "perf_compressed.json"
-    c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
-         "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch",
-         s["batches"][-1], "--policy", "full,rkv,snapkv", "--budget", s["budget"], "--activations",
-         c.args.activations, "--warmup", 1, "--warmup-tokens", 16, "--repeats", 1, "--export-json", comp)
-    res["compressed"] = json.loads(comp.read_text())
-    rate = {r["measurement"]["policy"].split()[0]: r["tokens_per_s_median"]
-            for r in res["compressed"]["rows"] if r["measurement"].get("phase") == "decode"}
+    runs = [("compressed", "full,rkv,snapkv,h2o", None),
+            ("h2o_per_layer", "h2o", {"KVBENCH_POLICY_PER_LAYER": "1"})]
+    rate = {}
+    for name, policies, env in runs:
+        path = c.out / f"perf_{name}.json"
+        c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
+             "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch",
+             s["batches"][-1], "--policy", policies, "--budget", s["budget"], "--activations",
+             c.args.activations, "--warmup", 1, "--warmup-tokens", 16, "--repeats", 1, "--export-json", path,
+             env=env)
+        res[name] = json.loads(path.read_text())
+        c.save()
+        for r in res[name]["rows"]:
+            if r["measurement"].get("phase") == "decode":
+                policy = r["measurement"]["policy"].split()[0]
+                rate[policy if env is None else f"{policy}_per_layer"] = r["tokens_per_s_median"]
+    res["rate"] = rate
     if rate.get("full"):
         res["rate_over_full"] = {p: x / rate["full"] for p, x in rate.items() if p != "full"}
     return res
@@ -505,7 +518,7 @@ def main():
         "vs_transformers": (60, vs_transformers),
         "speed_kvbench": (70, speed_kvbench),
         "speed_transformers": (60, speed_transformers),
-        "speed_compressed": (150, speed_compressed),
+        "speed_compressed": (190, speed_compressed),
         "long_outputs": (150, long_outputs),
         "speed_batch1": (90, speed_batch1),
     }

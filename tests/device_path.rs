@@ -294,7 +294,8 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
 }
 
 /// A policy that keeps every entry and records what it is shown at each decode step and layer: the
-/// attention probabilities, or (as a sparse-attention policy, attending to everything) the query.
+/// layer and the attention probabilities, or (as a sparse-attention policy, attending to everything)
+/// the query.
 struct Recorder {
     log: std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>,
     queries: bool,
@@ -327,6 +328,7 @@ impl kvbench::policy::Policy for Recorder {
                 .to_dtype(candle_core::DType::F32)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
+            let row = std::iter::once(view.layer as f32).chain(row).collect();
             self.log.lock().unwrap().push(row);
         }
         Ok(())
@@ -399,21 +401,34 @@ fn recorded(m: &kvbench::model::Model, queries: bool, together: bool) -> Vec<Vec
 fn each_sequence_of_a_batch_is_shown_its_own_probabilities_and_query() {
     kvbench::init_threads(None).unwrap();
     let m = tiny_random(true);
-    for queries in [false, true] {
-        let (a, b) = (recorded(&m, queries, true), recorded(&m, queries, false));
-        for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(sa.len(), sb.len(), "sequence {i}: layers × steps");
+    let same = |a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>], what: &str| {
+        for (i, (sa, sb)) in a.iter().zip(b).enumerate() {
+            assert_eq!(sa.len(), sb.len(), "{what}: sequence {i}: layers × steps");
             assert!(!sa.is_empty());
             for (k, (x, y)) in sa.iter().zip(sb).enumerate() {
-                assert_eq!(x.len(), y.len(), "sequence {i}, record {k}: entries");
+                assert_eq!(
+                    x.len(),
+                    y.len(),
+                    "{what}: sequence {i}, record {k}: entries"
+                );
                 let worst = common::max_abs_diff(x, y);
                 assert!(
                     worst < 1e-5,
-                    "queries {queries}: sequence {i}, record {k}: differ by {worst}"
+                    "{what}: sequence {i}, record {k}: differ by {worst}"
                 );
             }
         }
+    };
+    for queries in [false, true] {
+        let (a, b) = (recorded(&m, queries, true), recorded(&m, queries, false));
+        same(&a, &b, &format!("queries {queries}"));
     }
+    // The device path calls the probabilities' readers at the end of each decoding step, not after
+    // each layer (one wait for the device a step): they are shown, layer by layer in order, what the
+    // CPU's own loop shows them after each layer.
+    let cpu = tiny_random(false);
+    let (a, b) = (recorded(&m, false, true), recorded(&cpu, false, false));
+    same(&a, &b, "deferred against the CPU loop");
 }
 
 /// `perf --profile`'s clock on the path a GPU takes, one sequence and a pooled batch: every phase of a

@@ -18,6 +18,7 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 mod batched;
+mod deferred;
 
 struct Block {
     attn_norm: RmsNorm,
@@ -465,6 +466,8 @@ impl Transformer {
             })?),
         };
 
+        // Policies' calls left for the end of a decoding step (`deferred`).
+        let mut deferred = Vec::new();
         for (l, block) in self.blocks.iter().enumerate() {
             // 2. Project queries, keys and values for all new tokens at once.
             let h = self.phase(recording, Phase::Norms, || block.attn_norm.forward(&x))?;
@@ -509,8 +512,10 @@ impl Transformer {
                 //    sequence (in parallel across a batch): cache, attend over its own cache, let its
                 //    policy act.
                 self.phase(recording, Phase::Attention, || match batched {
-                    true => self.attend_batch(l, &q, &k, &v, batch, &steps),
-                    false => self.attend_each(l, (&q, &k, &v), batch, &spans, &steps),
+                    true => self.attend_batch(l, &q, &k, &v, batch, &steps, &mut deferred),
+                    false => {
+                        self.attend_each(l, (&q, &k, &v), batch, &spans, &steps, &mut deferred)
+                    }
                 })?
             };
 
@@ -527,8 +532,11 @@ impl Transformer {
             x = self.phase(recording, Phase::Down, || x.add(&block.down.forward(&act)?))?;
         }
 
-        // 6. Bookkeeping (and the budget check), final norm and logits (of each sequence's last token
-        //    unless all are wanted).
+        // 6. The policies' deferred calls, bookkeeping (and the budget check), final norm and logits
+        //    (of each sequence's last token unless all are wanted).
+        self.phase(recording, Phase::Attention, || {
+            self.run_deferred(batch, &steps, deferred)
+        })?;
         for (s, &(_, t)) in batch.iter_mut().zip(&spans) {
             s.state.seen += t;
             s.state.cache.end_step(s.state.seen);
@@ -560,7 +568,8 @@ impl Transformer {
     /// Layer `l`'s attention one sequence at a time (in parallel across a batch): each appends its
     /// new keys and values, attends over its own cache and lets its policy act
     /// ([`Self::attend_sequence`]). `q`, `k`, `v` are every new token's, `[heads, tokens, d]`;
-    /// `spans` each sequence's `(first token, tokens)`. Returns `[tokens, heads·d]`.
+    /// `spans` each sequence's `(first token, tokens)`. Returns `[tokens, heads·d]`; policies whose
+    /// calls wait for the end of the step are added to `deferred`.
     fn attend_each(
         &self,
         l: usize,
@@ -568,6 +577,7 @@ impl Transformer {
         batch: &mut [SeqInput<'_>],
         spans: &[(usize, usize)],
         steps: &[StepInfo],
+        deferred: &mut Vec<deferred::Deferred>,
     ) -> candle_core::Result<Tensor> {
         let cfg = &self.config;
         let (hq, d) = (cfg.num_heads, cfg.head_dim);
@@ -596,7 +606,7 @@ impl Transformer {
             self.attend_sequence(l, (q, q_vec), k, v, off, t, step, &mut *s.state)
         };
         // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
-        let mut outs: Vec<Tensor> = if batch.len() > 1 {
+        let done: Vec<(Tensor, Option<(Tensor, Tensor)>)> = if batch.len() > 1 {
             batch
                 .par_iter_mut()
                 .zip(spans.par_iter())
@@ -611,6 +621,14 @@ impl Transformer {
                 .map(work)
                 .collect::<candle_core::Result<_>>()?
         };
+        let (mut outs, waiting): (Vec<Tensor>, Vec<_>) = done.into_iter().unzip();
+        if waiting.iter().any(Option::is_some) {
+            deferred.push(deferred::Deferred {
+                l,
+                probs: deferred::DeferredProbs::Each(waiting),
+                window_extended: false,
+            });
+        }
         if outs.len() == 1 {
             Ok(outs.pop().expect("one output"))
         } else {
@@ -621,7 +639,9 @@ impl Transformer {
     /// One sequence's part of layer `l`: append its new keys and values, attend over its cache, update
     /// its query window, run its policy. `q` is every new token's query, `[heads, tokens, d]`, with
     /// this sequence's own on the host (`[heads · d]`) where it decodes on the CPU's loop or under a
-    /// sparse-attention policy. Returns the attention output `[t, heads·d]`.
+    /// sparse-attention policy. Returns the attention output `[t, heads·d]`, and this sequence's query
+    /// and probabilities when its policy's call waits for the end of the step
+    /// ([`Self::defers_policy`]).
     #[allow(clippy::too_many_arguments)]
     fn attend_sequence(
         &self,
@@ -633,7 +653,7 @@ impl Transformer {
         t: usize,
         step: &StepInfo,
         st: &mut SeqState,
-    ) -> candle_core::Result<Tensor> {
+    ) -> candle_core::Result<(Tensor, Option<(Tensor, Tensor)>)> {
         let cfg = &self.config;
         let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let g = hq / hkv;
@@ -742,8 +762,13 @@ impl Transformer {
             }
         };
 
-        self.finish_layer(l, step, st, &q_s, probs4.as_ref(), false)?;
-        Ok(out)
+        match probs4 {
+            Some(p) if self.defers_policy(true, step, t) => Ok((out, Some((q_s, p)))),
+            probs4 => {
+                self.finish_layer(l, step, st, &q_s, probs4.as_ref(), false)?;
+                Ok((out, None))
+            }
+        }
     }
 
     /// The end of a sequence's layer step: update its query window (unless `window_extended`: the

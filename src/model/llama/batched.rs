@@ -9,6 +9,7 @@
 //! masked entries adding exact zeros. Policies then run per sequence as before, on their own slot
 //! of the pool, with their own slice of the probabilities.
 
+use super::deferred::{Deferred, DeferredProbs};
 use super::{SeqInput, Transformer};
 use crate::cache::pool;
 use crate::model::state::{SeqState, WindowBatch};
@@ -42,7 +43,9 @@ impl Transformer {
     }
 
     /// Layer `l`'s attention for a decoding batch through its pool. `q` is `[heads, batch, d]`,
-    /// `k` and `v` `[kv_heads, batch, d]` (after RoPE); returns `[batch, heads·d]`.
+    /// `k` and `v` `[kv_heads, batch, d]` (after RoPE); returns `[batch, heads·d]`. The calls of
+    /// policies that read the probabilities wait for the end of the step (`deferred`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attend_batch(
         &self,
         l: usize,
@@ -51,6 +54,7 @@ impl Transformer {
         v: &Tensor,
         batch: &mut [SeqInput<'_>],
         steps: &[StepInfo],
+        deferred: &mut Vec<Deferred>,
     ) -> candle_core::Result<Tensor> {
         let cfg = &self.config;
         let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -111,48 +115,38 @@ impl Transformer {
         //    its own slot and probabilities, in parallel: a compression event's scoring can run on
         //    the host, and a batch's sequences one after another took minutes.
         let window_extended = self.extend_windows(l, q, batch)?;
-        // The probabilities, for the policies that read them (H2O, LazyEviction), copied to the host
-        // once for the batch: one copy and one wait for the device a layer, not one per sequence. The
-        // copy is their policies' cost, so its time (after the layer's own work is done) is shared
-        // among them.
-        let readers = batch
-            .iter()
-            .filter(|s| s.state.caps.attention_probs)
-            .count();
-        let host_probs = match readers {
-            0 => None,
-            _ => {
-                if !self.device.is_cpu() {
-                    self.device.synchronize()?;
-                }
-                let started = std::time::Instant::now();
-                let host = probs.to_device(&candle_core::Device::Cpu)?;
-                Some((host, started.elapsed() / readers as u32))
+        // The policies that read the probabilities (H2O, LazyEviction) act from one copy of the
+        // layer's, at the end of the step (`deferred`, see `super::deferred`); the others now.
+        let readers: Vec<bool> = batch.iter().map(|s| s.state.caps.attention_probs).collect();
+        let finish = |(i, ((s, step), reads)): (usize, ((&mut SeqInput<'_>, &StepInfo), &bool))| {
+            if *reads {
+                return Ok(());
             }
-        };
-        let finish = |(i, (s, step)): (usize, (&mut SeqInput<'_>, &StepInfo))| {
             let st: &mut SeqState = s.state;
-            let m = lens[i] + 1;
-            let probs_i = match (&host_probs, st.caps.attention_probs) {
-                (Some((host, share)), true) => {
-                    st.policy_time += *share;
-                    Some(
-                        host.narrow(0, i * hkv, hkv)?
-                            .narrow(2, 0, m)?
-                            .contiguous()?
-                            .reshape((hkv, g, 1, m))?,
-                    )
-                }
-                _ => None,
-            };
-            let q_s = q.narrow(1, i, 1)?;
-            self.finish_layer(l, step, st, &q_s, probs_i.as_ref(), window_extended)
+            self.finish_layer(l, step, st, &q.narrow(1, i, 1)?, None, window_extended)
         };
         batch
             .par_iter_mut()
             .zip(steps.par_iter())
+            .zip(readers.par_iter())
             .enumerate()
             .try_for_each(finish)?;
+        if readers.iter().any(|&r| r) {
+            let layer = Deferred {
+                l,
+                probs: DeferredProbs::Pooled {
+                    q: q.clone(),
+                    probs,
+                    lens,
+                    readers,
+                },
+                window_extended,
+            };
+            match self.defers_policy(true, &steps[0], 1) {
+                true => deferred.push(layer),
+                false => self.run_deferred(batch, steps, vec![layer])?,
+            }
+        }
         Ok(out)
     }
 

@@ -1,0 +1,142 @@
+//! Policies that read attention probabilities (H2O, LazyEviction) act at the end of a decoding step
+//! on the device path, not after each layer.
+//!
+//! Why it exists: such a policy decides on the host from its layer's probabilities, and copying them
+//! there waits for the device to finish everything queued so far. Done after every layer, that is one
+//! wait per layer and step, each leaving the device idle while the host launches the next layer's
+//! operations. A policy only changes its own layer's cache and state, and a layer's cache is read
+//! again only at the next step, so the calls can wait until the step's last layer has been queued:
+//! then one wait for the device, the layers' probabilities copied (already computed), and the
+//! policies run layer by layer in the same order, with the same inputs, as before. Prefill is not
+//! deferred (its probabilities are `[heads, tokens, n]` per layer: too large to keep for every layer),
+//! and neither is the CPU's own decoding loop (no device to wait for). `KVBENCH_POLICY_PER_LAYER=1`
+//! calls them after each layer as before, to measure the difference (the GPU check does).
+
+use super::{SeqInput, Transformer};
+use crate::policy::StepInfo;
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+
+/// One layer's policy calls left for the end of the step.
+pub(super) struct Deferred {
+    pub l: usize,
+    pub probs: DeferredProbs,
+    /// Whether the batch's query windows were already extended for this layer (pooled attention).
+    pub window_extended: bool,
+}
+
+/// The probabilities the deferred calls read, still on the device.
+pub(super) enum DeferredProbs {
+    /// Per sequence of the batch (`None`: its policy already ran): its query `[heads, 1, d]` and its
+    /// probabilities `[kv_heads, group, 1, n]`.
+    Each(Vec<Option<(Tensor, Tensor)>>),
+    /// A pooled layer's: every sequence's queries `[heads, batch, d]`, probabilities `[batch·kv_heads,
+    /// group, n]` padded to the longest, each cache's length before this step's entry, and which
+    /// sequences' policies read them.
+    Pooled {
+        q: Tensor,
+        probs: Tensor,
+        lens: Vec<usize>,
+        readers: Vec<bool>,
+    },
+}
+
+impl Transformer {
+    /// Whether a layer's policy call waits for the end of the step: a decoding step (one new token)
+    /// off the CPU's own loop whose policy reads probabilities, unless `KVBENCH_POLICY_PER_LAYER` is
+    /// set.
+    pub(super) fn defers_policy(&self, reads_probs: bool, step: &StepInfo, t: usize) -> bool {
+        static PER_LAYER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let per_layer =
+            *PER_LAYER.get_or_init(|| std::env::var_os("KVBENCH_POLICY_PER_LAYER").is_some());
+        reads_probs && !per_layer && !self.cpu_loop() && t == 1 && !step.is_prefill
+    }
+
+    /// Runs the deferred calls, layer by layer in order, each layer's sequences in parallel: one wait
+    /// for the device's queued work, then each layer's probabilities copied to the host (one copy per
+    /// layer, or per sequence and layer outside a pool), the copy's time shared among the policies
+    /// that read it.
+    pub(super) fn run_deferred(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        steps: &[StepInfo],
+        deferred: Vec<Deferred>,
+    ) -> candle_core::Result<()> {
+        if deferred.is_empty() {
+            return Ok(());
+        }
+        // The pass's queued work is not the policies': waited for before their clock starts.
+        if !self.device.is_cpu() {
+            self.device.synchronize()?;
+        }
+        let (hkv, g) = (
+            self.config.num_kv_heads,
+            self.config.num_heads / self.config.num_kv_heads,
+        );
+        for Deferred {
+            l,
+            probs,
+            window_extended,
+        } in deferred
+        {
+            let started = std::time::Instant::now();
+            let per_seq: Vec<Option<(Tensor, Tensor)>> = match probs {
+                DeferredProbs::Each(each) => each
+                    .into_iter()
+                    .map(|e| match e {
+                        Some((q, p)) => Ok(Some((q, p.to_device(&Device::Cpu)?))),
+                        None => Ok(None),
+                    })
+                    .collect::<candle_core::Result<_>>()?,
+                DeferredProbs::Pooled {
+                    q,
+                    probs,
+                    lens,
+                    readers,
+                } => {
+                    let host = probs.to_device(&Device::Cpu)?;
+                    let mut out = Vec::with_capacity(readers.len());
+                    for (i, (&len, read)) in lens.iter().zip(readers).enumerate() {
+                        if !read {
+                            out.push(None);
+                            continue;
+                        }
+                        let m = len + 1;
+                        let p = host
+                            .narrow(0, i * hkv, hkv)?
+                            .narrow(2, 0, m)?
+                            .contiguous()?
+                            .reshape((hkv, g, 1, m))?;
+                        out.push(Some((q.narrow(1, i, 1)?, p)));
+                    }
+                    out
+                }
+            };
+            let readers = per_seq.iter().flatten().count().max(1);
+            let share = started.elapsed() / readers as u32;
+            let finish =
+                |((s, step), item): ((&mut SeqInput<'_>, &StepInfo), Option<(Tensor, Tensor)>)| {
+                    let Some((q_s, p)) = item else {
+                        return Ok(());
+                    };
+                    s.state.policy_time += share;
+                    self.finish_layer(l, step, &mut *s.state, &q_s, Some(&p), window_extended)
+                };
+            // A single sequence runs on this thread (handing it to the pool costs a wake-up).
+            if batch.len() > 1 {
+                batch
+                    .par_iter_mut()
+                    .zip(steps.par_iter())
+                    .zip(per_seq.into_par_iter())
+                    .try_for_each(finish)?;
+            } else {
+                batch
+                    .iter_mut()
+                    .zip(steps.iter())
+                    .zip(per_seq)
+                    .try_for_each(finish)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -238,22 +238,33 @@ impl LayerCache {
         (&self.k, &self.v)
     }
 
-    /// Keys `rows` of head `h` as f32, `[rows.len()][head_dim]`: only those rows are read (and
-    /// converted from the stored type, or copied from the device).
-    pub fn key_rows(&self, h: usize, rows: std::ops::Range<usize>) -> Result<Vec<f32>> {
-        if rows.end > self.len || h >= self.kv_heads {
+    /// Keys `rows` of heads `heads` as f32, `[heads.len()][rows.len()][head_dim]`: only those rows are
+    /// read (and converted from the stored type, or copied from the device: one copy for all the
+    /// heads, one wait for a GPU).
+    pub fn key_rows(
+        &self,
+        heads: std::ops::Range<usize>,
+        rows: std::ops::Range<usize>,
+    ) -> Result<Vec<f32>> {
+        if rows.end > self.len || rows.start > rows.end || heads.end > self.kv_heads {
             candle_core::bail!(
-                "key_rows: rows {rows:?} of head {h} beyond {} entries",
-                self.len
+                "key_rows: rows {rows:?} of heads {heads:?} beyond {} entries of {} heads",
+                self.len,
+                self.kv_heads
             );
         }
         let d = self.head_dim;
-        let mut out = Vec::with_capacity(rows.len() * d);
+        let mut out = Vec::with_capacity(heads.len() * rows.len() * d);
         if let Some(store) = &self.kivi {
-            store.read_rows(h, rows, true, &mut out);
+            for h in heads {
+                store.read_rows(h, rows.clone(), true, &mut out);
+            }
             return Ok(out);
         }
-        let part = self.k.narrow(0, h, 1)?.narrow(1, rows.start, rows.len())?;
+        let part = self
+            .k
+            .narrow(0, heads.start, heads.len())?
+            .narrow(1, rows.start, rows.len())?;
         let Some(blocks) = self.kv_type.keys.blocks() else {
             return part.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
         };
@@ -688,8 +699,14 @@ mod tests {
             let all = c.keys().unwrap().to_dtype(DType::F32).unwrap();
             let want = all.get(1).unwrap().narrow(0, 40, 5).unwrap();
             let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            assert_eq!(c.key_rows(1, 40..45).unwrap(), want, "{kv}");
-            assert!(c.key_rows(1, 40..46).is_err(), "{kv}");
+            assert_eq!(c.key_rows(1..2, 40..45).unwrap(), want, "{kv}");
+            assert!(c.key_rows(1..2, 40..46).is_err(), "{kv}");
+            assert!(c.key_rows(1..3, 40..45).is_err(), "{kv}");
+            // Both heads at once: each head's rows in turn.
+            let both = all.narrow(1, 38, 7).unwrap().flatten_all().unwrap();
+            let both = both.to_vec1::<f32>().unwrap();
+            assert_eq!(c.key_rows(0..2, 38..45).unwrap(), both, "{kv}");
+            assert!(c.key_rows(0..2, 45..45).unwrap().is_empty(), "{kv}");
         }
     }
 

@@ -401,16 +401,22 @@ impl Policy for RocketKv {
         }
         // Stage 2 reads, per head, one bound (max or min) of each kept dimension of every chunk.
         self.last_read = heads * n.div_ceil(split.chunk) * split.dims * 4;
-        // Only the keys appended since the last step are read (converted from the cache's type).
+        // Only the keys appended since the last step are read (converted from the cache's type), every
+        // head's in one read (on a GPU one copy and one wait a layer, not one a head): the heads'
+        // summaries are made and extended together, so they cover the same entries.
+        let covered = summaries[0].covered();
+        debug_assert!(summaries.iter().all(|s| s.covered() == covered));
+        let new_keys = cache.key_rows(0..heads, covered..n)?;
+        let per_head = (n - covered) * d;
         let picked = summaries
             .iter_mut()
             .enumerate()
             .map(|(h, summary)| {
-                summary.extend(&cache.key_rows(h, summary.covered()..n)?);
+                summary.extend(&new_keys[h * per_head..(h + 1) * per_head]);
                 let probs = summary.chunk_probs(&query[h * g * d..(h + 1) * g * d], split.dims);
-                Ok(summary.top_tokens(&probs, split.top_k))
+                summary.top_tokens(&probs, split.top_k)
             })
-            .collect::<candle_core::Result<Vec<_>>>()?;
+            .collect();
         Ok(Some(picked))
     }
 

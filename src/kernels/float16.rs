@@ -335,65 +335,57 @@ mod x86 {
     use half::{bf16, f16};
     use std::arch::x86_64::*;
 
-    pub const AVX2: Dots = Dots {
-        bf16: |x, w| {
-            // SAFETY: chosen only where the CPU reports AVX2, FMA and F16C (`has_avx2`).
-            unsafe { bits_avx2::<bf16>(x, w) }
-        },
-        f16: |x, w| {
-            // SAFETY: as above.
-            unsafe { bits_avx2::<f16>(x, w) }
-        },
-        wide: wide_avx2,
-        tile: super::Tile {
-            xb: 2,
-            rb: 2,
-            f: |xs, ws, out| {
-                // SAFETY: chosen only where the CPU reports AVX2 and FMA (`has_avx2`).
-                unsafe { tile_avx2::<2, 2>(xs, ws, out) }
-            },
-        },
-    };
-
-    pub const AVX512: Dots = Dots {
-        bf16: |x, w| {
-            // SAFETY: chosen only where the CPU reports AVX-512F and BW besides the AVX2 path's
-            // features (`has_avx512`).
-            unsafe { bits_avx512::<bf16>(x, w) }
-        },
-        f16: |x, w| {
-            // SAFETY: as above.
-            unsafe { bits_avx512::<f16>(x, w) }
-        },
-        wide: wide_avx512,
-        tile: super::Tile {
-            xb: 4,
-            rb: 4,
-            f: |xs, ws, out| {
-                // SAFETY: chosen only where the CPU reports AVX-512F and BW besides AVX2 and FMA
-                // (`has_avx512`).
-                unsafe { tile_avx512::<4, 4>(xs, ws, out) }
-            },
-        },
-    };
-
-    fn wide_avx2(x: &[f32], w: &[f32]) -> f32 {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn inner(x: &[f32], w: &[f32]) -> f32 {
-            dot_lanes::<f32, true>(x, w)
-        }
-        // SAFETY: chosen only where the CPU reports AVX2 and FMA (`has_avx2`).
-        unsafe { inner(x, w) }
+    /// One instruction set's table: every function in it needs that set's features, and the table is
+    /// chosen only where the CPU reports them (`dots_for_this_cpu`: `has_avx2`, `has_avx512`).
+    macro_rules! table {
+        ($bits:ident, $wide:ident, $tile:ident, $xb:literal, $rb:literal) => {
+            Dots {
+                // SAFETY (each entry): the CPU has the table's features, as above.
+                bf16: |x, w| unsafe { $bits::<bf16>(x, w) },
+                f16: |x, w| unsafe { $bits::<f16>(x, w) },
+                wide: |x, w| unsafe { $wide(x, w) },
+                tile: super::Tile {
+                    xb: $xb,
+                    rb: $rb,
+                    f: |xs, ws, out| unsafe { $tile::<$xb, $rb>(xs, ws, out) },
+                },
+            }
+        };
     }
 
-    fn wide_avx512(x: &[f32], w: &[f32]) -> f32 {
-        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-        unsafe fn inner(x: &[f32], w: &[f32]) -> f32 {
-            dot_lanes::<f32, true>(x, w)
-        }
-        // SAFETY: chosen only where the CPU reports AVX-512F and BW besides AVX2 and FMA
-        // (`has_avx512`).
-        unsafe { inner(x, w) }
+    pub const AVX2: Dots = table!(bits_avx2, wide_avx2, tile_avx2, 2, 2);
+    pub const AVX512: Dots = table!(bits_avx512, wide_avx512, tile_avx512, 4, 4);
+
+    /// [`dot_lanes`] on widened rows with fused multiply-adds.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn wide_avx2(x: &[f32], w: &[f32]) -> f32 {
+        dot_lanes::<f32, true>(x, w)
+    }
+
+    /// [`dot_lanes`] on widened rows with fused multiply-adds, on 512-bit vectors.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and BW besides AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    unsafe fn wide_avx512(x: &[f32], w: &[f32]) -> f32 {
+        dot_lanes::<f32, true>(x, w)
+    }
+
+    /// The width of a tile's rows, checked: `XB` activation rows and `RB` matrix rows of one width,
+    /// `XB·RB` outputs (the bounds the tiles' loads rely on).
+    #[inline(always)]
+    fn tile_width<const XB: usize, const RB: usize>(
+        xs: &[&[f32]],
+        ws: &[&[f32]],
+        out: &[f32],
+    ) -> usize {
+        let cols = xs[0].len();
+        assert!(xs.len() == XB && ws.len() == RB && out.len() == XB * RB);
+        assert!(xs.iter().chain(ws).all(|r| r.len() == cols));
+        cols
     }
 
     /// [`super::Tile`] on 512-bit vectors: one register of sixteen partial sums per product, the
@@ -407,9 +399,7 @@ mod x86 {
         ws: &[&[f32]],
         out: &mut [f32],
     ) {
-        let cols = xs[0].len();
-        assert!(xs.len() == XB && ws.len() == RB && out.len() == XB * RB);
-        assert!(xs.iter().chain(ws).all(|r| r.len() == cols));
+        let cols = tile_width::<XB, RB>(xs, ws, out);
         let mut acc = [[_mm512_setzero_ps(); RB]; XB];
         let mut w = [_mm512_setzero_ps(); RB];
         let mut k = 0;
@@ -447,9 +437,7 @@ mod x86 {
         ws: &[&[f32]],
         out: &mut [f32],
     ) {
-        let cols = xs[0].len();
-        assert!(xs.len() == XB && ws.len() == RB && out.len() == XB * RB);
-        assert!(xs.iter().chain(ws).all(|r| r.len() == cols));
+        let cols = tile_width::<XB, RB>(xs, ws, out);
         let mut acc = [[[_mm256_setzero_ps(); 2]; RB]; XB];
         let mut w = [[_mm256_setzero_ps(); 2]; RB];
         let mut k = 0;

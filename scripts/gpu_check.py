@@ -19,7 +19,8 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
    device memory; transformers' generate at the same shapes and batches (and its model's own decoding
    step in a plain loop); rkv, snapkv and h2o at B = 1,024 at batch 32 beside full (h2o also with its
    calls after every layer); batch 1 with a bf16 and an f32
-   cache, and with bf16 activations at batch 1 and 32 (`speed_batch1`, not in the default steps).
+   cache, and with bf16 activations at batch 1 and 32 (`speed_batch1`, not in the default steps; each decode
+   row's bytes read per second as a share of the device's measured copy bandwidth).
 5. long_outputs: full against rkv at B = 1,024 over 8K-token outputs, each at the largest batch whose
    KV cache fits the GPU: both measured at an 8K-token context, then the full cache at the midpoints of
    the output's quarters, and the throughput over the whole output estimated from those rates.
@@ -330,7 +331,10 @@ def speed_batch1(c):
     largest speed batch, against the first run of the same call, and the same with the logits copied to
     the host for the greedy choice (`KVBENCH_HOST_LOGITS`, kvbench before the device chose them). Each
     with `--profile`: one more run that waits for the device after every phase of every layer, to say
-    where a step's time goes."""
+    where a step's time goes. The first run also measures the device's copy bandwidth, and every decode
+    row's bytes read per second (weights and cache) are given as a share of it: the issue's "share of the
+    bandwidth bound", whichever GPU ran (a copy kernel reaches a little less than the data sheet's
+    figure, so the share is a little more than against the data sheet)."""
     s = speed_shapes(c)
     res = {"shapes": s}
     largest = [1, s["batches"][-1]]
@@ -338,13 +342,25 @@ def speed_batch1(c):
     runs = [("bf16", "bf16", "f32", [1], None), ("f32", "f32", "f32", [1], None),
             ("bf16_activations", "bf16", "weights", largest, None),
             ("bf16_activations_host_logits", "bf16", "weights", largest, host_logits)]
+    bandwidth = None
+    res["share_of_copy_bandwidth"] = {}
     for name, kv_type, activations, batches, env in runs:
         path = c.out / f"perf_batch1_{name}.json"
+        measure_bandwidth = [] if bandwidth is None else ["--no-bandwidth"]
         c.kv("perf", "--model", s["model"], "--device", c.args.device, "--kv-type", kv_type, "--activations",
              activations, "--prompt-tokens", s["prompt"], "--decode-prompt-tokens", s["prompt"], "--decode-tokens",
              s["decode"], "--batch", ",".join(map(str, batches)), "--policy", "full", "--warmup", 1,
-             "--warmup-tokens", 16, "--repeats", 1, "--no-bandwidth", "--profile", "--export-json", path, env=env)
+             "--warmup-tokens", 16, "--repeats", 1, *measure_bandwidth, "--profile", "--export-json", path,
+             env=env)
         res[name] = json.loads(path.read_text())
+        if bandwidth is None:
+            bandwidth = res[name].get("copy_bandwidth_bytes_per_s")
+            res["copy_bandwidth_bytes_per_s"] = bandwidth
+        if bandwidth:
+            res["share_of_copy_bandwidth"][name] = {
+                str(r["measurement"]["batch"]): r["measurement"]["achieved_bytes_per_s"] / bandwidth
+                for r in res[name]["rows"]
+                if r["measurement"].get("phase") == "decode" and r["measurement"].get("achieved_bytes_per_s")}
         c.save()
     return res
 

@@ -518,3 +518,64 @@ fn sixteen_bit_weights_on_the_cpu_compute_as_their_f32_widening() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `perf --mem-limit` measures the largest batch whose KV fits, up to `--max-batch`; a batch the cap
+/// chose says so (the printed row and `batch_that_fits` in the export), and an uncapped one is the
+/// batch that fits.
+#[test]
+fn perf_says_when_max_batch_capped_the_batch_that_fits() {
+    let dir = temp("max-batch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let decode_rows = |max: &str, file: &str| {
+        let path = dir.join(file);
+        let out = ok(&kvbench(&[
+            "perf",
+            "--model",
+            "random:tiny",
+            "--prompt-tokens",
+            "8",
+            "--decode-prompt-tokens",
+            "64",
+            "--decode-tokens",
+            "2",
+            "--batch",
+            "1",
+            "--mem-limit",
+            "4",
+            "--max-batch",
+            max,
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--no-bandwidth",
+            "--export-json",
+            path.to_str().unwrap(),
+        ]));
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let rows: Vec<serde_json::Value> = json["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["measurement"]["phase"] == "decode")
+            .map(|r| r["measurement"].clone())
+            .collect();
+        (out, rows)
+    };
+    let (out, rows) = decode_rows("8", "at-8.json");
+    let fit = rows.iter().find(|r| r["fits_mem_limit"] == true).unwrap();
+    assert_eq!(fit["batch"], 8);
+    let all = fit["batch_that_fits"].as_u64().unwrap();
+    assert!(all > 8, "{fit}");
+    assert!(
+        out.contains(&format!("{all} sequences' KV")) && out.contains("capped at --max-batch 8"),
+        "{out}"
+    );
+    let (out, rows) = decode_rows("100000", "at-100000.json");
+    let fit = rows.iter().find(|r| r["fits_mem_limit"] == true).unwrap();
+    assert_eq!(fit["batch"].as_u64(), Some(all), "{fit}");
+    assert_eq!(fit["batch_that_fits"].as_u64(), Some(all));
+    assert!(!out.contains("capped at"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

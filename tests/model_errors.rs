@@ -123,6 +123,13 @@ fn bad_flags_exit_with_code_2_and_say_which() {
         assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
         assert!(err.contains("--mem-limit"), "{err}");
     }
+    for max in ["0", "-2", "many"] {
+        let flag = format!("--max-batch={max}");
+        let out = kvbench(&["perf", &flag]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("--max-batch"), "{err}");
+    }
     let out = kvbench(&["run", "--limit", "0"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "--limit 0: {err}");

@@ -55,9 +55,13 @@ pub struct PerfArgs {
     #[arg(long)]
     pub no_bandwidth: bool,
     /// A KV-cache memory limit in MiB: each policy is also measured at the largest batch whose
-    /// sequences' peak KV cache and policy state fit in it (measured at batch 1), up to 256.
+    /// sequences' peak KV cache and policy state fit in it (measured at batch 1), up to --max-batch.
     #[arg(long, value_name = "MIB")]
     pub mem_limit: Option<f64>,
+    /// The largest batch --mem-limit may choose; a row whose batch it capped says so, with the
+    /// batch that would fit.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_batch: usize,
     /// How a decoding batch attends off the CPU's own loop (on a GPU): `batched`, all sequences at
     /// once over caches pooled per layer, or `per-sequence`, one at a time (the earlier engine, kept
     /// to measure what batching gives).
@@ -204,6 +208,9 @@ fn summary(xs: &[f64]) -> String {
 }
 
 pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
+    if args.max_batch == 0 {
+        return Err(UsageError("--max-batch 0: expected a batch of at least 1".into()).into());
+    }
     if let Some(limit) = args.mem_limit {
         if !(limit.is_finite() && limit > 0.0) {
             return Err(UsageError(format!(
@@ -327,9 +334,9 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             let one = measure_decode(&model, spec, &decode_prompt, 1, &args)?;
             let per_seq = one.peak_per_seq.max(1) as f64;
             let b = ((limit * (1 << 20) as f64) / per_seq).floor() as usize;
-            fit = Some((b.min(256), per_seq));
-            if b > 0 && !batches.contains(&b.min(256)) {
-                batches.push(b.min(256));
+            fit = Some((b.min(args.max_batch), per_seq, b));
+            if b > 0 && !batches.contains(&b.min(args.max_batch)) {
+                batches.push(b.min(args.max_batch));
             }
         }
         for &b in &batches {
@@ -341,7 +348,12 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 model.transformer.weight_bytes_read(b) as f64 + b as f64 * d.read_per_step_per_seq;
             let achieved = step_bytes * rate / b as f64;
             let fits = match fit {
-                Some((f, per_seq)) if f == b => format!(
+                Some((f, per_seq, all)) if f == b && all > f => format!(
+                    "; {all} sequences' KV ({:.2} MiB each) fit {} MiB: capped at --max-batch {f}",
+                    per_seq / (1 << 20) as f64,
+                    args.mem_limit.unwrap_or(0.0)
+                ),
+                Some((f, per_seq, _)) if f == b => format!(
                     "; largest batch whose KV ({:.2} MiB per sequence) fits {} MiB",
                     per_seq / (1 << 20) as f64,
                     args.mem_limit.unwrap_or(0.0)
@@ -393,14 +405,15 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                     "peak_kv_and_state_bytes_per_sequence": d.peak_per_seq,
                     "achieved_bytes_per_s": achieved,
                     "kv_bytes_read_per_step_per_sequence": d.read_per_step_per_seq,
-                    "fits_mem_limit": fit.is_some_and(|(f, _)| f == b),
+                    "fits_mem_limit": fit.is_some_and(|(f, _, _)| f == b),
+                    "batch_that_fits": fit.filter(|&(f, _, _)| f == b).map(|(_, _, all)| all),
                     "device_memory_peak_bytes": d.device_peak,
                     "profile": profile,
                 }),
                 &d.rates,
             ));
         }
-        if let Some((0, per_seq)) = fit {
+        if let Some((0, per_seq, _)) = fit {
             println!(
                 "| decode, {}: not even one sequence's KV ({:.2} MiB) fits {} MiB | - | - |",
                 spec.name(),

@@ -386,6 +386,37 @@ fn forward_decodes_a_batch_and_refuses_one_it_cannot_build() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `kvbench perf` on random:tiny (8-token prefill, no warm-up, one repeat, no bandwidth test) with
+/// `args` added, its export written to `json`: what it printed, and each decode row's measurement.
+fn perf_decode_rows(json: &Path, args: &[&str]) -> (String, Vec<serde_json::Value>) {
+    let mut all = vec![
+        "perf",
+        "--model",
+        "random:tiny",
+        "--prompt-tokens",
+        "8",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--no-bandwidth",
+        "--export-json",
+        json.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let out = ok(&kvbench(&all));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let rows = doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["measurement"]["phase"] == "decode")
+        .map(|r| r["measurement"].clone())
+        .collect();
+    (out, rows)
+}
+
 /// `perf --profile`: a table of a decoding step's phases after the main one, and in the exported rows
 /// each phase's time per step over the extra run's steps (the decoding steps only: new tokens − 1);
 /// without the flag, no profile.
@@ -394,38 +425,12 @@ fn perf_profile_prints_and_exports_a_decoding_step_s_phases() {
     let dir = temp("perf-profile");
     std::fs::create_dir_all(&dir).unwrap();
     let perf = |json: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "perf",
-            "--model",
-            "random:tiny",
-            "--batch",
-            "1,2,1",
-            "--decode-prompt-tokens",
-            "8",
-            "--decode-tokens",
-            "5",
-            "--prompt-tokens",
-            "8",
-            "--warmup",
-            "0",
-            "--repeats",
-            "1",
-            "--no-bandwidth",
-            "--export-json",
-            json.to_str().unwrap(),
-        ];
+        let mut args = vec!["--batch", "1,2,1", "--decode-prompt-tokens", "8"];
+        args.extend_from_slice(&["--decode-tokens", "5"]);
         args.extend_from_slice(extra);
-        let out = ok(&kvbench(&args));
-        let doc: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
-        let decode: Vec<serde_json::Value> = doc["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["measurement"]["phase"] == "decode")
-            .map(|r| r["measurement"]["profile"].clone())
-            .collect();
-        (out, decode)
+        let (out, rows) = perf_decode_rows(json, &args);
+        let profiles: Vec<serde_json::Value> = rows.iter().map(|r| r["profile"].clone()).collect();
+        (out, profiles)
     };
     let (out, profiles) = perf(&dir.join("p.json"), &["--profile"]);
     assert!(out.contains("| decode | embed | norms | qkv"), "{out}");
@@ -527,41 +532,16 @@ fn perf_says_when_max_batch_capped_the_batch_that_fits() {
     let dir = temp("max-batch");
     std::fs::create_dir_all(&dir).unwrap();
     let decode_rows = |max: &str, file: &str| {
-        let path = dir.join(file);
-        let out = ok(&kvbench(&[
-            "perf",
-            "--model",
-            "random:tiny",
-            "--prompt-tokens",
-            "8",
+        let args = [
             "--decode-prompt-tokens",
             "64",
             "--decode-tokens",
             "2",
             "--batch",
             "1",
-            "--mem-limit",
-            "4",
-            "--max-batch",
-            max,
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--no-bandwidth",
-            "--export-json",
-            path.to_str().unwrap(),
-        ]));
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let rows: Vec<serde_json::Value> = json["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["measurement"]["phase"] == "decode")
-            .map(|r| r["measurement"].clone())
-            .collect();
-        (out, rows)
+        ];
+        let limit = ["--mem-limit", "4", "--max-batch", max];
+        perf_decode_rows(&dir.join(file), &[&args[..], &limit[..]].concat())
     };
     let (out, rows) = decode_rows("8", "at-8.json");
     let fit = rows.iter().find(|r| r["fits_mem_limit"] == true).unwrap();

@@ -11,10 +11,10 @@
 //! `vcvtph2ps`) and read in its stored 2 bytes. For several, each task widens its matrix rows once
 //! into a scratch buffer and computes tiles of activation rows × matrix rows (4 × 4 on AVX-512, 2 × 2
 //! on AVX2), each loaded vector used for several products. Measured on the 0.5B's shapes in f16
-//! (Intel Xeon, AVX-512, against candle's f16 product): batch 1 17.6 and 17.8 tokens/s (10.8, 10.9),
-//! batch 8 55.6 and 57.7 (40.0, 40.4), prefill of 64 tokens 146 and 154 (131, 132); the tiles took
-//! batch 8 from 39 and prefill from 79. In bf16 on the AMD EPYC, before the tiles: batch 1 17.5
-//! (2.4), batch 8 42.9 (12.6), the 1.5B's batch 1 6.2 (0.3).
+//! (Intel Xeon, AVX-512, against candle's f16 product): batch 1 17.5 and 17.2 tokens/s (10.0, 10.0),
+//! batch 8 57.0 and 57.9 (40.5, 40.0), prefill of 64 tokens 145.9 and 141.6 (127.7, 127.4); the
+//! tiles took batch 8 from 39.6 and prefill from 79.7 (docs/models.md has bf16 too). In bf16 on the
+//! AMD EPYC, before the tiles: batch 1 17.5 (2.4), batch 8 42.9 (12.6), the 1.5B's batch 1 6.2 (0.3).
 //!
 //! The arithmetic: every product and sum in f32, the activations never rounded to 16 bits, so the
 //! result is that of the widened matrix in f32 up to the order of the sums. Every dot product, tiled
@@ -529,7 +529,7 @@ mod x86 {
 
     /// [`dot_lanes`] over a row's bits, partial sums 0–7 and 8–15 in two registers. (The compiler's
     /// own vectorization of the bf16 shift ran batch-1 decoding at 6.9 tokens/s on an Intel Xeon
-    /// where F16C's f16 product ran 17.6.)
+    /// where F16C's f16 product ran 17.5, in the same binary; written out, bf16 ran 16.4 and 16.7.)
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.

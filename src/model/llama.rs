@@ -534,9 +534,11 @@ impl Transformer {
 
         // 6. The policies' deferred calls, bookkeeping (and the budget check), final norm and logits
         //    (of each sequence's last token unless all are wanted).
-        self.phase(recording, Phase::Attention, || {
-            self.run_deferred(batch, &steps, deferred)
-        })?;
+        if !deferred.is_empty() {
+            self.phase(recording, Phase::Attention, || {
+                self.run_deferred(batch, &steps, deferred)
+            })?;
+        }
         for (s, &(_, t)) in batch.iter_mut().zip(&spans) {
             s.state.seen += t;
             s.state.cache.end_step(s.state.seen);

@@ -32,6 +32,15 @@ pub fn max_threads() -> usize {
     4 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Parses a count that must be at least 1 (tokens, batch sizes, samples, repeats, lengths): clap then
+/// names the flag and its value when it is 0, before any model is loaded.
+pub fn parse_positive(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a whole number from 1".into()),
+    }
+}
+
 /// Parses `--threads`: a whole number from 1 to [`max_threads`].
 pub fn parse_threads(s: &str) -> std::result::Result<usize, String> {
     let max = max_threads();

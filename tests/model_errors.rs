@@ -116,6 +116,26 @@ fn bad_flags_exit_with_code_2_and_say_which() {
     let out = kvbench(&["run", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
 
+    // The study's options out of range name the flag (a config's key is named by the config test).
+    for (flag, value) in [
+        ("--max-new-tokens", "0"),
+        ("--samples", "0"),
+        ("--batch-size", "0"),
+        ("--top-p", "0"),
+        ("--top-p", "1.5"),
+        ("--temperature", "-1"),
+        ("--temperature", "nan"),
+    ] {
+        let arg = format!("{flag}={value}");
+        for args in [vec!["run", &arg], vec!["sweep", "configs/smoke.toml", &arg]] {
+            let out = kvbench(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains(flag) && err.lines().count() <= 3, "{err}");
+            assert!(out.stdout.is_empty(), "{args:?} printed");
+        }
+    }
+
     for limit in ["-5", "0", "nan", "inf"] {
         let flag = format!("--mem-limit={limit}");
         let out = kvbench(&["perf", &flag]);

@@ -21,14 +21,7 @@ use std::process::ExitCode;
 #[error("{0}")]
 pub struct UsageError(pub String);
 
-/// Parses a count that must be at least 1 (tokens, batch sizes, repeats, lengths): clap then names
-/// the flag and its value when it is 0, before any model is loaded.
-pub fn parse_positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err("expected a whole number from 1".into()),
-    }
-}
+pub use kvbench::parse_positive;
 
 /// A number of generated tokens whose decoding is timed: from 2, since the first new token comes from
 /// the prefill's logits (with one, no decoding step is timed: a rate of 0 tokens over 0 s).

@@ -57,20 +57,20 @@ pub struct StudyOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preset: Option<DecodingPreset>,
     /// Sampling temperature (overrides the preset; 0: greedy).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_temperature, allow_negative_numbers = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
     /// Nucleus sampling threshold (overrides the preset).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_top_p, allow_negative_numbers = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f32>,
     /// Maximum new tokens per sample [default: 512 on the built-in set, the dataset manifest's value
     /// otherwise].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_positive)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_new_tokens: Option<usize>,
     /// Samples per problem (pass@1 is their mean; cons@n their majority vote) [default: 1].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_positive)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub samples: Option<usize>,
     /// Base seed; sample s of problem i uses seed + i·samples + s [default: 0].
@@ -78,7 +78,7 @@ pub struct StudyOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
     /// Sequences of one (policy, budget) decoded together [default: 8].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_positive)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<usize>,
     /// Also measure teacher-forced fidelity (KL from full, top-1 agreement, first divergence) for
@@ -155,7 +155,8 @@ impl StudyOptions {
         (self.temperature.unwrap_or(t), self.top_p.unwrap_or(p))
     }
 
-    /// Range checks that serde and clap cannot express; the message names the key.
+    /// Range checks of a config's keys (the flags' parsers make the same ones when a command line is
+    /// parsed); the message names the key.
     pub fn check(&self) -> Result<(), String> {
         for (key, v) in [
             ("samples", self.samples),
@@ -167,14 +168,44 @@ impl StudyOptions {
             }
         }
         let (t, p) = self.sampling();
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], not {p}"));
-        }
-        if !(t >= 0.0 && t.is_finite()) {
-            return Err(format!("temperature must be at least 0, not {t}"));
-        }
+        check_top_p(p).map_err(|e| format!("top_p {e}"))?;
+        check_temperature(t).map_err(|e| format!("temperature {e}"))?;
         Ok(())
     }
+}
+
+/// A nucleus threshold in (0, 1]; the error completes "top_p ..." or "--top-p ...".
+fn check_top_p(p: f32) -> Result<f32, String> {
+    if p > 0.0 && p <= 1.0 {
+        Ok(p)
+    } else {
+        Err(format!("must be in (0, 1], not {p}"))
+    }
+}
+
+/// A finite temperature from 0; the error completes "temperature ..." or "--temperature ...".
+fn check_temperature(t: f32) -> Result<f32, String> {
+    if t >= 0.0 && t.is_finite() {
+        Ok(t)
+    } else {
+        Err(format!("must be at least 0, not {t}"))
+    }
+}
+
+/// `--top-p`: clap names the flag and the value it refuses.
+fn parse_top_p(s: &str) -> Result<f32, String> {
+    let p: f32 = s
+        .parse()
+        .map_err(|_| "expected a number in (0, 1]".to_string())?;
+    check_top_p(p)
+}
+
+/// `--temperature`: clap names the flag and the value it refuses.
+fn parse_temperature(s: &str) -> Result<f32, String> {
+    let t: f32 = s
+        .parse()
+        .map_err(|_| "expected a number from 0".to_string())?;
+    check_temperature(t)
 }
 
 #[cfg(test)]

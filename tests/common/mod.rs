@@ -79,8 +79,7 @@ pub fn run_greedy(
     (tokens, logits, state)
 }
 
-/// Runs the kvbench binary with two compute threads.
-/// Runs the kvbench binary. Commands that load a model get the model of the tests
+/// Runs the kvbench binary with two compute threads. Commands that load a model get the model of the tests
 /// (`--model smollm2-135m`) unless they name one: the default model is the larger Qwen.
 pub fn kvbench(args: &[&str]) -> std::process::Output {
     let mut args: Vec<&str> = args.to_vec();

@@ -59,6 +59,40 @@ impl Want {
     }
 }
 
+/// The rows kept so far and where each id was read, to name both lines of a repeated id.
+struct Kept<'a> {
+    path: &'a Path,
+    unit: &'static str,
+    problems: Vec<Problem>,
+    first_seen: std::collections::HashMap<String, usize>,
+}
+
+impl<'a> Kept<'a> {
+    fn new(path: &'a Path, unit: &'static str) -> Self {
+        Self {
+            path,
+            unit,
+            problems: Vec::new(),
+            first_seen: Default::default(),
+        }
+    }
+
+    /// Keeps `p`, read at line (or row) `n`, unless another kept row has its id: two problems under
+    /// one id would merge as samples of one problem (cons@n voting across different gold answers).
+    fn push(&mut self, p: Problem, n: usize) -> Result<()> {
+        if let Some(first) = self.first_seen.insert(p.id.clone(), n) {
+            return Err(Error::Input(format!(
+                "{}: {}s {first} and {n} share the id '{}': ids must be unique",
+                self.path.display(),
+                self.unit,
+                p.id
+            )));
+        }
+        self.problems.push(p);
+        Ok(())
+    }
+}
+
 /// What a read gave: the rows kept, in file order, how many rows the file has, and the sha256 of
 /// the bytes read (of a stream too, which cannot be read twice).
 #[derive(Debug, Clone)]
@@ -107,7 +141,8 @@ fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
     }
     let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
     let mut hasher = sha2::Sha256::new();
-    let (mut problems, mut rows, mut n, mut total) = (Vec::new(), 0usize, 0usize, 0u64);
+    let mut kept = Kept::new(path, "line");
+    let (mut rows, mut n, mut total) = (0usize, 0usize, 0u64);
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -140,7 +175,7 @@ fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
             continue;
         }
         rows += 1;
-        if want.done(&problems) {
+        if want.done(&kept.problems) {
             continue;
         }
         let row: serde_json::Value = serde_json::from_str(text).map_err(|e| {
@@ -151,11 +186,11 @@ fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
         })?;
         let p = problem_of(&row, fields, path, "line", n)?;
         if want.keeps(&p) {
-            problems.push(p);
+            kept.push(p, n)?;
         }
     }
     Ok(Read {
-        problems,
+        problems: kept.problems,
         rows,
         sha256: format!("{:x}", hasher.finalize()),
     })
@@ -191,13 +226,13 @@ fn parquet_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
         .with_fields(columns)
         .build()
         .map_err(bad)?;
-    let mut problems = Vec::new();
+    let mut kept = Kept::new(path, "row");
     for (i, row) in reader
         .get_row_iter(Some(projection))
         .map_err(bad)?
         .enumerate()
     {
-        if want.done(&problems) {
+        if want.done(&kept.problems) {
             break;
         }
         let p = problem_of(
@@ -208,11 +243,11 @@ fn parquet_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
             i + 1,
         )?;
         if want.keeps(&p) {
-            problems.push(p);
+            kept.push(p, i + 1)?;
         }
     }
     Ok(Read {
-        problems,
+        problems: kept.problems,
         rows,
         sha256,
     })
@@ -293,6 +328,22 @@ mod tests {
             err.contains("bad.jsonl: line 2: not a JSON object"),
             "{err}"
         );
+        // A repeated id among the rows read names both lines (a read that stops early, at `--limit`
+        // or the ids asked for, does not look further).
+        std::fs::write(
+            &bad,
+            "{\"id\": \"a\", \"problem\": \"x\", \"answer\": 1}\n\n{\"id\": \"b\", \"problem\": \"y\", \"answer\": 2}\n{\"id\": \"a\", \"problem\": \"z\", \"answer\": 3}\n",
+        )
+        .unwrap();
+        for want in [Want::All, Want::First(3)] {
+            let err = read(&bad, &Fields::default(), &want)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("bad.jsonl: lines 1 and 4 share the id 'a'"),
+                "{err}"
+            );
+        }
         std::fs::write(&bad, "{\"problem\": \"y\", \"answer\": 2.5}\n").unwrap();
         let ps = load(&bad, &Fields::default()).unwrap();
         assert_eq!(

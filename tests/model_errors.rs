@@ -533,7 +533,7 @@ fn bad_sweep_configs_give_one_clear_error_each() {
         (
             "huge-budget-1e308",
             format!("{base}[[policy]]\nname = \"rkv\"\nbudgets = [1e308]\n"),
-            "at most 1073741824 entries",
+            "budget 1e308 (--budget, or `budgets` in a sweep config): at most 1073741824 entries",
         ),
         (
             "duplicate-budget",

@@ -68,29 +68,39 @@ pub enum Budget {
 impl Budget {
     /// Reads a `--budget` value under `rule`.
     pub fn from_value(value: f64, rule: BudgetRule) -> Result<Self> {
+        // One wording whether the value came from the flag or a config's list; a huge value in
+        // scientific notation (1e300 has 301 digits in full).
+        let bad = |reason: String| {
+            let shown = if value.abs() >= 1e15 {
+                format!("{value:e}")
+            } else {
+                value.to_string()
+            };
+            Err(Error::Input(format!(
+                "budget {shown} (--budget, or `budgets` in a sweep config): {reason}"
+            )))
+        };
         if !value.is_finite() || value <= 0.0 {
-            return Err(Error::Input(format!(
-                "budget must be a positive number (--budget, or `budgets` in a sweep config), got {value}"
-            )));
+            return bad("must be a positive number".into());
         }
         if value <= 1.0 {
             return match rule {
                 BudgetRule::Ratio => Ok(Budget::Ratio(value)),
                 BudgetRule::Seen => Ok(Budget::Seen(value)),
-                BudgetRule::Held => Err(Error::Input(format!(
-                    "--budget {value}: under --budget-rule held the budget is the number of entries held on average per layer and KV head (above 1)"
-                ))),
+                BudgetRule::Held => bad(
+                    "under --budget-rule held the budget is the number of entries held on average per layer and KV head (above 1)".into(),
+                ),
             };
         }
         if value.fract() != 0.0 {
-            return Err(Error::Input(format!(
-                "--budget {value}: above 1 the budget is a whole number of entries per layer and KV head"
-            )));
+            return bad(
+                "above 1 the budget is a whole number of entries per layer and KV head".into(),
+            );
         }
         if value > MAX_ENTRIES as f64 {
-            return Err(Error::Input(format!(
-                "--budget {value}: at most {MAX_ENTRIES} entries per layer and KV head"
-            )));
+            return bad(format!(
+                "at most {MAX_ENTRIES} entries per layer and KV head"
+            ));
         }
         Ok(match rule {
             BudgetRule::Held => Budget::Held(value as usize),

@@ -473,9 +473,10 @@ mod tests {
     fn config(text: &str) -> SweepConfig {
         static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("kvbench-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("{call}.toml"));
+        let path = std::env::temp_dir().join(format!(
+            "kvbench-config-{}-{call}.toml",
+            std::process::id()
+        ));
         std::fs::write(&path, text).unwrap();
         let config = SweepConfig::load(&path).unwrap();
         let _ = std::fs::remove_file(&path);

@@ -473,10 +473,8 @@ mod tests {
     fn config(text: &str) -> SweepConfig {
         static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "kvbench-config-{}-{call}.toml",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("kvbench-config-{}-{call}.toml", std::process::id()));
         std::fs::write(&path, text).unwrap();
         let config = SweepConfig::load(&path).unwrap();
         let _ = std::fs::remove_file(&path);

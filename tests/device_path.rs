@@ -294,11 +294,12 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
 }
 
 /// A policy that keeps every entry and records what it is shown at each decode step and layer: the
-/// layer and the attention probabilities, or (as a sparse-attention policy, attending to everything)
-/// the query.
+/// layer and the attention probabilities (with `group_sum`, asking for each group's sum only, as H2O
+/// does), or (as a sparse-attention policy, attending to everything) the query.
 struct Recorder {
     log: std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>,
     queries: bool,
+    group_sum: bool,
 }
 
 impl kvbench::policy::Policy for Recorder {
@@ -310,6 +311,7 @@ impl kvbench::policy::Policy for Recorder {
         kvbench::policy::Capabilities {
             attention_probs: !self.queries,
             sparse_attention: self.queries,
+            group_sum_probs: self.group_sum,
             ..Default::default()
         }
     }
@@ -352,7 +354,12 @@ impl kvbench::policy::Policy for Recorder {
 
 /// What each sequence's [`Recorder`] saw over 8 decode steps of the three [`batch_inputs`] sequences:
 /// decoded together (`together`), or each in a forward call of its own.
-fn recorded(m: &kvbench::model::Model, queries: bool, together: bool) -> Vec<Vec<Vec<f32>>> {
+fn recorded(
+    m: &kvbench::model::Model,
+    queries: bool,
+    group_sum: bool,
+    together: bool,
+) -> Vec<Vec<Vec<f32>>> {
     use kvbench::model::SeqInput;
     use std::sync::{Arc, Mutex};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
@@ -364,6 +371,7 @@ fn recorded(m: &kvbench::model::Model, queries: bool, together: bool) -> Vec<Vec
             let policy = Recorder {
                 log: log.clone(),
                 queries,
+                group_sum,
             };
             m.transformer
                 .new_state_with(Box::new(policy), KvType::F32)
@@ -419,16 +427,67 @@ fn each_sequence_of_a_batch_is_shown_its_own_probabilities_and_query() {
             }
         }
     };
-    for queries in [false, true] {
-        let (a, b) = (recorded(&m, queries, true), recorded(&m, queries, false));
-        same(&a, &b, &format!("queries {queries}"));
+    for (queries, group_sum) in [(false, false), (true, false), (false, true)] {
+        let (a, b) = (
+            recorded(&m, queries, group_sum, true),
+            recorded(&m, queries, group_sum, false),
+        );
+        same(&a, &b, &format!("queries {queries}, group sum {group_sum}"));
     }
     // The device path calls the probabilities' readers at the end of each decoding step, not after
     // each layer (one wait for the device a step): they are shown, layer by layer in order, what the
     // CPU's own loop shows them after each layer.
     let cpu = tiny_random(false);
-    let (a, b) = (recorded(&m, false, true), recorded(&cpu, false, false));
+    let (a, b) = (
+        recorded(&m, false, false, true),
+        recorded(&cpu, false, false, false),
+    );
     same(&a, &b, "deferred against the CPU loop");
+    // A reader of each group's sum alone is handed that sum on the device path, computed where the
+    // probabilities are (off a GPU, a group's share of the bytes is copied): the whole group's
+    // probabilities summed in the group's order, the policies' own order, to the bit; and so within
+    // rounding of what the CPU loop shows H2O, which sums the group itself.
+    let (hkv, g) = (
+        m.transformer.config.num_kv_heads,
+        m.transformer.config.num_heads / m.transformer.config.num_kv_heads,
+    );
+    assert!(g > 1, "the test model has query groups");
+    let sum_groups = |logs: &[Vec<Vec<f32>>]| -> Vec<Vec<Vec<f32>>> {
+        logs.iter()
+            .map(|records| {
+                records
+                    .iter()
+                    .map(|r| {
+                        let n = (r.len() - 1) / (hkv * g);
+                        let mut out = vec![r[0]];
+                        for h in 0..hkv {
+                            let mut col = vec![0f32; n];
+                            for j in 0..g {
+                                let row = &r[1 + (h * g + j) * n..][..n];
+                                col.iter_mut().zip(row).for_each(|(c, &x)| *c += x);
+                            }
+                            out.extend(col);
+                        }
+                        out
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    for together in [true, false] {
+        let whole = recorded(&m, false, false, together);
+        let summed = recorded(&m, false, true, together);
+        assert_eq!(
+            summed,
+            sum_groups(&whole),
+            "group sums, together {together}"
+        );
+        same(
+            &summed,
+            &sum_groups(&b),
+            "group sums against the CPU loop's",
+        );
+    }
 }
 
 /// `perf --profile`'s clock on the path a GPU takes, one sequence and a pooled batch: every phase of a

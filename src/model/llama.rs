@@ -756,7 +756,8 @@ impl Transformer {
                 (
                     out,
                     if keep_probs {
-                        Some(Tensor::cat(&all_probs, 0)?.reshape((hkv, g, t, n))?)
+                        let probs = Tensor::cat(&all_probs, 0)?.reshape((hkv, g, t, n))?;
+                        Some(probs_for_policy(probs, st.caps.group_sum_probs)?)
                     } else {
                         None
                     },
@@ -936,6 +937,18 @@ fn rotate(x: &mut [f32], d: usize, cos: &[f32], sin: &[f32], interleaved: bool) 
             head[a] = x0 * cos[i] - x1 * sin[i];
             head[b] = x0 * sin[i] + x1 * cos[i];
         }
+    }
+}
+
+/// Attention probabilities as a policy reads them: each cache head's sum over its query group when
+/// `group_sum` (all it reads: [`crate::policy::Capabilities::group_sum_probs`]), summed where they are
+/// (on a GPU, before any copy to the host). The group is dimension 1 of a sequence's `[heads, g, t,
+/// n]` and of a pool's `[batch·heads, g, n]`.
+pub(crate) fn probs_for_policy(probs: Tensor, group_sum: bool) -> candle_core::Result<Tensor> {
+    if group_sum && probs.dim(1)? > 1 {
+        probs.sum_keepdim(1)
+    } else {
+        Ok(probs)
     }
 }
 

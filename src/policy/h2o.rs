@@ -79,6 +79,7 @@ impl Policy for H2o {
         Capabilities {
             attention_probs: true,
             per_query_head: self.config.gqa == GqaAgg::PerQueryHead,
+            group_sum_probs: self.config.gqa != GqaAgg::PerQueryHead,
             ..Default::default()
         }
     }
@@ -96,16 +97,26 @@ impl Policy for H2o {
         let ((heads, g, t, n), p) = super::host_probs(view, "h2o")?;
         let acc = layer_slot(&mut self.acc, view.layer);
         acc.resize(heads, Vec::new());
+        // The group's size: `g`, unless the engine summed each group already (`group_sum_probs`).
+        let group = view.queries.dim(0)? / heads;
         let norm = if self.config.gqa == GqaAgg::MeanProb {
-            1.0 / g as f32
+            1.0 / group as f32
         } else {
             1.0
         };
-        // 1. Accumulate this step's column sums (new entries start at zero).
+        // 1. Accumulate this step's column sums (new entries start at zero): each query row's sum
+        //    over the group first, in the group's order (the engine's own sum, when it gives one).
+        let mut col = vec![0f32; n];
         for (h, a) in acc.iter_mut().enumerate() {
             a.resize(n, 0.0);
-            for row in p[h * g * t * n..(h + 1) * g * t * n].chunks_exact(n) {
-                a.iter_mut().zip(row).for_each(|(x, &q)| *x += q * norm);
+            let head = &p[h * g * t * n..(h + 1) * g * t * n];
+            for r in 0..t {
+                col.fill(0.0);
+                for j in 0..g {
+                    let row = &head[(j * t + r) * n..][..n];
+                    col.iter_mut().zip(row).for_each(|(c, &q)| *c += q);
+                }
+                a.iter_mut().zip(&col).for_each(|(x, &c)| *x += c * norm);
             }
         }
         // 2. Trim to heavy hitters + recent.

@@ -158,6 +158,7 @@ impl Policy for LazyEviction {
         Capabilities {
             attention_probs: true,
             per_query_head: self.config.gqa == GqaAgg::PerQueryHead,
+            group_sum_probs: self.config.gqa == GqaAgg::MeanProb,
             ..Default::default()
         }
     }
@@ -180,14 +181,16 @@ impl Policy for LazyEviction {
         let (alpha, init) = (self.alpha, self.config.init);
         let trackers = layer_slot(&mut self.trackers, view.layer);
         trackers.resize(heads, Tracker::default());
+        // The group's size: `g`, unless the engine summed each group already (`group_sum_probs`).
+        let group = view.queries.dim(0)? / heads;
         for (h, tr) in trackers.iter_mut().enumerate() {
-            // Mean over the group (a group of one under per-query-head storage).
+            // Mean over the group (a group of one under per-query-head storage): the sum in the
+            // group's order (the engine's own, when it gives one), over the group's size.
             let mut mean = vec![0f32; n];
             for row in p[h * g * n..(h + 1) * g * n].chunks_exact(n) {
-                mean.iter_mut()
-                    .zip(row)
-                    .for_each(|(m, &x)| *m += x / g as f32);
+                mean.iter_mut().zip(row).for_each(|(m, &x)| *m += x);
             }
+            mean.iter_mut().for_each(|m| *m /= group as f32);
             tr.observe(t, &mean, alpha, init);
         }
         let c = &self.config;

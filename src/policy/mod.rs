@@ -55,6 +55,12 @@ pub struct Capabilities {
     /// The policy chooses, before attention at each decode step, which entries each head attends to
     /// ([`Policy::select_attention`]).
     pub sparse_attention: bool,
+    /// Of `attention_probs`, only each cache head's sum over its query group is read: the engine
+    /// may hand `[heads, 1, t, n]`, summed where the probabilities are (on a GPU the copy to the
+    /// host is then a group's share of the bytes: a seventh at R1-Distill-Qwen-7B's shapes). The
+    /// sum runs over the group in order from its first query head, as the policy's own must when
+    /// it is handed the whole group, so that both give the same bits on the CPU.
+    pub group_sum_probs: bool,
 }
 
 /// Where the sequence is when a hook runs.

@@ -132,6 +132,12 @@ impl Transformer {
             .enumerate()
             .try_for_each(finish)?;
         if readers.iter().any(|&r| r) {
+            // Summed over each group when every reader reads only that (one operation for the pool).
+            let group_sum = batch
+                .iter()
+                .filter(|s| s.state.caps.attention_probs)
+                .all(|s| s.state.caps.group_sum_probs);
+            let probs = super::probs_for_policy(probs, group_sum)?;
             let layer = Deferred {
                 l,
                 probs: DeferredProbs::Pooled {

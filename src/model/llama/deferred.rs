@@ -72,10 +72,7 @@ impl Transformer {
         if !self.device.is_cpu() {
             self.device.synchronize()?;
         }
-        let (hkv, g) = (
-            self.config.num_kv_heads,
-            self.config.num_heads / self.config.num_kv_heads,
-        );
+        let hkv = self.config.num_kv_heads;
         for Deferred {
             l,
             probs,
@@ -98,6 +95,8 @@ impl Transformer {
                     readers,
                 } => {
                     let host = probs.to_device(&Device::Cpu)?;
+                    // The group, or 1 when it was summed on the device (`probs_for_policy`).
+                    let g = host.dim(1)?;
                     let mut out = Vec::with_capacity(readers.len());
                     for (i, (&len, read)) in lens.iter().zip(readers).enumerate() {
                         if !read {

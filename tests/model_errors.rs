@@ -773,3 +773,24 @@ fn a_bad_kernel_setting_exits_with_code_2_and_names_the_variable() {
         assert_eq!(run(var, good).status.code(), Some(0), "{var}={good}");
     }
 }
+
+/// `kvbench report` with no directory named reads `results/` of the working directory: where there is
+/// none, it says what to do (exit 2), not an i/o error.
+#[test]
+fn report_without_a_results_folder_says_what_to_name() {
+    let dir = std::env::temp_dir().join(format!("kvbench-noresults-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .arg("report")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no result directories under results/") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "wrote");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -30,17 +30,24 @@ pub struct ReportArgs {
 
 fn default_dirs() -> anyhow::Result<Vec<PathBuf>> {
     let root = Path::new("results");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .map_err(|e| kvbench::Error::io(root, e))?
+    let none = || {
+        super::UsageError(
+            "no result directories under results/: name some, or run `kvbench sweep` first".into(),
+        )
+    };
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        // No results/ here (another working directory, nothing run yet): the same advice.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(none().into()),
+        Err(e) => return Err(kvbench::Error::io(root, e).into()),
+    };
+    let mut dirs: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.join("sweep.json").is_file())
         .collect();
     dirs.sort();
     if dirs.is_empty() {
-        return Err(super::UsageError(
-            "no result directories under results/: name some, or run `kvbench sweep` first".into(),
-        )
-        .into());
+        return Err(none().into());
     }
     Ok(dirs)
 }

@@ -713,10 +713,9 @@ impl Transformer {
                 let (keys, values) = (keys.to_dtype(q_s.dtype())?, values.to_dtype(q_s.dtype())?);
                 let n = keys.dim(1)?;
                 let q3 = q_s.reshape((hkv, g * t, d))?;
-                let mask = match t > 1 {
-                    true => Some(causal_mask(t, n, &self.device)?),
-                    false => None,
-                };
+                // Built when first needed: on the CPU a prefill's mask is applied inside
+                // `ops::scaled_causal_softmax` instead.
+                let mut mask: Option<Tensor> = None;
                 let keep_probs = want_probs && subset.is_none();
                 // Several new tokens (a prefill): one KV head's group at a time. Its scores are
                 // `[g·t, n]` floats per head, and all heads' at once (with the scaled, masked and
@@ -729,19 +728,34 @@ impl Transformer {
                 for h in (0..hkv).step_by(per) {
                     // Scores, mask and softmax in f32 whatever the activations (16-bit ones
                     // are widened here, as transformers' attention does before its softmax).
-                    let scores = (q3
+                    let raw = q3
                         .narrow(0, h, per)?
                         .matmul(&keys.narrow(0, h, per)?.t()?)?
-                        .to_dtype(DType::F32)?
-                        * scale)?;
-                    let scores = match &mask {
-                        Some(mask) => scores
-                            .reshape((per, g, t, n))?
-                            .broadcast_add(mask)?
-                            .reshape((per, g * t, n))?,
-                        None => scores,
+                        .to_dtype(DType::F32)?;
+                    let fused = match t > 1 {
+                        true => super::ops::scaled_causal_softmax(&raw, scale as f32, t),
+                        false => None,
                     };
-                    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                    let probs = match fused {
+                        Some(probs) => probs?,
+                        None => {
+                            let scores = (raw * scale)?;
+                            let scores = match t > 1 {
+                                true => {
+                                    let mask = match &mut mask {
+                                        Some(mask) => mask,
+                                        none => none.insert(causal_mask(t, n, &self.device)?),
+                                    };
+                                    scores
+                                        .reshape((per, g, t, n))?
+                                        .broadcast_add(mask)?
+                                        .reshape((per, g * t, n))?
+                                }
+                                false => scores,
+                            };
+                            candle_nn::ops::softmax_last_dim(&scores)?
+                        }
+                    };
                     let p = probs.to_dtype(values.dtype())?;
                     ys.push(p.matmul(&values.narrow(0, h, per)?)?); // [per, g*t, d]
                     if keep_probs {

@@ -79,6 +79,24 @@ pub fn swiglu(gate_up: &Tensor, ffn: usize) -> Result<Tensor> {
     }
 }
 
+/// Additive mask `[t, n]` for `t` new tokens appended at the end of a cache of `n` entries (0 where a
+/// token may attend, −∞ where not): candle's way to the causal mask [`scaled_causal_softmax`] applies.
+pub fn causal_mask(t: usize, n: usize, device: &candle_core::Device) -> Result<Tensor> {
+    let past = n - t;
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| {
+            (0..n).map(move |j| {
+                if j <= past + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(mask, (t, n), device)
+}
+
 /// Rows per parallel task of [`scaled_causal_softmax`] (a prefill's rows are hundreds of entries).
 const SOFTMAX_TASK_ROWS: usize = 16;
 
@@ -189,18 +207,7 @@ mod tests {
                 .collect();
             let raw = Tensor::from_vec(data, (heads, group * t, n), &Device::Cpu).unwrap();
             let scale = 1.0 / (128f64).sqrt();
-            let mask: Vec<f32> = (0..t)
-                .flat_map(|i| {
-                    (0..n).map(move |j| {
-                        if j <= past + i {
-                            0.0
-                        } else {
-                            f32::NEG_INFINITY
-                        }
-                    })
-                })
-                .collect();
-            let mask = Tensor::from_vec(mask, (t, n), &Device::Cpu).unwrap();
+            let mask = causal_mask(t, n, &Device::Cpu).unwrap();
             let theirs = candle_nn::ops::softmax_last_dim(
                 &(raw.clone() * scale)
                     .unwrap()

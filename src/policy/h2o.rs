@@ -105,18 +105,24 @@ impl Policy for H2o {
             1.0
         };
         // 1. Accumulate this step's column sums (new entries start at zero): each query row's sum
-        //    over the group first, in the group's order (the engine's own sum, when it gives one).
-        let mut col = vec![0f32; n];
+        //    over the group first, in the group's order (the engine's own sum, when it gives one: a
+        //    group of one, added as it is, the same bits as a sum from zero).
+        let mut col = vec![0f32; if g > 1 { n } else { 0 }];
         for (h, a) in acc.iter_mut().enumerate() {
             a.resize(n, 0.0);
             let head = &p[h * g * t * n..(h + 1) * g * t * n];
             for r in 0..t {
-                col.fill(0.0);
-                for j in 0..g {
-                    let row = &head[(j * t + r) * n..][..n];
-                    col.iter_mut().zip(row).for_each(|(c, &q)| *c += q);
-                }
-                a.iter_mut().zip(&col).for_each(|(x, &c)| *x += c * norm);
+                let row = |j: usize| &head[(j * t + r) * n..][..n];
+                let sum = if g == 1 {
+                    row(0)
+                } else {
+                    col.fill(0.0);
+                    for j in 0..g {
+                        col.iter_mut().zip(row(j)).for_each(|(c, &q)| *c += q);
+                    }
+                    &col[..]
+                };
+                a.iter_mut().zip(sum).for_each(|(x, &c)| *x += c * norm);
             }
         }
         // 2. Trim to heavy hitters + recent.

@@ -47,12 +47,10 @@ fn gemm_rows() -> usize {
 pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Result<Vec<f32>, ShapeError> {
     check(w, x)?;
     let (n, m, k) = (w.rows(), x.m, w.cols());
-    let mut out = vec![0f32; m * n];
-    let dst = Out::new(&mut out, n);
     let plan = Plan::new(path, m);
     let tile = tile_rows(m, k);
     let per_task = plan.cols_per_task;
-    let task = |scratch: &mut Scratch, cols: Range<usize>| {
+    let task = |dst: &Out, scratch: &mut Scratch, cols: Range<usize>| {
         for t0 in (0..m).step_by(tile) {
             let rows = t0..(t0 + tile).min(m);
             let mut j = cols.start;
@@ -69,30 +67,34 @@ pub fn run(w: &QMatrix, x: &Acts, path: Path) -> Result<Vec<f32>, ShapeError> {
                             (j, cols.start, cols.end),
                             &plan,
                             &mut scratch.x86,
-                            &dst,
+                            dst,
                         )
                     };
                     continue;
                 }
-                portable_column(w, x, rows.clone(), j, scratch, &dst);
+                portable_column(w, x, rows.clone(), j, scratch, dst);
                 j += 1;
             }
         }
     };
     // Tasks of `per_task` columns, claimed in runs of consecutive tasks (a run's weights are one stream
     // for the prefetchers; see `for_each_range_init`).
-    crate::parallel::for_each_range_init(
-        n,
-        per_task,
-        per_task,
-        Scratch::default,
-        |scratch, run| {
-            for start in run.clone().step_by(per_task) {
-                task(scratch, start..(start + per_task).min(run.end));
-            }
-        },
-    );
-    Ok(out)
+    let fill = |dst: &Out| {
+        crate::parallel::for_each_range_init(
+            n,
+            per_task,
+            per_task,
+            Scratch::default,
+            |scratch, run| {
+                for start in run.clone().step_by(per_task) {
+                    task(dst, scratch, start..(start + per_task).min(run.end));
+                }
+            },
+        )
+    };
+    // SAFETY: the runs cover columns `0..n`, a task's loop every row of its columns (each kernel
+    // writes all the rows it is given of the columns it says it did).
+    Ok(unsafe { super::output::written(m, n, fill) })
 }
 
 /// Inputs a product was given that do not fit each other: `run` is safe and public, and its kernels

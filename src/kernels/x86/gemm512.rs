@@ -16,6 +16,7 @@ use super::gemm::{Interleaved, Packed, Quad};
 use crate::kernels::acts::Acts;
 use crate::kernels::format::BlockFormat;
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 /// Most activation rows per call: twice the AVX2 kernel's, as the 32 vector registers allow; each
 /// call decodes its weights once (measured on Qwen2.5-Coder-1.5B, see the README's speed section).
@@ -229,7 +230,15 @@ unsafe fn kquant_body<S: Quad, const RT: usize, const BY_16: bool, const VNNI: b
         let chunks = full + usize::from(RT > 0);
         debug_assert!(chunks <= MAX_ROWS / KR && acc.len() >= chunks);
         let at = RowsAt::new(x, r0);
-        let mut totals = [[_mm512_setzero_ps(); KR / 2]; MAX_ROWS / KR];
+        // Only the chunks this call sums are zeroed: all sixteen were 2 KiB of stores a call, and a
+        // prefill's calls are mostly of one chunk (`pair_columns`).
+        let mut room = [MaybeUninit::<[__m512; KR / 2]>::uninit(); MAX_ROWS / KR];
+        for total in &mut room[..chunks] {
+            total.write([_mm512_setzero_ps(); KR / 2]);
+        }
+        // SAFETY: the first `chunks` entries were written just above.
+        let totals = &mut *(&mut room[..chunks] as *mut [MaybeUninit<[__m512; KR / 2]>]
+            as *mut [[__m512; KR / 2]]);
         for b in 0..at.kb {
             p[0].begin(b);
             p[1].begin(b);

@@ -7,6 +7,11 @@ unsafe impl Sync for Out {}
 unsafe impl Send for Out {}
 
 impl Out {
+    /// The output `buf` of `n` columns.
+    pub fn new(buf: &mut [f32], n: usize) -> Self {
+        Self(buf.as_mut_ptr(), n)
+    }
+
     /// Writes element (`r`, `j`).
     ///
     /// # Safety

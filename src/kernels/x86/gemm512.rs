@@ -230,8 +230,8 @@ unsafe fn kquant_body<S: Quad, const RT: usize, const BY_16: bool, const VNNI: b
         let chunks = full + usize::from(RT > 0);
         debug_assert!(chunks <= MAX_ROWS / KR && acc.len() >= chunks);
         let at = RowsAt::new(x, r0);
-        // Only the chunks this call sums are zeroed: all sixteen were 2 KiB of stores a call, and a
-        // prefill's calls are mostly of one chunk (`pair_columns`).
+        // Only the chunks this call sums are zeroed: all eight were 2 KiB of stores a call, and a
+        // prefill's calls are of one chunk (`pair_columns`).
         let mut room = [MaybeUninit::<[__m512; KR / 2]>::uninit(); MAX_ROWS / KR];
         for total in &mut room[..chunks] {
             total.write([_mm512_setzero_ps(); KR / 2]);

@@ -1,5 +1,7 @@
 //! The output of one product, written by parallel tasks that own disjoint columns.
 
+use std::mem::MaybeUninit;
+
 /// The output matrix (`m × n`, row-major), written by tasks that own disjoint columns.
 pub struct Out(*mut f32, usize);
 // SAFETY: tasks write disjoint columns of the output through this pointer.
@@ -24,22 +26,31 @@ impl Out {
     }
 }
 
-/// A new `m × n` output, every element of which `write` sets (through [`Out::set`]) before it returns.
-/// The buffer is not zeroed first: the kernels overwrite it all, and zeroing a 512-token prefill's
-/// outputs was about 0.5% of its time (profile, Qwen2.5-Coder-1.5B). With debug assertions (the test
-/// profile) it starts as NaN instead, so an element a kernel leaves unset fails the tests' comparisons.
+/// A new buffer of `len` values that `fill` writes whole before it returns. Not zeroed first (zeroing
+/// the outputs a 512-token prefill overwrites was ~0.5% of its time, profile of Qwen2.5-Coder-1.5B).
+/// With debug assertions (the test profile, where CI runs the kernel and fused-operation tests) it
+/// starts as NaN instead, so a value left unwritten fails the tests' comparisons.
+///
+/// # Safety
+/// `fill` writes every value of the slice it is given.
+pub unsafe fn unzeroed(len: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+    let mut buf = Vec::<f32>::with_capacity(len);
+    if cfg!(debug_assertions) {
+        buf.resize(len, f32::NAN);
+        buf.clear();
+    }
+    fill(&mut buf.spare_capacity_mut()[..len]);
+    // SAFETY: `fill` wrote all `len` values (the caller's contract).
+    unsafe { buf.set_len(len) };
+    buf
+}
+
+/// A new `m × n` output, every element of which `write` sets (through [`Out::set`]) before it
+/// returns ([`unzeroed`]).
 ///
 /// # Safety
 /// `write` sets every element of the `m × n` output.
 pub unsafe fn written(m: usize, n: usize, write: impl FnOnce(&Out)) -> Vec<f32> {
-    let len = m * n;
-    let mut buf = Vec::<f32>::with_capacity(len);
-    if cfg!(debug_assertions) {
-        buf.resize(len, f32::NAN);
-    }
-    // The pointer is valid for the whole capacity, whatever the length.
-    write(&Out(buf.as_mut_ptr(), n));
-    // SAFETY: `write` set all `len` elements (the caller's contract).
-    unsafe { buf.set_len(len) };
-    buf
+    // SAFETY: `write` sets every element (the caller's contract).
+    unsafe { unzeroed(m * n, |buf| write(&Out(buf.as_mut_ptr().cast(), n))) }
 }

@@ -8,6 +8,7 @@
 //! values are the same bits. Likewise a projection's bias is added in place to the product kvbench's
 //! kernels return, and a prefill's attention scores are scaled, masked and softmaxed in one pass.
 
+use crate::kernels::output::unzeroed;
 use candle_core::{DType, Result, Storage, Tensor};
 use std::mem::MaybeUninit;
 use std::sync::Mutex;
@@ -22,9 +23,7 @@ enum Spread {
 }
 
 /// A new buffer made of consecutive parts of the given lengths, `fill(k, part)` writing part `k` in a
-/// parallel task. Not zeroed first: every part is written whole (zeroing a 512-token prefill's
-/// outputs was ~0.5% of its time, profile of Qwen2.5-Coder-1.5B). With debug assertions (the test
-/// profile) the buffer starts as NaN, so a value left unwritten fails the tests' comparisons.
+/// parallel task, not zeroed first ([`unzeroed`]).
 ///
 /// # Safety
 /// `fill` writes every value of the part it is given.
@@ -34,33 +33,26 @@ unsafe fn in_parts(
     fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
 ) -> Vec<f32> {
     let lengths: Vec<usize> = lengths.collect();
-    let len = lengths.iter().sum();
-    let mut buf = Vec::<f32>::with_capacity(len);
-    if cfg!(debug_assertions) {
-        buf.resize(len, f32::NAN);
-        buf.clear();
-    }
-    let mut rest = &mut buf.spare_capacity_mut()[..len];
-    let parts: Vec<Mutex<&mut [MaybeUninit<f32>]>> = lengths
-        .iter()
-        .map(|&l| {
-            let (part, tail) = std::mem::take(&mut rest).split_at_mut(l);
-            rest = tail;
-            Mutex::new(part)
-        })
-        .collect();
-    let task = |_: &mut (), k: usize| {
-        let mut part = parts[k].lock().unwrap_or_else(|e| e.into_inner());
-        fill(k, &mut part);
+    let in_tasks = |mut rest: &mut [MaybeUninit<f32>]| {
+        let parts: Vec<Mutex<&mut [MaybeUninit<f32>]>> = lengths
+            .iter()
+            .map(|&l| {
+                let (part, tail) = std::mem::take(&mut rest).split_at_mut(l);
+                rest = tail;
+                Mutex::new(part)
+            })
+            .collect();
+        let task = |_: &mut (), k: usize| {
+            let mut part = parts[k].lock().unwrap_or_else(|e| e.into_inner());
+            fill(k, &mut part);
+        };
+        match spread {
+            Spread::Pool => crate::parallel::for_each_init(parts.len(), || (), task),
+            Spread::Team => crate::parallel::for_each_init_on_team(parts.len(), || (), task),
+        }
     };
-    match spread {
-        Spread::Pool => crate::parallel::for_each_init(parts.len(), || (), task),
-        Spread::Team => crate::parallel::for_each_init_on_team(parts.len(), || (), task),
-    }
-    drop(parts);
-    // SAFETY: every part was written whole (the caller's contract), and the parts cover `len`.
-    unsafe { buf.set_len(len) };
-    buf
+    // SAFETY: the parts cover the buffer, and each is written whole (the caller's contract).
+    unsafe { unzeroed(lengths.iter().sum(), in_tasks) }
 }
 
 /// Runs `f` on a CPU tensor's f32 elements when they are contiguous; `None` otherwise (another

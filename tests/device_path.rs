@@ -158,6 +158,38 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
 }
 
 #[test]
+fn window_compressions_scored_for_the_batch_at_once_keep_what_each_policy_keeps() {
+    // SnapKV, PyramidKV and R-KV on a pooled batch, their compressions scored together with the
+    // device's operations (what a GPU does), against each policy scoring its own on the host. At a
+    // budget of 36 the 29-token prompt is not compressed at prefill and the others are: at the
+    // decoding compressions two sequences share a cache length and one has its own, so the batch
+    // is scored in a group picked out of the pool and a group of one; sequence 1 leaves part-way.
+    kvbench::init_threads(None).unwrap();
+    let mut together = tiny_random(true);
+    together.transformer.set_batch_scoring(true);
+    let mut alone = tiny_random(true);
+    alone.transformer.set_batch_scoring(false);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    let (prompts, tokens) = batch_inputs(&mut rng);
+    for name in ["snapkv", "pyramidkv", "rkv"] {
+        let args = vec!["buffer=8".to_string()];
+        let spec = kvbench::policy::PolicySpec::from_args(name, 36.0, &args).unwrap();
+        let a = batch_teacher_forced(&together, &spec, &prompts, &tokens, (1, 30));
+        let b = batch_teacher_forced(&alone, &spec, &prompts, &tokens, (1, 30));
+        for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(sa.len(), sb.len());
+            for (s, (x, y)) in sa.iter().zip(sb).enumerate() {
+                let worst = common::max_abs_diff(x, y);
+                assert!(
+                    worst < 1e-4,
+                    "{name}: sequence {i} step {s}: logits differ by {worst}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn copies_of_one_prefill_decode_as_sequences_prefilled_apart() {
     // `generate_copies` (one prefill, the others' states copied and their policies forked) against
     // `generate_batch` (every sequence prefilled), under every policy, on the CPU's loop and through

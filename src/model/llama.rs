@@ -52,6 +52,10 @@ pub struct Transformer {
     /// A decoding batch attends through its pooled caches in one set of operations (off: one
     /// sequence at a time, the reference the pooled path is checked against).
     batched_attention: bool,
+    /// A pooled batch's observation-window compressions are scored together on the device
+    /// (`batched::batch_scores`): by default where the caches are not on the CPU (whose policies
+    /// score on the host); on for the CPU too in tests of the path a GPU takes.
+    batch_scoring: bool,
     /// How each sequence's cache stores keys and values.
     kv_type: crate::cache::KvType,
     /// The pooled path's scatter index and padding mask, kept from layer to layer of a step.
@@ -214,6 +218,7 @@ impl Transformer {
             weight_bytes,
             generic_attention: false,
             batched_attention: true,
+            batch_scoring: !device.is_cpu(),
             kv_type: crate::cache::KvType::F32,
             pool_inputs: std::sync::Mutex::new(None),
             activations: DType::F32,
@@ -293,6 +298,12 @@ impl Transformer {
     /// caches pooled per layer (the default), or one sequence at a time.
     pub fn set_batched_attention(&mut self, on: bool) {
         self.batched_attention = on;
+    }
+
+    /// Whether a pooled batch scores its sequences' observation-window compressions together with
+    /// the device's operations (as on a GPU) rather than each policy on its own.
+    pub fn set_batch_scoring(&mut self, on: bool) {
+        self.batch_scoring = on;
     }
 
     /// Whether a decoding step's logits are chosen from where they are computed
@@ -788,7 +799,7 @@ impl Transformer {
         match probs4 {
             Some(p) if self.defers_policy(true, step, t) => Ok((out, Some((q_s, p)))),
             probs4 => {
-                self.finish_layer(l, step, st, &q_s, probs4.as_ref(), false)?;
+                self.finish_layer(l, step, st, &q_s, probs4.as_ref(), None, false)?;
                 Ok((out, None))
             }
         }
@@ -796,6 +807,7 @@ impl Transformer {
 
     /// The end of a sequence's layer step: update its query window (unless `window_extended`: the
     /// batch's windows were extended at once) and run its policy.
+    #[allow(clippy::too_many_arguments)]
     fn finish_layer(
         &self,
         l: usize,
@@ -803,6 +815,7 @@ impl Transformer {
         st: &mut SeqState,
         q_s: &Tensor,
         probs: Option<&Tensor>,
+        scores: Option<&crate::policy::WindowScores>,
         window_extended: bool,
     ) -> candle_core::Result<()> {
         let w = st.caps.query_window;
@@ -831,6 +844,7 @@ impl Transformer {
             queries: q_s,
             query_window: st.query_windows[l].as_ref(),
             probs,
+            scores,
         };
         let events_before = st.cache.layer(l).compressions();
         st.policy
@@ -918,7 +932,7 @@ impl Transformer {
                     None => None,
                 };
                 let q_s = Tensor::from_slice(q, (hq, 1, d), dev)?;
-                self.finish_layer(l, step, st, &q_s, probs.as_ref(), false)?;
+                self.finish_layer(l, step, st, &q_s, probs.as_ref(), None, false)?;
                 Ok(a.out)
             };
         // As in the generic path, a single sequence stays on this thread.

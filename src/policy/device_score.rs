@@ -12,9 +12,19 @@
 //! version's, step for step (diagonal zero, each row's most recent partner above the threshold or
 //! column 0 zeroed, column means, softmax); the sums run in another order, so scores differ by
 //! rounding. Caches on the CPU keep the host version.
+//!
+//! Both take several sequences at once (`[sequences, heads, …]`, or rows of heads): a decoding batch's
+//! compressions of one step are scored together by the engine (`Policy::score_request`), a few
+//! operations per chunk instead of a hundred per sequence and layer.
 
 use super::params::{GqaAgg, QueryReduce, SoftmaxDomain};
 use candle_core::{DType, Result, Tensor, D};
+
+/// Bytes of `f32` one chunk of a batched scoring may hold in its largest temporary (a `[rows, n, n]`
+/// cosine matrix, or a window's `[sequences, heads, w, n]` logits): a batch is scored in chunks of
+/// sequences or heads below it, so that a compression of 1,024 sequences at once needs a few
+/// hundred MiB, not tens of GiB. One row is always taken, however large.
+pub const CHUNK_BYTES: usize = 256 << 20;
 
 /// The window attention score of every candidate (the first `n_cand` keys) of each KV head, as
 /// [`super::score::window_scores`] computes it from [`super::score::GroupLogits`] (the first vector of
@@ -30,11 +40,39 @@ pub fn window_scores(
     domain: SoftmaxDomain,
     reduce: QueryReduce,
 ) -> Result<Option<Vec<Vec<f32>>>> {
-    let (hq, w, d) = queries.dims3()?;
-    let (heads, n, _) = keys.dims3()?;
-    let g = hq / heads;
-    if n_cand == 0 {
-        return Ok(Some(vec![Vec::new(); heads]));
+    let scores = window_scores_batch(
+        &queries.unsqueeze(0)?,
+        keys,
+        n_cand,
+        agg,
+        domain,
+        reduce,
+        CHUNK_BYTES,
+    )?;
+    Ok(scores.map(|mut s| s.swap_remove(0)))
+}
+
+/// [`window_scores`] of several sequences at once, each with its own window and keys of the same
+/// shape: `queries` `[sequences, query_heads, w, d]`, `keys` `[sequences·heads, n, d]` (each
+/// sequence's heads in turn; a view of a pool will do, it is read chunk by chunk); returns
+/// `[sequences][heads][n_cand]`. A few operations per chunk of sequences (at most `chunk_bytes` of
+/// logits or of f32 keys each) and one copy to the host, where one sequence at a time took a dozen
+/// operations and a wait for the device each.
+pub fn window_scores_batch(
+    queries: &Tensor,
+    keys: &Tensor,
+    n_cand: usize,
+    agg: GqaAgg,
+    domain: SoftmaxDomain,
+    reduce: QueryReduce,
+    chunk_bytes: usize,
+) -> Result<Option<Vec<Vec<Vec<f32>>>>> {
+    let (b, hq, w, d) = queries.dims4()?;
+    let (rows, n, _) = keys.dims3()?;
+    let heads = rows / b.max(1);
+    let g = hq / heads.max(1);
+    if n_cand == 0 || b == 0 {
+        return Ok(Some(vec![vec![Vec::new(); heads]; b]));
     }
     // What each window query's softmax sees: the candidates, or every key up to its own position.
     let visible: Vec<usize> = (0..w)
@@ -53,39 +91,61 @@ pub fn window_scores(
         .collect();
     let mask = Tensor::from_vec(mask, (w, n), dev)?;
     let scale = 1.0 / (d as f32).sqrt();
-    let q = queries
-        .to_dtype(DType::F32)?
-        .contiguous()?
-        .reshape((heads, g * w, d))?;
-    let k = keys.to_dtype(DType::F32)?.contiguous()?;
-    let z = (q.matmul(&k.t()?)? * scale as f64)?.reshape((heads, g, w, n))?;
-    // Rows `[heads, groups, w, n]` to softmax: the group's maximum logit, its first head's, or all.
-    let z = match agg {
-        GqaAgg::MaxLogit => z.max_keepdim(1)?,
-        GqaAgg::PerQueryHead => z.narrow(1, 0, 1)?,
-        GqaAgg::SumProb | GqaAgg::MeanProb => z,
-    };
-    let probs = candle_nn::ops::softmax_last_dim(&z.broadcast_add(&mask)?.contiguous()?)?
-        .narrow(3, 0, n_cand)?;
-    let per_row = match reduce {
-        QueryReduce::Sum => probs.sum(2)?,
-        QueryReduce::Mean => (probs.sum(2)? / w as f64)?,
-    }; // [heads, groups, n_cand]
-    let scores = match agg {
-        GqaAgg::MeanProb => (per_row.sum(1)? / g as f64)?,
-        _ => per_row.sum(1)?,
-    };
-    Ok(Some(scores.to_vec2::<f32>()?))
+    let per_sequence = (hq * w * n).max(heads * n * d) * std::mem::size_of::<f32>();
+    let chunk = (chunk_bytes / per_sequence.max(1)).clamp(1, b);
+    let mut parts = Vec::with_capacity(b.div_ceil(chunk));
+    for first in (0..b).step_by(chunk) {
+        let c = chunk.min(b - first);
+        let q = queries
+            .narrow(0, first, c)?
+            .to_dtype(DType::F32)?
+            .contiguous()?
+            .reshape((c * heads, g * w, d))?;
+        let k = keys
+            .narrow(0, first * heads, c * heads)?
+            .to_dtype(DType::F32)?
+            .contiguous()?
+            .reshape((c * heads, n, d))?;
+        let z = (q.matmul(&k.t()?)? * scale as f64)?.reshape((c * heads, g, w, n))?;
+        // Rows `[c·heads, groups, w, n]` to softmax: the group's maximum logit, its first head's, or all.
+        let z = match agg {
+            GqaAgg::MaxLogit => z.max_keepdim(1)?,
+            GqaAgg::PerQueryHead => z.narrow(1, 0, 1)?,
+            GqaAgg::SumProb | GqaAgg::MeanProb => z,
+        };
+        let probs = candle_nn::ops::softmax_last_dim(&z.broadcast_add(&mask)?.contiguous()?)?
+            .narrow(3, 0, n_cand)?;
+        let per_row = match reduce {
+            QueryReduce::Sum => probs.sum(2)?,
+            QueryReduce::Mean => (probs.sum(2)? / w as f64)?,
+        }; // [c·heads, groups, n_cand]
+        parts.push(match agg {
+            GqaAgg::MeanProb => (per_row.sum(1)? / g as f64)?,
+            _ => per_row.sum(1)?,
+        });
+    }
+    let rows = Tensor::cat(&parts, 0)?.to_vec2::<f32>()?;
+    Ok(Some(rows.chunks(heads).map(<[_]>::to_vec).collect()))
 }
 
-/// The redundancy score of every entry of each head: `keys` is `[heads, n, d]` (post-RoPE, as
-/// cached); returns `[heads][n]`. One head at a time, so the transient memory is a few `n × n`
-/// matrices (256 MiB each at 8,192 entries); the scores come back together.
+/// The redundancy score of every entry of each row of `keys`, `[rows, n, d]` (a sequence's heads, or
+/// several sequences' heads one after another; post-RoPE, as cached); returns `[rows][n]`. Rows go
+/// through in chunks whose `[rows, n, n]` cosine matrix stays within [`CHUNK_BYTES`] (one row at a
+/// time from 8,192 entries up), and the scores come back in one copy (one wait for the device).
 pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
-    let (heads, n, _) = keys.dims3()?;
+    redundancy_chunked(keys, threshold, CHUNK_BYTES)
+}
+
+/// [`redundancy`] with the chunks' bound given.
+pub fn redundancy_chunked(
+    keys: &Tensor,
+    threshold: f32,
+    chunk_bytes: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let (rows_total, n, _) = keys.dims3()?;
     let dev = keys.device();
-    if n == 0 {
-        return Ok(vec![Vec::new(); heads]);
+    if n == 0 || rows_total == 0 {
+        return Ok(vec![Vec::new(); rows_total]);
     }
     let index = Tensor::arange(0u32, n as u32, dev)?;
     let rows = index.reshape((n, 1))?.broadcast_as((n, n))?;
@@ -93,23 +153,29 @@ pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
     // 1 off the diagonal, 0 on it (the host version never computes s[i][i]).
     let off_diagonal = rows.ne(&cols)?.to_dtype(DType::F32)?;
     let col_index = cols.to_dtype(DType::F32)?;
-    let mut scores = Vec::with_capacity(heads);
-    for h in 0..heads {
-        let k = keys.get(h)?.to_dtype(DType::F32)?; // [n, d]
+    let chunk = (chunk_bytes / (n * n * std::mem::size_of::<f32>())).clamp(1, rows_total);
+    let mut scores = Vec::with_capacity(rows_total.div_ceil(chunk));
+    for first in (0..rows_total).step_by(chunk) {
+        let c = chunk.min(rows_total - first);
+        let k = keys
+            .narrow(0, first, c)?
+            .to_dtype(DType::F32)?
+            .contiguous()?; // [c, n, d]
         let norm = (k.sqr()?.sum_keepdim(D::Minus1)?.sqrt()? + 1e-8)?;
-        let unit = k.broadcast_div(&norm)?;
-        // Cosines `[n, n]`, the diagonal zeroed; each row's partner: the largest column above the
+        let unit = k.broadcast_div(&norm)?.contiguous()?;
+        // Cosines `[c, n, n]`, the diagonal zeroed; each row's partner: the largest column above the
         // threshold, 0 when there is none.
-        let s = (unit.matmul(&unit.t()?)? * &off_diagonal)?;
+        let s = unit
+            .matmul(&unit.transpose(1, 2)?.contiguous()?)?
+            .broadcast_mul(&off_diagonal)?;
         let above = s.gt(threshold as f64)?.to_dtype(DType::F32)?;
-        let partner = (above * &col_index)?.max_keepdim(D::Minus1)?; // [n, 1]
+        let partner = above.broadcast_mul(&col_index)?.max_keepdim(D::Minus1)?; // [c, n, 1]
         let kept = col_index.broadcast_ne(&partner)?.to_dtype(DType::F32)?;
         let s = (s * kept)?;
-        let col = (s.sum(0)? / n as f64)?; // column means, [n]
-        scores.push(candle_nn::ops::softmax_last_dim(&col.unsqueeze(0)?)?.squeeze(0)?);
+        let col = (s.sum(1)? / n as f64)?; // column means, [c, n]
+        scores.push(candle_nn::ops::softmax_last_dim(&col)?);
     }
-    // One copy to the host for all heads (one wait for the device, not one per head).
-    Tensor::stack(&scores, 0)?.to_vec2::<f32>()
+    Tensor::cat(&scores, 0)?.to_vec2::<f32>()
 }
 
 #[cfg(test)]
@@ -204,7 +270,8 @@ mod tests {
     fn random_keys_with_near_duplicates_score_as_on_the_host() {
         // Two heads of 96 keys of 32 values; every fourth key a near copy of an earlier one, so rows
         // have partners above the threshold, some of them the most recent of several.
-        let (heads, n, d) = (2, 96, 32);
+        // Five heads, so that chunks of two rows leave one over.
+        let (heads, n, d) = (5, 96, 32);
         let noise = random(heads * n * d, 7);
         let mut keys = vec![0f32; heads * n * d];
         for h in 0..heads {
@@ -220,8 +287,14 @@ mod tests {
             }
         }
         let t = Tensor::from_vec(keys.clone(), (heads, n, d), &Device::Cpu).unwrap();
-        for threshold in [0.3, 0.9] {
-            let got = redundancy(&t, threshold).unwrap();
+        for (threshold, chunk) in [
+            (0.3, CHUNK_BYTES),
+            (0.9, CHUNK_BYTES),
+            (0.3, 2 * n * n * 4),
+            (0.9, 1),
+        ] {
+            let got = redundancy_chunked(&t, threshold, chunk).unwrap();
+            assert_eq!(got.len(), heads);
             for h in 0..heads {
                 let host = score::redundancy(&keys[h * n * d..(h + 1) * n * d], d, threshold);
                 close(&got[h], &host, 1e-6);
@@ -229,6 +302,43 @@ mod tests {
                 let spread = host.iter().fold(0f32, |m, &x| m.max(x))
                     - host.iter().fold(1f32, |m, &x| m.min(x));
                 assert!(spread > 1e-4, "head {h}: scores too flat ({spread})");
+            }
+        }
+    }
+
+    /// Several sequences' windows scored at once, in one chunk or one sequence per chunk, give each
+    /// sequence the scores it gets alone.
+    #[test]
+    fn a_batch_of_windows_scores_as_each_sequence_alone() {
+        use crate::policy::params::{GqaAgg, QueryReduce, SoftmaxDomain};
+        let (b, heads, g, w, n, d) = (3, 2, 3, 4, 30, 8);
+        let q: Vec<f32> = random(b * heads * g * w * d, 21)
+            .iter()
+            .map(|x| 6.0 * x)
+            .collect();
+        let k = random(b * heads * n * d, 22);
+        let qt = Tensor::from_vec(q, (b, heads * g, w, d), &Device::Cpu).unwrap();
+        let kt = Tensor::from_vec(k, (b * heads, n, d), &Device::Cpu).unwrap();
+        for agg in [GqaAgg::MaxLogit, GqaAgg::SumProb, GqaAgg::MeanProb] {
+            for domain in [SoftmaxDomain::Candidates, SoftmaxDomain::AllCausal] {
+                for chunk in [CHUNK_BYTES, 1] {
+                    let reduce = QueryReduce::Mean;
+                    let all = window_scores_batch(&qt, &kt, n - w, agg, domain, reduce, chunk)
+                        .unwrap()
+                        .expect("every row sees a key");
+                    assert_eq!(all.len(), b);
+                    for (i, got) in all.iter().enumerate() {
+                        let qi = qt.get(i).unwrap();
+                        let ki = kt.narrow(0, i * heads, heads).unwrap();
+                        let alone = window_scores(&qi, &ki, n - w, agg, domain, reduce)
+                            .unwrap()
+                            .unwrap();
+                        assert_eq!(got.len(), heads);
+                        for h in 0..heads {
+                            close(&got[h], &alone[h], 1e-6);
+                        }
+                    }
+                }
             }
         }
     }

@@ -93,6 +93,31 @@ pub struct AttentionView<'a> {
     pub query_window: Option<&'a Tensor>,
     /// Attention probabilities of this step's queries, `[cache_heads, group, t, n]`.
     pub probs: Option<&'a Tensor>,
+    /// The scores of the compression this call makes, when the engine computed them for a batch at
+    /// once on the device ([`Policy::score_request`]); `None`: the policy scores for itself.
+    pub scores: Option<&'a WindowScores>,
+}
+
+/// What an observation-window compression scores ([`device_score::window_scores`] and, for R-KV,
+/// [`device_score::redundancy`]): two sequences whose requests are equal, with caches of the same
+/// length, can be scored by one set of device operations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreRequest {
+    /// Candidates: the entries before the window's own.
+    pub n_cand: usize,
+    pub agg: params::GqaAgg,
+    pub domain: params::SoftmaxDomain,
+    pub reduce: params::QueryReduce,
+    /// R-KV's cosine threshold: its redundancy is scored too.
+    pub redundancy: Option<f32>,
+}
+
+/// A compression's scores as [`ScoreRequest`] asks them, one vector per cache head: the window score
+/// of each candidate and (R-KV) the redundancy of each entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowScores {
+    pub window: Vec<Vec<f32>>,
+    pub redundancy: Option<Vec<Vec<f32>>>,
 }
 
 /// A KV-cache compression policy, one value per sequence.
@@ -124,6 +149,21 @@ pub trait Policy: Send {
         _cache: &LayerCache,
     ) -> candle_core::Result<Option<Vec<Vec<usize>>>> {
         Ok(None)
+    }
+
+    /// The scores `after_attention` would compute for a compression at this call of `layer`, whose
+    /// cache holds `n` entries (this step's included) and whose queries come in groups of `group`
+    /// per cache head; `None` when it would not compress or scores no window. A decoding batch on a
+    /// device computes the equal requests of its sequences together and hands each its share
+    /// ([`AttentionView::scores`]): one set of operations for the batch, not one per sequence.
+    fn score_request(
+        &self,
+        _step: &StepInfo<'_>,
+        _layer: usize,
+        _n: usize,
+        _group: usize,
+    ) -> Option<ScoreRequest> {
+        None
     }
 
     /// Bytes the last [`Policy::select_attention`] read to choose (chunk summaries and the like),

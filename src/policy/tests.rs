@@ -62,6 +62,7 @@ fn view<'a>(q: &'a Tensor, probs: Option<&'a Tensor>) -> AttentionView<'a> {
         queries: q,
         query_window: Some(q),
         probs,
+        scores: None,
     }
 }
 

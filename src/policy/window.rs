@@ -12,7 +12,9 @@
 
 use super::params::{GqaAgg, KeptOrder, Params, Pool, QueryReduce, SoftmaxDomain, WindowMode};
 use super::score::{pool, redundancy, top_k, window_scores, GroupLogits};
-use super::{host_vec, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
+use super::{
+    host_vec, AttentionView, Budget, BuildContext, Capabilities, Policy, ScoreRequest, StepInfo,
+};
 use crate::cache::LayerCache;
 use crate::error::Result;
 use rayon::prelude::*;
@@ -307,15 +309,42 @@ impl WindowPolicy {
             Some((_, threshold)) => Some(super::device_score::redundancy(&keys, threshold)?),
             None => None,
         };
-        Ok(Some(
-            (0..cache.kv_heads())
-                .into_par_iter()
-                .map(|h| {
-                    let r = redundancy.as_ref().map(|r| r[h].as_slice());
-                    self.kept_from_scores(&scores[h], r, keep, &s)
-                })
-                .collect(),
-        ))
+        Ok(Some(self.kept_from_heads(
+            &scores,
+            redundancy.as_deref(),
+            keep,
+            &s,
+        )))
+    }
+
+    /// Every head's kept indices ([`Self::kept_from_scores`]) from scores computed on a device, by
+    /// this policy or for its batch, heads in parallel.
+    fn kept_from_heads(
+        &self,
+        scores: &[Vec<f32>],
+        redundancy: Option<&[Vec<f32>]>,
+        keep: usize,
+        s: &Shape,
+    ) -> Vec<Vec<usize>> {
+        (0..scores.len())
+            .into_par_iter()
+            .map(|h| {
+                let r = redundancy.map(|r| r[h].as_slice());
+                self.kept_from_scores(&scores[h], r, keep, s)
+            })
+            .collect()
+    }
+
+    /// The entries to keep at this call's compression of `layer`, whose cache holds `n` entries;
+    /// `None` when this call does not compress (not due, or within the budget).
+    fn compression(&self, step: &StepInfo<'_>, layer: usize, n: usize) -> Option<usize> {
+        let c = &self.config;
+        let due = step.is_prefill
+            || (c.mode == WindowMode::Decode && step.generated.is_multiple_of(c.buffer));
+        if !due {
+            return None;
+        }
+        c.keep(layer, self.layers, n, step.seen_after())
     }
 
     /// [`select`](Self::select) from the keys on the host, heads in parallel (each head's choice is
@@ -374,21 +403,55 @@ impl Policy for WindowPolicy {
         view: &AttentionView<'_>,
         cache: &mut LayerCache,
     ) -> candle_core::Result<()> {
-        let c = &self.config;
-        let due = step.is_prefill
-            || (c.mode == WindowMode::Decode && step.generated.is_multiple_of(c.buffer));
-        if !due {
-            return Ok(());
-        }
         let n = cache.len();
-        let Some(keep) = c.keep(view.layer, self.layers, n, step.seen_after()) else {
+        let Some(keep) = self.compression(step, view.layer, n) else {
             return Ok(());
         };
         let Some(queries) = view.query_window else {
-            candle_core::bail!("{}: the engine kept no query window", c.name);
+            candle_core::bail!("{}: the engine kept no query window", self.config.name);
         };
-        let kept = self.select(queries, cache, keep)?;
+        let kept = match view.scores {
+            Some(scores) => {
+                let s = self.shape(queries, cache)?;
+                let fits = |v: &[Vec<f32>], len: usize| {
+                    v.len() == cache.kv_heads() && v.iter().all(|x| x.len() == len)
+                };
+                let redundancy_fits = match (&scores.redundancy, self.config.redundancy) {
+                    (Some(r), Some(_)) => fits(r, n),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !fits(&scores.window, s.n_cand) || !redundancy_fits {
+                    candle_core::bail!(
+                        "{}: the batch's scores do not fit layer {}'s cache ({} heads, {n} entries)",
+                        self.config.name,
+                        view.layer,
+                        cache.kv_heads()
+                    );
+                }
+                self.kept_from_heads(&scores.window, scores.redundancy.as_deref(), keep, &s)
+            }
+            None => self.select(queries, cache, keep)?,
+        };
         cache.gather(&kept)
+    }
+
+    fn score_request(
+        &self,
+        step: &StepInfo<'_>,
+        layer: usize,
+        n: usize,
+        group: usize,
+    ) -> Option<ScoreRequest> {
+        let c = &self.config;
+        self.compression(step, layer, n)?;
+        Some(ScoreRequest {
+            n_cand: n - c.window.min(n),
+            agg: self.aggregation(group),
+            domain: c.domain,
+            reduce: c.reduce,
+            redundancy: c.redundancy.map(|(_, threshold)| threshold),
+        })
     }
 
     fn entry_limit(&self, layer: usize, seen: usize, prompt_len: usize) -> Option<usize> {

@@ -13,7 +13,7 @@ use super::deferred::{Deferred, DeferredProbs};
 use super::{SeqInput, Transformer};
 use crate::cache::pool;
 use crate::model::state::{SeqState, WindowBatch};
-use crate::policy::StepInfo;
+use crate::policy::{device_score, ScoreRequest, StepInfo, WindowScores};
 use candle_core::Tensor;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,6 +115,10 @@ impl Transformer {
         //    its own slot and probabilities, in parallel: a compression event's scoring can run on
         //    the host, and a batch's sequences one after another took minutes.
         let window_extended = self.extend_windows(l, q, batch)?;
+        let scores = match self.batch_scoring && window_extended {
+            true => self.batch_scores(l, &pool_k, &lens, batch, steps)?,
+            false => vec![None; b],
+        };
         // The policies that read the probabilities (H2O, LazyEviction) act from one copy of the
         // layer's, at the end of the step (`deferred`, see `super::deferred`); the others now.
         let readers: Vec<bool> = batch.iter().map(|s| s.state.caps.attention_probs).collect();
@@ -123,7 +127,8 @@ impl Transformer {
                 return Ok(());
             }
             let st: &mut SeqState = s.state;
-            self.finish_layer(l, step, st, &q.narrow(1, i, 1)?, None, window_extended)
+            let q_s = q.narrow(1, i, 1)?;
+            self.finish_layer(l, step, st, &q_s, None, scores[i].as_ref(), window_extended)
         };
         batch
             .par_iter_mut()
@@ -152,6 +157,100 @@ impl Transformer {
                 true => deferred.push(layer),
                 false => self.run_deferred(batch, steps, vec![layer])?,
             }
+        }
+        Ok(out)
+    }
+
+    /// The scores of every observation-window compression the batch's policies make at layer `l`
+    /// this step ([`crate::policy::Policy::score_request`]), computed together: the sequences whose
+    /// requests and cache lengths are equal in one set of device operations over the pool's keys
+    /// and the batch's windows, and one copy to the host. One sequence at a time, R-KV's scoring
+    /// took about a hundred operations and two waits for the device per sequence and layer: at a
+    /// batch of a thousand, seconds at every compression. Returns each sequence's scores (`None`:
+    /// it does not compress now, or scores by itself). Needs the windows extended for the batch at
+    /// once (`extend_windows`), and `lens` the cache lengths before this step's append. The time
+    /// (after waiting for the step's queued work) is shared among the scored sequences' policy time.
+    fn batch_scores(
+        &self,
+        l: usize,
+        pool_k: &Tensor,
+        lens: &[usize],
+        batch: &mut [SeqInput<'_>],
+        steps: &[StepInfo],
+    ) -> candle_core::Result<Vec<Option<WindowScores>>> {
+        let cfg = &self.config;
+        let (hkv, b) = (cfg.num_kv_heads, batch.len());
+        let g = cfg.num_heads / hkv;
+        let mut out = vec![None; b];
+        // Sequences with the same request over caches of the same length, in batch order.
+        let mut groups: Vec<(ScoreRequest, usize, Vec<usize>)> = Vec::new();
+        for (i, (s, step)) in batch.iter().zip(steps).enumerate() {
+            let n = lens[i] + 1;
+            let Some(request) = s.state.policy.score_request(step, l, n, g) else {
+                continue;
+            };
+            match groups.iter_mut().find(|(r, m, _)| *r == request && *m == n) {
+                Some((_, _, members)) => members.push(i),
+                None => groups.push((request, n, vec![i])),
+            }
+        }
+        let Some(windows) = batch[0].state.window_batches[l]
+            .as_ref()
+            .map(|w| w.windows.clone())
+        else {
+            return Ok(out);
+        };
+        if groups.is_empty() {
+            return Ok(out);
+        }
+        self.device.synchronize()?;
+        let started = std::time::Instant::now();
+        let mut scored = Vec::new();
+        for (request, n, members) in groups {
+            let m = members.len();
+            // The members' rows of the pool and their windows: all of them, or picked out.
+            let (keys, windows) = match m == b {
+                true => (pool_k.narrow(1, 0, n)?, windows.clone()),
+                false => {
+                    let rows: Vec<u32> = members
+                        .iter()
+                        .flat_map(|&i| (i * hkv..(i + 1) * hkv).map(|r| r as u32))
+                        .collect();
+                    let rows = Tensor::from_vec(rows, m * hkv, &self.device)?;
+                    let slots: Vec<u32> = members.iter().map(|&i| i as u32).collect();
+                    let slots = Tensor::from_vec(slots, m, &self.device)?;
+                    (
+                        pool_k.index_select(&rows, 0)?.narrow(1, 0, n)?,
+                        windows.contiguous()?.index_select(&slots, 0)?,
+                    )
+                }
+            };
+            // `keys`: `[m·kv_heads, n, d]`, read chunk by chunk by the scoring.
+            let Some(window) = device_score::window_scores_batch(
+                &windows,
+                &keys,
+                request.n_cand,
+                request.agg,
+                request.domain,
+                request.reduce,
+                device_score::CHUNK_BYTES,
+            )?
+            else {
+                continue; // a window row that sees no key: each policy scores on its own
+            };
+            let mut redundancy = match request.redundancy {
+                Some(threshold) => Some(device_score::redundancy(&keys, threshold)?.into_iter()),
+                None => None,
+            };
+            for (i, window) in members.into_iter().zip(window) {
+                let redundancy = redundancy.as_mut().map(|r| r.by_ref().take(hkv).collect());
+                out[i] = Some(WindowScores { window, redundancy });
+                scored.push(i);
+            }
+        }
+        let share = started.elapsed() / scored.len().max(1) as u32;
+        for i in scored {
+            batch[i].state.policy_time += share;
         }
         Ok(out)
     }

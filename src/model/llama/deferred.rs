@@ -122,7 +122,15 @@ impl Transformer {
                         return Ok(());
                     };
                     s.state.policy_time += share;
-                    self.finish_layer(l, step, &mut *s.state, &q_s, Some(&p), window_extended)
+                    self.finish_layer(
+                        l,
+                        step,
+                        &mut *s.state,
+                        &q_s,
+                        Some(&p),
+                        None,
+                        window_extended,
+                    )
                 };
             // A single sequence runs on this thread (handing it to the pool costs a wake-up).
             if batch.len() > 1 {

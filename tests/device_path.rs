@@ -160,20 +160,30 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
 #[test]
 fn window_compressions_scored_for_the_batch_at_once_keep_what_each_policy_keeps() {
     // SnapKV, PyramidKV and R-KV on a pooled batch, their compressions scored together with the
-    // device's operations (what a GPU does), against each policy scoring its own on the host. At a
-    // budget of 36 the 29-token prompt is not compressed at prefill and the others are: at the
-    // decoding compressions two sequences share a cache length and one has its own, so the batch
-    // is scored in a group picked out of the pool and a group of one; sequence 1 leaves part-way.
+    // device's operations and their gathers moved together (what a GPU does), against each policy
+    // scoring and gathering on its own. At a budget of 36 the 29-token prompt is not compressed at
+    // prefill and the others are: at the decoding compressions two sequences share a cache length
+    // and one has its own, so the batch is scored in a group picked out of the pool and a group of
+    // one, and all keep 36 (one gather for the pool). At 40 the short sequence's first decoding
+    // compression finds it within the budget: the others gather member by member. Sequence 1
+    // leaves part-way.
     kvbench::init_threads(None).unwrap();
     let mut together = tiny_random(true);
-    together.transformer.set_batch_scoring(true);
+    together.transformer.set_batch_compressions(true);
     let mut alone = tiny_random(true);
-    alone.transformer.set_batch_scoring(false);
+    alone.transformer.set_batch_compressions(false);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
     let (prompts, tokens) = batch_inputs(&mut rng);
-    for name in ["snapkv", "pyramidkv", "rkv"] {
-        let args = vec!["buffer=8".to_string()];
-        let spec = kvbench::policy::PolicySpec::from_args(name, 36.0, &args).unwrap();
+    let windows = ["snapkv", "pyramidkv", "rkv"]
+        .into_iter()
+        .flat_map(|name| [(name, 36.0), (name, 40.0)])
+        .map(|(name, budget)| {
+            let args = vec!["buffer=8".to_string()];
+            kvbench::policy::PolicySpec::from_args(name, budget, &args).unwrap()
+        });
+    // Every other policy gathers together too (H2O at every step once at its budget).
+    for spec in windows.chain(common::compressing_specs()) {
+        let (name, budget) = (spec.name().to_string(), spec.budget_as_written());
         let a = batch_teacher_forced(&together, &spec, &prompts, &tokens, (1, 30));
         let b = batch_teacher_forced(&alone, &spec, &prompts, &tokens, (1, 30));
         for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
@@ -182,7 +192,7 @@ fn window_compressions_scored_for_the_batch_at_once_keep_what_each_policy_keeps(
                 let worst = common::max_abs_diff(x, y);
                 assert!(
                     worst < 1e-4,
-                    "{name}: sequence {i} step {s}: logits differ by {worst}"
+                    "{name} at {budget}: sequence {i} step {s}: logits differ by {worst}"
                 );
             }
         }

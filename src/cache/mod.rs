@@ -31,6 +31,14 @@ pub struct LayerCache {
     kivi: Option<kivi::KiviStore>,
     /// Set while `k` and `v` are views of a pool shared with other sequences ([`pool`]).
     pool: Option<pool::PoolSlot>,
+    /// Set by the engine while a pooled batch's policies act ([`pool::defer_gathers`]): a gather then
+    /// updates the positions and length at once and leaves its rows in `pending`, which
+    /// [`pool::settle_gathers`] moves for the whole pool together.
+    defer_gathers: bool,
+    /// A deferred gather's rows, head by head in the new storage order: `h·capacity + j` for entry `j`
+    /// of head `h` in the buffer as it still is. Reading the buffers while it is set is a bug (they
+    /// hold the entries before the gather): every reader asserts it is not.
+    pending: Option<Vec<u32>>,
     kv_type: KvType,
     len: usize,
     kv_heads: usize,
@@ -87,6 +95,8 @@ impl LayerCache {
             v: buffer(kv_type.values)?,
             kivi,
             pool: None,
+            defer_gathers: false,
+            pending: None,
             kv_type,
             len: 0,
             kv_heads,
@@ -102,6 +112,7 @@ impl LayerCache {
     /// A copy with buffers of its own (a clone would share them, and appends write in place), out
     /// of any pool.
     pub fn deep_copy(&self) -> Result<Self> {
+        self.assert_settled();
         let mut copy = self.clone();
         copy.k = self.k.copy()?;
         copy.v = self.v.copy()?;
@@ -145,6 +156,7 @@ impl LayerCache {
     pub fn with_host_keys<R>(&self, f: impl FnOnce(&HostKeys<'_>) -> R) -> Result<R> {
         use candle_core::Storage;
         use std::borrow::Cow;
+        self.assert_settled();
         let (k_store, k_layout) = self.k.storage_and_layout();
         if let Storage::Cpu(kc) = &*k_store {
             if let Ok(k) = kc.as_slice::<f32>() {
@@ -205,6 +217,7 @@ impl LayerCache {
     }
 
     fn held(&self, keys: bool) -> Result<Tensor> {
+        self.assert_settled();
         let (buf, elem) = match keys {
             true => (&self.k, self.kv_type.keys),
             false => (&self.v, self.kv_type.values),
@@ -235,7 +248,17 @@ impl LayerCache {
     /// their blocks' bytes, [`KvElement::row_width`]); the first [`len`](Self::len) entries of each head
     /// are held. For kernels that read the cache in place (empty under KIVI: see [`kivi`](Self::kivi)).
     pub fn buffers(&self) -> (&Tensor, &Tensor) {
+        self.assert_settled();
         (&self.k, &self.v)
+    }
+
+    /// Panics when a deferred gather has not moved its rows yet: the buffers would be read as they
+    /// were before it (an engine bug, never an input's).
+    fn assert_settled(&self) {
+        assert!(
+            self.pending.is_none(),
+            "a layer cache was read before its deferred gather was settled"
+        );
     }
 
     /// Keys `rows` of heads `heads` as f32, `[heads.len()][rows.len()][head_dim]`: only those rows are
@@ -246,6 +269,7 @@ impl LayerCache {
         heads: std::ops::Range<usize>,
         rows: std::ops::Range<usize>,
     ) -> Result<Vec<f32>> {
+        self.assert_settled();
         if rows.end > self.len || rows.start > rows.end || heads.end > self.kv_heads {
             candle_core::bail!(
                 "key_rows: rows {rows:?} of heads {heads:?} beyond {} entries of {} heads",
@@ -307,6 +331,7 @@ impl LayerCache {
     /// Appends `t` new entries: `k`, `v` are `[kv_heads, t, head_dim]`; `first_pos` is the logical
     /// position of the first one.
     pub fn append(&mut self, k: &Tensor, v: &Tensor, first_pos: usize) -> Result<()> {
+        self.settle_gather()?;
         let t = k.dim(1)?;
         for p in &mut self.positions {
             p.extend((first_pos..first_pos + t).map(|x| x as u32));
@@ -336,6 +361,7 @@ impl LayerCache {
     /// Records `t` entries that were written into this cache's buffer from outside it (a pool's
     /// batched append, [`pool`]), the first at logical position `first_pos`.
     pub(crate) fn note_appended(&mut self, t: usize, first_pos: usize) -> Result<()> {
+        self.assert_settled();
         if self.kivi.is_some() || self.len + t > self.capacity() {
             candle_core::bail!(
                 "note_appended: {t} entries beyond the buffer of {} entries holding {}",
@@ -376,6 +402,7 @@ impl LayerCache {
     /// buffers rather than 1,024, for SmolLM2 256 entries × 30 layers × 1.5 KiB = 11 MiB less; a long run copies its cache a few
     /// more times (seven growths from 512 to 8,192 entries instead of four), each a plain copy.
     fn grow(&mut self, needed: usize) -> Result<()> {
+        self.assert_settled();
         let cap = self.capacity();
         let new_cap = needed.max(cap + cap / 2).next_multiple_of(64).max(64);
         let (heads, len) = (self.kv_heads, self.len);
@@ -406,6 +433,11 @@ impl LayerCache {
         }
         let m = kept[0].len();
         let cap = self.capacity();
+        // Entry `j` of head `h` is buffer row `h·cap + j`, or the row a deferred gather left for it.
+        let row = |h: usize, j: usize| match &self.pending {
+            Some(rows) => rows[h * self.len + j],
+            None => (h * cap + j) as u32,
+        };
         let mut flat = Vec::with_capacity(m * self.kv_heads);
         for (h, idx) in kept.iter().enumerate() {
             if idx.len() != m {
@@ -418,21 +450,16 @@ impl LayerCache {
                 if j >= self.len {
                     candle_core::bail!("gather: index {j} out of range for {} entries", self.len);
                 }
-                flat.push((h * cap + j) as u32);
+                flat.push(row(h, j));
             }
         }
         if let Some(store) = &mut self.kivi {
             store.gather(kept);
+        } else if self.defer_gathers {
+            self.pending = Some(flat);
         } else {
-            let index = Tensor::from_vec(flat, m * self.kv_heads, self.k.device())?;
-            let heads = self.kv_heads;
-            let gather = |buf: &Tensor, w: usize| -> Result<()> {
-                let kept = buf.reshape((heads * cap, w))?.index_select(&index, 0)?;
-                buf.slice_set(&kept.reshape((heads, m, w))?, 1, 0)
-            };
-            let (wk, wv) = self.widths();
-            gather(&self.k, wk)?;
-            gather(&self.v, wv)?;
+            self.pending = None;
+            self.move_rows(&flat, m)?;
         }
         for (h, idx) in kept.iter().enumerate() {
             let old = &self.positions[h];
@@ -441,6 +468,30 @@ impl LayerCache {
         self.len = m;
         self.compressions += 1;
         Ok(())
+    }
+
+    /// Moves buffer rows `rows` (`h·capacity + j`, head by head, `m` a head) to the front of their
+    /// heads, keys and values: one selection and one write each.
+    fn move_rows(&self, rows: &[u32], m: usize) -> Result<()> {
+        let cap = self.capacity();
+        let index = Tensor::from_slice(rows, m * self.kv_heads, self.k.device())?;
+        let heads = self.kv_heads;
+        let gather = |buf: &Tensor, w: usize| -> Result<()> {
+            let kept = buf.reshape((heads * cap, w))?.index_select(&index, 0)?;
+            buf.slice_set(&kept.reshape((heads, m, w))?, 1, 0)
+        };
+        let (wk, wv) = self.widths();
+        gather(&self.k, wk)?;
+        gather(&self.v, wv)
+    }
+
+    /// Moves the rows of a deferred gather, if any, and stops deferring.
+    pub(crate) fn settle_gather(&mut self) -> Result<()> {
+        self.defer_gathers = false;
+        match self.pending.take() {
+            Some(rows) => self.move_rows(&rows, self.len),
+            None => Ok(()),
+        }
     }
 }
 

@@ -52,6 +52,9 @@ pub fn pooled(caches: &mut [&mut LayerCache], extra: usize) -> Result<(Tensor, T
     if n == 0 || !poolable(caches) {
         candle_core::bail!("pool: {n} layer caches that cannot share buffers");
     }
+    for c in caches.iter_mut() {
+        c.settle_gather()?;
+    }
     let needed = caches.iter().map(|c| c.len + extra).max().unwrap_or(0);
     let id = caches[0].pool.as_ref().map(|p| p.id);
     let shared = caches.iter().enumerate().all(|(i, c)| {
@@ -106,4 +109,135 @@ fn rebuild(caches: &mut [&mut LayerCache], needed: usize) -> Result<(Tensor, Ten
         });
     }
     Ok((keys, values))
+}
+
+/// Defers the gathers of `caches`, the members of one pool in slot order, until
+/// [`settle_gathers`]: while a batch's policies compress one after another, each gather only
+/// records its rows (a sequence at a time it was an index copy, two selections and two writes per
+/// sequence and layer; at a batch of a thousand on a GPU, most of a compression's launches).
+pub fn defer_gathers(caches: &mut [&mut LayerCache]) {
+    for c in caches.iter_mut() {
+        c.defer_gathers = c.pool.is_some() && c.kivi.is_none();
+    }
+}
+
+/// Moves the rows of every gather [`defer_gathers`] held back, and stops deferring: when every slot
+/// of the pool gathered and kept as many entries, with one selection and one write per buffer for the
+/// whole pool; otherwise member by member, as each would have alone.
+pub fn settle_gathers(caches: &mut [&mut LayerCache]) -> Result<()> {
+    let n = caches.len();
+    let whole = n > 0 && {
+        let first = &caches[0];
+        let id = first.pool.as_ref().map(|p| p.id);
+        caches.iter().enumerate().all(|(i, c)| {
+            c.pending.is_some()
+                && c.len == first.len
+                && c.pool
+                    .as_ref()
+                    .is_some_and(|p| Some(p.id) == id && p.slot == i && p.slots == n)
+        })
+    };
+    if !whole {
+        for c in caches.iter_mut() {
+            c.settle_gather()?;
+        }
+        return Ok(());
+    }
+    let (heads, cap, m) = (caches[0].kv_heads, caches[0].capacity(), caches[0].len);
+    let (wk, wv) = caches[0].widths();
+    let slot_rows = heads * cap;
+    let mut rows = Vec::with_capacity(n * heads * m);
+    for (i, c) in caches.iter_mut().enumerate() {
+        let own = c.pending.take().expect("checked above");
+        rows.extend(own.iter().map(|&r| (i * slot_rows) as u32 + r));
+        c.defer_gathers = false;
+    }
+    let p = caches[0].pool.as_ref().expect("checked above");
+    let index = Tensor::from_vec(rows, n * heads * m, p.keys.device())?;
+    for (buf, w) in [(&p.keys, wk), (&p.values, wv)] {
+        let kept = buf.reshape((n * slot_rows, w))?.index_select(&index, 0)?;
+        buf.slice_set(&kept.reshape((n * heads, m, w))?, 1, 0)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::KvType;
+    use candle_core::Device;
+
+    /// A cache of `n` entries whose key `j` of head `h` is `seed + 100·h + j` in each of its four
+    /// dimensions, and whose value is twice that.
+    fn cache(n: usize, seed: f32) -> LayerCache {
+        let dev = Device::Cpu;
+        let mut c = LayerCache::new(2, 4, KvType::F32, &dev).unwrap();
+        let k: Vec<f32> = (0..2)
+            .flat_map(|h| (0..n).flat_map(move |j| [seed + (100 * h + j) as f32; 4]))
+            .collect();
+        let k = Tensor::from_vec(k, (2, n, 4), &dev).unwrap();
+        c.append(&k, &(&k * 2.0).unwrap(), 0).unwrap();
+        c
+    }
+
+    fn contents(c: &LayerCache) -> (Vec<f32>, Vec<f32>, Vec<Vec<u32>>) {
+        let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let positions = (0..c.kv_heads()).map(|h| c.positions(h).to_vec()).collect();
+        (
+            flat(c.keys().unwrap()),
+            flat(c.values().unwrap()),
+            positions,
+        )
+    }
+
+    /// Each head keeps `m` entries of `len`, out of order.
+    fn kept(len: usize, m: usize) -> Vec<Vec<usize>> {
+        vec![
+            (0..m).map(|t| (len - 1 + 2 * t) % len).collect(),
+            (0..m).map(|t| (3 * t + 1) % len).collect(),
+        ]
+    }
+
+    #[test]
+    fn deferred_gathers_settle_to_what_each_gather_does_alone() {
+        let lens = [7, 5, 9];
+        // Every member keeping three (one write for the pool); one member not gathering; one
+        // gathering twice (member by member).
+        let cases: [[&[usize]; 3]; 3] =
+            [[&[3], &[3], &[3]], [&[3], &[], &[3]], [&[4, 2], &[3], &[3]]];
+        for plan in cases {
+            let mut alone: Vec<LayerCache> = Vec::new();
+            let mut members: Vec<LayerCache> = Vec::new();
+            for (i, &len) in lens.iter().enumerate() {
+                alone.push(cache(len, 1000.0 * i as f32));
+                members.push(cache(len, 1000.0 * i as f32));
+            }
+            let mut refs: Vec<&mut LayerCache> = members.iter_mut().collect();
+            pooled(&mut refs, 1).unwrap();
+            defer_gathers(&mut refs);
+            for (i, gathers) in plan.iter().enumerate() {
+                for &m in gathers.iter() {
+                    let k = kept(refs[i].len(), m);
+                    refs[i].gather(&k).unwrap();
+                    alone[i].gather(&k).unwrap();
+                }
+            }
+            settle_gathers(&mut refs).unwrap();
+            for (i, (a, b)) in alone.iter().zip(refs.iter()).enumerate() {
+                assert_eq!(contents(a), contents(b), "plan {plan:?}, member {i}");
+                assert!(!b.defer_gathers && b.pending.is_none());
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "deferred gather")]
+    fn reading_a_cache_before_its_deferred_gather_settles_panics() {
+        let mut members = [cache(6, 0.0), cache(6, 1.0)];
+        let mut refs: Vec<&mut LayerCache> = members.iter_mut().collect();
+        pooled(&mut refs, 1).unwrap();
+        defer_gathers(&mut refs);
+        refs[0].gather(&kept(6, 3)).unwrap();
+        let _ = refs[0].keys();
+    }
 }

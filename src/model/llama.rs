@@ -52,10 +52,11 @@ pub struct Transformer {
     /// A decoding batch attends through its pooled caches in one set of operations (off: one
     /// sequence at a time, the reference the pooled path is checked against).
     batched_attention: bool,
-    /// A pooled batch's observation-window compressions are scored together on the device
-    /// (`batched::batch_scores`): by default where the caches are not on the CPU (whose policies
-    /// score on the host); on for the CPU too in tests of the path a GPU takes.
-    batch_scoring: bool,
+    /// A pooled batch's compressions are done together on the device: the observation-window
+    /// policies' scores (`batched::batch_scores`) and every policy's gathers
+    /// (`cache::pool::defer_gathers`). By default where the caches are not on the CPU (whose
+    /// policies score on the host); on for the CPU too in tests of the path a GPU takes.
+    batch_compressions: bool,
     /// How each sequence's cache stores keys and values.
     kv_type: crate::cache::KvType,
     /// The pooled path's scatter index and padding mask, kept from layer to layer of a step.
@@ -218,7 +219,7 @@ impl Transformer {
             weight_bytes,
             generic_attention: false,
             batched_attention: true,
-            batch_scoring: !device.is_cpu(),
+            batch_compressions: !device.is_cpu(),
             kv_type: crate::cache::KvType::F32,
             pool_inputs: std::sync::Mutex::new(None),
             activations: DType::F32,
@@ -300,10 +301,10 @@ impl Transformer {
         self.batched_attention = on;
     }
 
-    /// Whether a pooled batch scores its sequences' observation-window compressions together with
-    /// the device's operations (as on a GPU) rather than each policy on its own.
-    pub fn set_batch_scoring(&mut self, on: bool) {
-        self.batch_scoring = on;
+    /// Whether a pooled batch's compressions are scored and gathered together with the device's
+    /// operations (as on a GPU) rather than by each policy on its own.
+    pub fn set_batch_compressions(&mut self, on: bool) {
+        self.batch_compressions = on;
     }
 
     /// Whether a decoding step's logits are chosen from where they are computed

@@ -62,10 +62,7 @@ impl Transformer {
         let scale = 1.0 / (d as f64).sqrt();
         // 1. The pool (built or grown when needed) and every sequence's new entry in its slot.
         let (pool_k, pool_v, lens) = {
-            let mut layers: Vec<&mut crate::cache::LayerCache> = batch
-                .iter_mut()
-                .map(|s| s.state.cache.layer_mut(l))
-                .collect();
+            let mut layers = Self::layer_caches(batch, l);
             let (pool_k, pool_v) = pool::pooled(&mut layers, 1)?;
             let lens: Vec<usize> = layers.iter().map(|c| c.len()).collect();
             (pool_k, pool_v, lens)
@@ -115,7 +112,7 @@ impl Transformer {
         //    its own slot and probabilities, in parallel: a compression event's scoring can run on
         //    the host, and a batch's sequences one after another took minutes.
         let window_extended = self.extend_windows(l, q, batch)?;
-        let scores = match self.batch_scoring && window_extended {
+        let scores = match self.batch_compressions && window_extended {
             true => self.batch_scores(l, &pool_k, &lens, batch, steps)?,
             false => vec![None; b],
         };
@@ -130,12 +127,22 @@ impl Transformer {
             let q_s = q.narrow(1, i, 1)?;
             self.finish_layer(l, step, st, &q_s, None, scores[i].as_ref(), window_extended)
         };
-        batch
+        // Where the scores were the batch's, so are the gathers: the policies' are held back and
+        // moved together once all have acted (settled before any error goes up, so that no cache
+        // is left holding back a gather).
+        if self.batch_compressions {
+            pool::defer_gathers(&mut Self::layer_caches(batch, l));
+        }
+        let acted = batch
             .par_iter_mut()
             .zip(steps.par_iter())
             .zip(readers.par_iter())
             .enumerate()
-            .try_for_each(finish)?;
+            .try_for_each(finish);
+        if self.batch_compressions {
+            pool::settle_gathers(&mut Self::layer_caches(batch, l))?;
+        }
+        acted?;
         if readers.iter().any(|&r| r) {
             // Summed over each group when every reader reads only that (one operation for the pool).
             let group_sum = batch
@@ -159,6 +166,17 @@ impl Transformer {
             }
         }
         Ok(out)
+    }
+
+    /// Layer `l`'s cache of every sequence of `batch`, in order.
+    pub(super) fn layer_caches<'b>(
+        batch: &'b mut [SeqInput<'_>],
+        l: usize,
+    ) -> Vec<&'b mut crate::cache::LayerCache> {
+        batch
+            .iter_mut()
+            .map(|s| s.state.cache.layer_mut(l))
+            .collect()
     }
 
     /// The scores of every observation-window compression the batch's policies make at layer `l`

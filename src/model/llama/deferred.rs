@@ -16,6 +16,7 @@
 //! calls them after each layer as before, to measure the difference (the GPU check does).
 
 use super::{SeqInput, Transformer};
+use crate::cache::pool;
 use crate::policy::StepInfo;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
@@ -80,6 +81,8 @@ impl Transformer {
         } in deferred
         {
             let started = std::time::Instant::now();
+            // A pool's gathers (H2O evicts at every step) move together once all policies acted.
+            let pooled = matches!(probs, DeferredProbs::Pooled { .. });
             let per_seq: Vec<Option<(Tensor, Tensor)>> = match probs {
                 DeferredProbs::Each(each) => each
                     .into_iter()
@@ -132,20 +135,28 @@ impl Transformer {
                         window_extended,
                     )
                 };
+            let together = pooled && self.batch_compressions;
+            if together {
+                pool::defer_gathers(&mut Self::layer_caches(batch, l));
+            }
             // A single sequence runs on this thread (handing it to the pool costs a wake-up).
-            if batch.len() > 1 {
+            let acted = if batch.len() > 1 {
                 batch
                     .par_iter_mut()
                     .zip(steps.par_iter())
                     .zip(per_seq.into_par_iter())
-                    .try_for_each(finish)?;
+                    .try_for_each(finish)
             } else {
                 batch
                     .iter_mut()
                     .zip(steps.iter())
                     .zip(per_seq)
-                    .try_for_each(finish)?;
+                    .try_for_each(finish)
+            };
+            if together {
+                pool::settle_gathers(&mut Self::layer_caches(batch, l))?;
             }
+            acted?;
         }
         Ok(())
     }

@@ -299,11 +299,14 @@ def speed_compressed(c):
     over full's is their per-step cost: at these lengths R-KV and SnapKV hold about as many entries as
     full, and H2O evicts one entry per layer and step. Then H2O again with its calls after every layer
     (`KVBENCH_POLICY_PER_LAYER`, kvbench before they waited for the end of the step): one wait for the
-    device per layer and step against one per step."""
+    device per layer and step against one per step. Then R-KV and H2O with each sequence's compression
+    scored and gathered on its own (`KVBENCH_COMPRESS_EACH`, kvbench before a pooled batch's were done
+    together): R-KV compresses once in the 128 tokens, H2O evicts at every step."""
     s = speed_shapes(c)
     res = {"shapes": s}
     runs = [("compressed", "full,rkv,snapkv,h2o", None),
-            ("h2o_per_layer", "h2o", {"KVBENCH_POLICY_PER_LAYER": "1"})]
+            ("h2o_per_layer", "h2o", {"KVBENCH_POLICY_PER_LAYER": "1"}),
+            ("each", "rkv,h2o", {"KVBENCH_COMPRESS_EACH": "1"})]
     rate = {}
     for name, policies, env in runs:
         path = c.out / f"perf_{name}.json"
@@ -317,7 +320,8 @@ def speed_compressed(c):
         for r in res[name]["rows"]:
             if r["measurement"].get("phase") == "decode":
                 policy = r["measurement"]["policy"].split()[0]
-                rate[policy if env is None else f"{policy}_per_layer"] = r["tokens_per_s_median"]
+                rate[policy if env is None else f"{policy}_{name.removeprefix(policy + '_')}"] = \
+                    r["tokens_per_s_median"]
     res["rate"] = rate
     if rate.get("full"):
         res["rate_over_full"] = {p: x / rate["full"] for p, x in rate.items() if p != "full"}

@@ -123,9 +123,11 @@ pub fn defer_gathers(caches: &mut [&mut LayerCache]) {
 
 /// Moves the rows of every gather [`defer_gathers`] held back, and stops deferring: when every slot
 /// of the pool gathered and kept as many entries, with one selection and one write per buffer for the
-/// whole pool; otherwise member by member, as each would have alone.
-pub fn settle_gathers(caches: &mut [&mut LayerCache]) -> Result<()> {
+/// whole pool; otherwise member by member, as each would have alone. Returns the members that had a
+/// gather to move (whose policies the time is charged to).
+pub fn settle_gathers(caches: &mut [&mut LayerCache]) -> Result<Vec<usize>> {
     let n = caches.len();
+    let moved: Vec<usize> = (0..n).filter(|&i| caches[i].pending.is_some()).collect();
     let whole = n > 0 && {
         let first = &caches[0];
         let id = first.pool.as_ref().map(|p| p.id);
@@ -141,7 +143,7 @@ pub fn settle_gathers(caches: &mut [&mut LayerCache]) -> Result<()> {
         for c in caches.iter_mut() {
             c.settle_gather()?;
         }
-        return Ok(());
+        return Ok(moved);
     }
     let (heads, cap, m) = (caches[0].kv_heads, caches[0].capacity(), caches[0].len);
     let (wk, wv) = caches[0].widths();
@@ -158,7 +160,7 @@ pub fn settle_gathers(caches: &mut [&mut LayerCache]) -> Result<()> {
         let kept = buf.reshape((n * slot_rows, w))?.index_select(&index, 0)?;
         buf.slice_set(&kept.reshape((n * heads, m, w))?, 1, 0)?;
     }
-    Ok(())
+    Ok(moved)
 }
 
 #[cfg(test)]
@@ -222,7 +224,9 @@ mod tests {
                     alone[i].gather(&k).unwrap();
                 }
             }
-            settle_gathers(&mut refs).unwrap();
+            let moved = settle_gathers(&mut refs).unwrap();
+            let gathered: Vec<usize> = (0..3).filter(|&i| !plan[i].is_empty()).collect();
+            assert_eq!(moved, gathered, "plan {plan:?}");
             for (i, (a, b)) in alone.iter().zip(refs.iter()).enumerate() {
                 assert_eq!(contents(a), contents(b), "plan {plan:?}, member {i}");
                 assert!(!b.defer_gathers && b.pending.is_none());

@@ -219,7 +219,10 @@ impl Transformer {
             weight_bytes,
             generic_attention: false,
             batched_attention: true,
-            batch_compressions: !device.is_cpu(),
+            // `KVBENCH_COMPRESS_EACH` (any value): each policy scores and gathers on its own, as
+            // before, to measure the difference on a GPU (the check does).
+            batch_compressions: !device.is_cpu()
+                && std::env::var_os("KVBENCH_COMPRESS_EACH").is_none(),
             kv_type: crate::cache::KvType::F32,
             pool_inputs: std::sync::Mutex::new(None),
             activations: DType::F32,

@@ -140,7 +140,7 @@ impl Transformer {
             .enumerate()
             .try_for_each(finish);
         if self.batch_compressions {
-            pool::settle_gathers(&mut Self::layer_caches(batch, l))?;
+            self.settle_gathers(batch, l)?;
         }
         acted?;
         if readers.iter().any(|&r| r) {
@@ -166,6 +166,22 @@ impl Transformer {
             }
         }
         Ok(out)
+    }
+
+    /// Moves the gathers layer `l`'s caches held back ([`pool::settle_gathers`]), the time charged
+    /// in equal shares to the policies that gathered.
+    pub(super) fn settle_gathers(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        l: usize,
+    ) -> candle_core::Result<()> {
+        let started = std::time::Instant::now();
+        let moved = pool::settle_gathers(&mut Self::layer_caches(batch, l))?;
+        let share = started.elapsed() / moved.len().max(1) as u32;
+        for i in moved {
+            batch[i].state.policy_time += share;
+        }
+        Ok(())
     }
 
     /// Layer `l`'s cache of every sequence of `batch`, in order.

@@ -154,7 +154,7 @@ impl Transformer {
                     .try_for_each(finish)
             };
             if together {
-                pool::settle_gathers(&mut Self::layer_caches(batch, l))?;
+                self.settle_gathers(batch, l)?;
             }
             acted?;
         }

@@ -139,20 +139,27 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
         let name = spec.name().to_string();
         let a = batch_teacher_forced(&pooled, &spec, &prompts, &tokens, (1, 30));
         let b = batch_teacher_forced(&per_sequence, &spec, &prompts, &tokens, (1, 30));
-        for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(sa.len(), sb.len());
-            for (s, (x, y)) in sa.iter().zip(sb).enumerate() {
-                let worst = common::max_abs_diff(x, y);
-                assert!(
-                    worst < 1e-4,
-                    "{name}: sequence {i} step {s}: logits differ by {worst}"
-                );
-                assert_eq!(
-                    kvbench::model::llama::argmax(x),
-                    kvbench::model::llama::argmax(y),
-                    "{name}: sequence {i} step {s}: top-1 differs"
-                );
-            }
+        assert_same_batch_logits(&name, &a, &b);
+    }
+}
+
+/// Every sequence's logits at every step of two runs of a batch within 1e-4, with the same largest,
+/// `label` naming the run in a failure.
+fn assert_same_batch_logits(label: &str, a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) {
+    assert_eq!(a.len(), b.len());
+    for (i, (sa, sb)) in a.iter().zip(b).enumerate() {
+        assert_eq!(sa.len(), sb.len());
+        for (s, (x, y)) in sa.iter().zip(sb).enumerate() {
+            let worst = common::max_abs_diff(x, y);
+            assert!(
+                worst < 1e-4,
+                "{label}: sequence {i} step {s}: logits differ by {worst}"
+            );
+            assert_eq!(
+                kvbench::model::llama::argmax(x),
+                kvbench::model::llama::argmax(y),
+                "{label}: sequence {i} step {s}: top-1 differs"
+            );
         }
     }
 }
@@ -183,19 +190,10 @@ fn window_compressions_scored_for_the_batch_at_once_keep_what_each_policy_keeps(
         });
     // Every other policy gathers together too (H2O at every step once at its budget).
     for spec in windows.chain(common::compressing_specs()) {
-        let (name, budget) = (spec.name().to_string(), spec.budget_as_written());
+        let label = format!("{} at {}", spec.name(), spec.budget_as_written());
         let a = batch_teacher_forced(&together, &spec, &prompts, &tokens, (1, 30));
         let b = batch_teacher_forced(&alone, &spec, &prompts, &tokens, (1, 30));
-        for (i, (sa, sb)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(sa.len(), sb.len());
-            for (s, (x, y)) in sa.iter().zip(sb).enumerate() {
-                let worst = common::max_abs_diff(x, y);
-                assert!(
-                    worst < 1e-4,
-                    "{name} at {budget}: sequence {i} step {s}: logits differ by {worst}"
-                );
-            }
-        }
+        assert_same_batch_logits(&label, &a, &b);
     }
 }
 

@@ -16,10 +16,18 @@ fn every_policy_gives_the_same_logits_on_the_device_path_as_on_the_cpu_loop() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
     let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..4096)).collect();
     let tokens: Vec<u32> = (0..72).map(|_| rng.random_range(0..4096)).collect();
-    for spec in common::compressing_specs() {
-        let name = spec.name().to_string();
-        let (a, _) = teacher_forced(&cpu, &spec, KvType::F32, &prompt, &tokens);
-        let (b, _) = teacher_forced(&device_path, &spec, KvType::F32, &prompt, &tokens);
+    // Every policy with an f32 cache; RocketKV also in f16 and bf16, whose new keys the device path
+    // reads from the host copy each cache keeps rounded as it stores them (`keep_host_keys`), the CPU
+    // loop from its buffers: the same summaries, so the same selections.
+    let rocket = kvbench::policy::PolicySpec::from_args("rocket", 24.0, &[]).unwrap();
+    let cases = common::compressing_specs()
+        .into_iter()
+        .map(|spec| (spec, KvType::F32))
+        .chain([(rocket.clone(), KvType::F16), (rocket, KvType::BF16)]);
+    for (spec, kv) in cases {
+        let name = format!("{} ({kv:?})", spec.name());
+        let (a, _) = teacher_forced(&cpu, &spec, kv, &prompt, &tokens);
+        let (b, _) = teacher_forced(&device_path, &spec, kv, &prompt, &tokens);
         let mut worst = 0f32;
         for (x, y) in a.iter().zip(&b) {
             for (p, q) in x.iter().zip(y) {

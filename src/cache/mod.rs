@@ -39,6 +39,11 @@ pub struct LayerCache {
     /// of head `h` in the buffer as it still is. Reading the buffers while it is set is a bug (they
     /// hold the entries before the gather): every reader asserts it is not.
     pending: Option<Vec<u32>>,
+    /// The keys of the last append as stored, on the host (`[kv_heads][t][head_dim]` from entry
+    /// `.0`), when the engine had them there ([`keep_host_keys`](Self::keep_host_keys)):
+    /// [`key_rows`](Self::key_rows) reads them from here instead of copying from a device. Dropped
+    /// by every change to the entries.
+    host_keys: Option<(usize, Vec<f32>)>,
     kv_type: KvType,
     len: usize,
     kv_heads: usize,
@@ -97,6 +102,7 @@ impl LayerCache {
             pool: None,
             defer_gathers: false,
             pending: None,
+            host_keys: None,
             kv_type,
             len: 0,
             kv_heads,
@@ -279,6 +285,16 @@ impl LayerCache {
         }
         let d = self.head_dim;
         let mut out = Vec::with_capacity(heads.len() * rows.len() * d);
+        if let Some((first, keys)) = &self.host_keys {
+            let t = keys.len() / (self.kv_heads * d);
+            if rows.start >= *first && rows.end <= first + t {
+                for h in heads {
+                    let at = (h * t + rows.start - first) * d;
+                    out.extend_from_slice(&keys[at..at + rows.len() * d]);
+                }
+                return Ok(out);
+            }
+        }
         if let Some(store) = &self.kivi {
             for h in heads {
                 store.read_rows(h, rows.clone(), true, &mut out);
@@ -332,6 +348,7 @@ impl LayerCache {
     /// position of the first one.
     pub fn append(&mut self, k: &Tensor, v: &Tensor, first_pos: usize) -> Result<()> {
         self.settle_gather()?;
+        self.host_keys = None;
         let t = k.dim(1)?;
         for p in &mut self.positions {
             p.extend((first_pos..first_pos + t).map(|x| x as u32));
@@ -362,6 +379,7 @@ impl LayerCache {
     /// batched append, [`pool`]), the first at logical position `first_pos`.
     pub(crate) fn note_appended(&mut self, t: usize, first_pos: usize) -> Result<()> {
         self.assert_settled();
+        self.host_keys = None;
         if self.kivi.is_some() || self.len + t > self.capacity() {
             candle_core::bail!(
                 "note_appended: {t} entries beyond the buffer of {} entries holding {}",
@@ -431,6 +449,7 @@ impl LayerCache {
                 self.kv_heads
             );
         }
+        self.host_keys = None;
         let m = kept[0].len();
         let cap = self.capacity();
         // Entry `j` of head `h` is buffer row `h·cap + j`, or the row a deferred gather left for it.
@@ -483,6 +502,37 @@ impl LayerCache {
         let (wk, wv) = self.widths();
         gather(&self.k, wk)?;
         gather(&self.v, wv)
+    }
+
+    /// Keeps on the host the keys just appended (`keys`: the last `t` entries of every head,
+    /// `[kv_heads][t][head_dim]`, as the activations held them before the append), rounded as the
+    /// cache stores them, so that a policy reading them ([`key_rows`](Self::key_rows)) does not copy
+    /// them back from a device: the engine copies a layer's new keys once for the whole batch. Kept
+    /// only for float storage (f32, f16, bf16), whose rounding the host repeats exactly; block and
+    /// KIVI storage are read as before.
+    pub fn keep_host_keys(&mut self, mut keys: Vec<f32>) -> Result<()> {
+        let per = self.kv_heads * self.head_dim;
+        if per == 0 || !keys.len().is_multiple_of(per) || keys.len() / per > self.len {
+            candle_core::bail!(
+                "keep_host_keys: {} values for {} heads of {} with {} entries",
+                keys.len(),
+                self.kv_heads,
+                self.head_dim,
+                self.len
+            );
+        }
+        let round: fn(f32) -> f32 = match (self.kivi.is_some(), self.kv_type.keys.dtype()) {
+            (false, DType::F32) => |x| x,
+            (false, DType::F16) => |x| half::f16::from_f32(x).to_f32(),
+            (false, DType::BF16) => |x| half::bf16::from_f32(x).to_f32(),
+            _ => {
+                self.host_keys = None;
+                return Ok(());
+            }
+        };
+        keys.iter_mut().for_each(|x| *x = round(*x));
+        self.host_keys = Some((self.len - keys.len() / per, keys));
+        Ok(())
     }
 
     /// Moves the rows of a deferred gather, if any, and stops deferring.
@@ -759,6 +809,48 @@ mod tests {
             assert_eq!(c.key_rows(0..2, 38..45).unwrap(), both, "{kv}");
             assert!(c.key_rows(0..2, 45..45).unwrap().is_empty(), "{kv}");
         }
+    }
+
+    #[test]
+    fn keys_kept_on_the_host_read_as_the_buffer_holds_them() {
+        // Values that f16 and bf16 round (thirds), appended in two steps; the second step's keys kept
+        // on the host must read exactly as the buffer's, in every type; block and KIVI storage keep
+        // nothing and read the buffer.
+        const D: usize = 32; // a block of q8_0
+        let dev = Device::Cpu;
+        let (n, t) = (20, 3);
+        let x: Vec<f32> = (0..2 * (n + t) * D).map(|i| i as f32 / 3.0 - 7.1).collect();
+        let split = |lo: usize, len: usize| -> Vec<f32> {
+            (0..2)
+                .flat_map(|h| x[(h * (n + t) + lo) * D..][..len * D].to_vec())
+                .collect()
+        };
+        for kv in ["f32", "f16", "bf16", "q8_0", "kivi2:4"] {
+            let mut c = LayerCache::new(2, D, kv.parse().unwrap(), &dev).unwrap();
+            let first = Tensor::from_vec(split(0, n), (2, n, D), &dev).unwrap();
+            c.append(&first, &first, 0).unwrap();
+            let new = Tensor::from_vec(split(n, t), (2, t, D), &dev).unwrap();
+            c.append(&new, &new, n).unwrap();
+            let from_buffer = c.key_rows(0..2, n..n + t).unwrap();
+            c.keep_host_keys(split(n, t)).unwrap();
+            let kept = c.host_keys.is_some();
+            assert_eq!(kept, ["f32", "f16", "bf16"].contains(&kv), "{kv}");
+            assert_eq!(c.key_rows(0..2, n..n + t).unwrap(), from_buffer, "{kv}");
+            assert_eq!(
+                c.key_rows(1..2, n + 1..n + t).unwrap(),
+                from_buffer[(t + 1) * D..],
+                "{kv}"
+            );
+            // Rows before them come from the buffer; a gather drops what was kept.
+            assert_eq!(c.key_rows(0..1, n - 1..n + 1).unwrap().len(), 2 * D, "{kv}");
+            c.gather(&[vec![0, 1], vec![2, 3]]).unwrap();
+            assert!(c.host_keys.is_none(), "{kv}");
+        }
+        let mut c = LayerCache::new(2, D, KvType::F32, &dev).unwrap();
+        assert!(
+            c.keep_host_keys(vec![0.0; 2 * D]).is_err(),
+            "more rows than the cache holds"
+        );
     }
 
     #[test]

@@ -609,6 +609,17 @@ impl Transformer {
             true => Some(q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
             false => None,
         };
+        // Likewise the new keys, off the CPU's loop, where a sparse-attention policy reads them
+        // (RocketKV's chunk summaries): one copy for the layer instead of one per sequence, each
+        // sequence's then kept by its cache (`LayerCache::keep_host_keys`).
+        let host_keys = |s: &SeqInput<'_>, t: usize| {
+            t == 1 && !self.cpu_loop() && s.state.caps.sparse_attention
+        };
+        let k_host = match batch.iter().zip(spans).any(|(s, &(_, t))| host_keys(s, t)) {
+            true => Some(k.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
+            false => None,
+        };
+        let hkv = cfg.num_kv_heads;
         let work = |((s, &(off, t)), step): ((&mut SeqInput<'_>, &(usize, usize)), &StepInfo)| {
             // This sequence's query, `[heads · d]`, from the layer's `[heads, n_tok, d]`.
             let q_vec = match (&q_host, host_query(s, t)) {
@@ -620,7 +631,17 @@ impl Transformer {
                 ),
                 _ => None,
             };
-            self.attend_sequence(l, (q, q_vec), k, v, off, t, step, &mut *s.state)
+            // This sequence's new keys, `[kv_heads][t][d]`, from the layer's `[kv_heads, n_tok, d]`.
+            let k_vec = match (&k_host, host_keys(s, t)) {
+                (Some(all), true) => Some(
+                    (0..hkv)
+                        .flat_map(|h| &all[(h * n_tok + off) * d..][..t * d])
+                        .copied()
+                        .collect(),
+                ),
+                _ => None,
+            };
+            self.attend_sequence(l, (q, q_vec, k_vec), k, v, off, t, step, &mut *s.state)
         };
         // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
         let done: Vec<(Tensor, Option<(Tensor, Tensor)>)> = if batch.len() > 1 {
@@ -656,14 +677,15 @@ impl Transformer {
     /// One sequence's part of layer `l`: append its new keys and values, attend over its cache, update
     /// its query window, run its policy. `q` is every new token's query, `[heads, tokens, d]`, with
     /// this sequence's own on the host (`[heads · d]`) where it decodes on the CPU's loop or under a
-    /// sparse-attention policy. Returns the attention output `[t, heads·d]`, and this sequence's query
+    /// sparse-attention policy, and its new keys there (`[kv_heads][t][d]`) where that policy reads
+    /// them off the CPU's loop. Returns the attention output `[t, heads·d]`, and this sequence's query
     /// and probabilities when its policy's call waits for the end of the step
     /// ([`Self::defers_policy`]).
     #[allow(clippy::too_many_arguments)]
     fn attend_sequence(
         &self,
         l: usize,
-        (q, q_vec): (&Tensor, Option<Vec<f32>>),
+        (q, q_vec, k_vec): (&Tensor, Option<Vec<f32>>, Option<Vec<f32>>),
         k: &Tensor,
         v: &Tensor,
         off: usize,
@@ -692,6 +714,9 @@ impl Transformer {
         };
         let (hkv, g) = (cache_heads, hq / cache_heads);
         st.cache.layer_mut(l).append(&k_s, &v_s, step.seen_before)?;
+        if let (Some(keys), true) = (k_vec, cache_heads == cfg.num_kv_heads) {
+            st.cache.layer_mut(l).keep_host_keys(keys)?;
+        }
         let want_probs = st.caps.attention_probs;
         // `q_vec`: the query on the host, given only for the CPU loop or a sparse-attention policy.
         let subset = match &q_vec {

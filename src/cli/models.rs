@@ -46,7 +46,7 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<ExitCode> {
 /// Writes `name`'s weights, config and tokenizer into `dir` (which must not exist or be empty).
 fn export(name: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     let spec = match RandomSpec::parse(name) {
-        Some(s) => s?,
+        Some(s) => s.map_err(|e| UsageError(format!("--export: {e}")))?,
         None => {
             return Err(UsageError(format!(
                 "--export {name}: only random models (random:NAME[@SEED]) are exported"

@@ -37,7 +37,7 @@ impl RandomSpec {
                 Ok(v) => (n, v),
                 Err(_) => {
                     return Some(Err(Error::Input(format!(
-                        "--model {s}: the seed after '@' must be a whole number from 0 to 2^64 - 1"
+                        "model '{s}': the seed after '@' must be a whole number from 0 to 2^64 - 1"
                     ))))
                 }
             },
@@ -45,7 +45,7 @@ impl RandomSpec {
         };
         if shape(name).is_none() {
             return Some(Err(Error::Input(format!(
-                "--model {s}: no random model named {name:?}; available: {}",
+                "model '{s}': no random model named {name:?}; available: {}",
                 RANDOM_MODELS
                     .iter()
                     .map(|m| m.name)

@@ -66,6 +66,26 @@ pub fn resolve(name: &str) -> Result<ModelFiles> {
     if let Some(model) = BUILTIN_MODELS.iter().find(|m| m.name == name) {
         return fetch_builtin(model, &cache_dir().join("models")).map(ModelFiles::Gguf);
     }
+    hub_repo_id(name)?;
+    super::hub::resolve_repo(name)
+}
+
+/// What can be told of a model name before anything is fetched or read: a random model's name and
+/// seed, and that any other name is a path that exists, a built-in model or a hub repository id.
+/// A sweep checks its config's `model` here, so that the error names the file and key.
+pub fn check_name(name: &str) -> Result<()> {
+    if let Some(spec) = RandomSpec::parse(name) {
+        return spec.map(|_| ());
+    }
+    if Path::new(name).exists() || BUILTIN_MODELS.iter().any(|m| m.name == name) {
+        return Ok(());
+    }
+    hub_repo_id(name)
+}
+
+/// Refuses a name that is not a hub repository id (`owner/name`), once it is known not to be a path
+/// that exists or a built-in model.
+fn hub_repo_id(name: &str) -> Result<()> {
     let looks_like_path = name.starts_with('.')
         || name.starts_with('/')
         || name.ends_with(".gguf")
@@ -80,7 +100,7 @@ pub fn resolve(name: &str) -> Result<ModelFiles> {
             ),
         });
     }
-    super::hub::resolve_repo(name)
+    Ok(())
 }
 
 fn classify_local(path: &Path) -> Result<ModelFiles> {

@@ -260,6 +260,14 @@ impl SweepConfig {
                 options.data = Some(path.parent().unwrap_or(Path::new(".")).join(d));
             }
         }
+        // The file's model name, checked here so that a bad one is named with the file and key (a
+        // name given by `--model` is checked where it is resolved, and named there).
+        if over.model.model.is_none() {
+            if let Some(name) = &model.model {
+                crate::loading::resolve::check_name(name)
+                    .map_err(|e| bad(format!("`model`: {e}")))?;
+            }
+        }
         let model = model.overridden_by(&over.model);
         let options = options.overridden_by(&over.options);
         let budget_rule = over.policy.budget_rule.or(head.budget_rule);
@@ -619,6 +627,41 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let e = SweepConfig::load(&path).unwrap_err().to_string();
         assert!(e.contains("kv_type") || e.contains("q3"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_bad_model_name_in_the_file_is_named_with_the_file_and_key_unless_a_flag_replaces_it() {
+        let dir = std::env::temp_dir().join(format!("kvbench-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.toml");
+        for (model, says) in [
+            ("random:tiny@zz", "seed"),
+            ("random:nope", "no random model"),
+            ("./no-such.gguf", "cannot resolve"),
+        ] {
+            let text = format!(
+                "name = \"s\"\nmodel = \"{model}\"\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\n"
+            );
+            std::fs::write(&path, text).unwrap();
+            let e = SweepConfig::load(&path).unwrap_err();
+            assert!(e.is_input_error(), "{e}");
+            let e = e.to_string();
+            assert!(
+                e.starts_with(&format!("{}: `model`: ", path.display())),
+                "{e}"
+            );
+            assert!(e.contains(model) && e.contains(says), "{e}");
+            let over = Overrides {
+                model: ModelFlags {
+                    model: Some("smollm2-135m".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let cfg = SweepConfig::load_with(&path, &over).unwrap();
+            assert_eq!(cfg.model.model(), "smollm2-135m");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

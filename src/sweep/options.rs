@@ -45,7 +45,7 @@ pub struct StudyOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shuffle_seed: Option<u64>,
     /// Take only the first N problems.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_positive)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
     /// Prompt wording: `r1` (DeepSeek's), `lighteval`, `rllm`, `plain` [default: r1].
@@ -162,9 +162,20 @@ impl StudyOptions {
             ("samples", self.samples),
             ("max_new_tokens", self.max_new_tokens),
             ("batch_size", self.batch_size),
+            ("limit", self.limit),
         ] {
             if v == Some(0) {
                 return Err(format!("{key} must be at least 1"));
+            }
+        }
+        // A problem set by name must be one kvbench knows, unless a file is given (whose manifest,
+        // if any, the name then picks).
+        if let (Some(name), None) = (&self.dataset, &self.data) {
+            if crate::eval::dataset::manifest(name).is_none() && name != "builtin" {
+                return Err(format!(
+                    "unknown dataset '{name}' (--dataset, or `dataset` in a sweep config); built in: builtin, {}; or give a file of problems (--data, or `data`)",
+                    crate::eval::dataset::names().join(", ")
+                ));
             }
         }
         let (t, p) = self.sampling();
@@ -244,5 +255,25 @@ mod tests {
             ..Default::default()
         };
         assert!(o.check().unwrap_err().contains("top_p"));
+        let o = StudyOptions {
+            limit: Some(0),
+            ..Default::default()
+        };
+        assert!(o.check().unwrap_err().contains("limit"));
+    }
+
+    #[test]
+    fn a_problem_set_by_name_must_be_known_unless_a_file_is_given() {
+        let named = |name: &str, data: Option<&str>| StudyOptions {
+            dataset: Some(name.into()),
+            data: data.map(PathBuf::from),
+            ..Default::default()
+        };
+        let e = named("nope", None).check().unwrap_err();
+        assert!(e.contains("'nope'") && e.contains("`dataset`"), "{e}");
+        for ok in ["builtin", "math500", "amc23"] {
+            assert!(named(ok, None).check().is_ok(), "{ok}");
+        }
+        assert!(named("nope", Some("problems.jsonl")).check().is_ok());
     }
 }

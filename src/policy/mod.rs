@@ -335,7 +335,7 @@ fn parse_config(
         "kara" => Config::Kara(kara::Config::parse(&mut p, budget)?),
         other => {
             return Err(Error::Input(format!(
-                "unknown policy '{other}' (--policy); available: {}",
+                "unknown policy '{other}' (--policy, or a [[policy]] table's `name` in a sweep config); available: {}",
                 policy_names().join(", ")
             )))
         }

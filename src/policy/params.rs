@@ -9,6 +9,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+/// Where a policy's parameters are written, for errors: a flag or a config's table.
+const WHERE: &str = "--policy-arg, or `args` in a sweep config";
+
 /// `key=value` pairs for one policy, read with typed getters that name the offending key on error and
 /// refuse keys the policy does not know.
 #[derive(Debug, Clone, Default)]
@@ -62,7 +65,7 @@ impl Params {
         if let Some(raw) = self.values.get(key) {
             check_number(raw).map_err(|why| {
                 Error::Input(format!(
-                    "policy '{}': --policy-arg {key}={raw}: {why}",
+                    "policy '{}': {key}={raw} ({WHERE}): {why}",
                     self.policy
                 ))
             })?;
@@ -71,7 +74,7 @@ impl Params {
             None => default,
             Some(raw) => raw.parse::<T>().map_err(|e| {
                 Error::Input(format!(
-                    "policy '{}': --policy-arg {key}={raw}: {e}",
+                    "policy '{}': {key}={raw} ({WHERE}): {e}",
                     self.policy
                 ))
             })?,
@@ -91,10 +94,7 @@ impl Params {
 
     /// An error about a key's value (for checks across keys).
     pub fn invalid(&self, key: &str, why: &str) -> Error {
-        Error::Input(format!(
-            "policy '{}': --policy-arg {key}: {why}",
-            self.policy
-        ))
+        Error::Input(format!("policy '{}': {key} ({WHERE}): {why}", self.policy))
     }
 
     /// Fails on keys no getter asked for (typos must not be silently ignored).
@@ -109,7 +109,7 @@ impl Params {
             known.sort();
             known.dedup();
             return Err(Error::Input(format!(
-                "policy '{}' has no parameter '{k}' (--policy-arg); it takes: {}",
+                "policy '{}' has no parameter '{k}' ({WHERE}); it takes: {}",
                 self.policy,
                 known.join(", ")
             )));

@@ -794,3 +794,25 @@ fn report_without_a_results_folder_says_what_to_name() {
     assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "wrote");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A cases file with no case in it (empty, or blank lines only) is refused by name: grading nothing
+/// printed nothing and exited 0, as if every case had been graded.
+#[test]
+fn a_cases_file_without_cases_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("kvbench-nocases-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text) in [("empty.jsonl", ""), ("blank.jsonl", "\n  \n\n")] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = common::kvbench(&["grade", "--cases", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(name) && err.contains("no cases"), "{err}");
+        assert!(out.stdout.is_empty());
+    }
+    let path = dir.join("one.jsonl");
+    std::fs::write(&path, "{\"id\":\"a\",\"pred\":\"2\",\"gold\":\"2\"}\n").unwrap();
+    let out = common::kvbench(&["grade", "--cases", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -78,6 +78,7 @@ pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
         return Err(UsageError("give --pred and --gold, or --cases FILE".into()).into());
     };
     let text = kvbench::files::read_text(path, kvbench::files::DATA_LIMIT)?;
+    let mut graded = 0usize;
     for (i, line) in text
         .lines()
         .enumerate()
@@ -108,6 +109,14 @@ pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| format!("line-{}", i + 1));
         let v = decide(&id, kind, &field("pred")?, &field("gold")?, &args);
         writeln!(out, "{v}")?;
+        graded += 1;
+    }
+    if graded == 0 {
+        return Err(kvbench::Error::Input(format!(
+            "{}: no cases (one JSON object per line: id, kind, pred, gold)",
+            path.display()
+        ))
+        .into());
     }
     Ok(ExitCode::SUCCESS)
 }

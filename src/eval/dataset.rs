@@ -152,6 +152,7 @@ fn fetch(m: &Manifest, want: &Want) -> Result<(PathBuf, super::rows::Read, bool)
                     id: h.id_field.clone(),
                     problem: h.problem_field.clone(),
                     answer: h.answer_field.clone(),
+                    id_required: false,
                 };
                 let read = super::rows::read(&path, &fields, want)?;
                 return Ok((path, read, false));

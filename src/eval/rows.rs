@@ -2,7 +2,8 @@
 //! layout the Hugging Face hub keeps most datasets in, AIME and AMC among them).
 //!
 //! Both formats become one JSON object per row, then one rule turns a row into a [`Problem`], so a
-//! field means the same in either: a missing id becomes `line-N` or `row-N`, a missing or empty problem
+//! field means the same in either: a missing id becomes `line-N` or `row-N` (unless the user named the id
+//! field: then it is an error, as a misspelt name would be), a missing or empty problem
 //! or answer is an error naming the file and the line or row, and a numeric answer is written as text
 //! (`27.0` as `27`).
 
@@ -16,6 +17,9 @@ pub struct Fields {
     pub id: String,
     pub problem: String,
     pub answer: String,
+    /// Whether every row must hold `id` (the user named the field: a row without it is more likely
+    /// a misspelt name than a row to number), rather than a missing id becoming `line-N`.
+    pub id_required: bool,
 }
 
 impl Default for Fields {
@@ -24,6 +28,7 @@ impl Default for Fields {
             id: "id".into(),
             problem: "problem".into(),
             answer: "answer".into(),
+            id_required: false,
         }
     }
 }
@@ -280,7 +285,17 @@ fn problem_of(
     })?;
     let answer = text_of(&fields.answer)
         .ok_or_else(|| Error::Input(format!("{}: no '{}' (answer) field", at(), fields.answer)))?;
-    let id = text_of(&fields.id).unwrap_or_else(|| format!("{unit}-{n}"));
+    let id = match text_of(&fields.id) {
+        Some(id) => id,
+        None if fields.id_required => {
+            return Err(Error::Input(format!(
+                "{}: no '{}' field, which --id-field (`id_field`) names",
+                at(),
+                fields.id
+            )))
+        }
+        None => format!("{unit}-{n}"),
+    };
     Ok(Problem {
         id,
         problem,
@@ -350,6 +365,19 @@ mod tests {
             (ps[0].id.as_str(), ps[0].answer.as_str()),
             ("line-1", "2.5")
         );
+        // An id field the user named must be there (a misspelt name numbered every row).
+        let named = Fields {
+            id: "uid".into(),
+            id_required: true,
+            ..Fields::default()
+        };
+        let err = load(&bad, &named).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.jsonl: line 1: no 'uid' field") && err.contains("--id-field"),
+            "{err}"
+        );
+        std::fs::write(&bad, "{\"uid\": 7, \"problem\": \"y\", \"answer\": 2}\n").unwrap();
+        assert_eq!(load(&bad, &named).unwrap()[0].id, "7");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

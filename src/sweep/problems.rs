@@ -31,6 +31,7 @@ pub fn load_problems(o: &StudyOptions) -> Result<ProblemSet> {
             id: field(&o.id_field, "id"),
             problem: field(&o.problem_field, "problem"),
             answer: field(&o.answer_field, "answer"),
+            id_required: o.id_field.is_some(),
         };
         // Only the rows the selection needs are read and held (a file may hold millions).
         let want = dataset::want(&o.ids, o.shuffle_seed, o.limit);

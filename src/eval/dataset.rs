@@ -191,6 +191,9 @@ fn fetch_hub(_: &HubSource) -> Result<PathBuf> {
     Err(Error::Input("built without the `hub` feature".into()))
 }
 
+/// Where the ids asked for are written, for errors: a flag or a config's key.
+const IDS: &str = "--ids (or `ids` in a sweep config)";
+
 /// Takes a subset: the listed ids (in the order given; an unknown id is an error), else all rows, then
 /// a deterministic shuffle (Fisher–Yates on a ChaCha8 stream), then the first `limit`.
 pub fn select(
@@ -208,9 +211,14 @@ pub fn select(
             p.id
         )));
     }
+    if ids.iter().any(String::is_empty) {
+        return Err(Error::Input(format!(
+            "{IDS}: an empty id (nothing between two commas, or an empty string)"
+        )));
+    }
     let mut asked = std::collections::HashSet::new();
     if let Some(id) = ids.iter().find(|id| !asked.insert(id.as_str())) {
-        return Err(Error::Input(format!("--ids: '{id}' is named twice")));
+        return Err(Error::Input(format!("{IDS}: '{id}' is named twice")));
     }
     if limit == Some(0) {
         return Err(Error::Input("--limit 0 selects no problem".into()));
@@ -224,7 +232,7 @@ pub fn select(
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let p = by_id.get(id.as_str()).ok_or_else(|| {
-                Error::Input(format!("--ids: no problem with id '{id}' in the dataset"))
+                Error::Input(format!("{IDS}: no problem with id '{id}' in the dataset"))
             })?;
             out.push((*p).clone());
         }
@@ -265,6 +273,8 @@ mod tests {
             err.to_string().contains("--ids") && err.to_string().contains("'b'"),
             "{err}"
         );
+        let err = select(set(), &["a".into(), "".into()], None, None).unwrap_err();
+        assert!(err.to_string().contains("an empty id"), "{err}");
         let err = select(set(), &[], None, Some(0)).unwrap_err();
         assert!(err.to_string().contains("--limit"), "{err}");
         assert_eq!(

@@ -304,11 +304,12 @@ def speed_compressed(c):
     together): R-KV compresses once in the 128 tokens, H2O evicts at every step."""
     s = speed_shapes(c)
     res = {"shapes": s}
-    runs = [("compressed", "full,rkv,snapkv,h2o", None),
-            ("h2o_per_layer", "h2o", {"KVBENCH_POLICY_PER_LAYER": "1"}),
-            ("each", "rkv,h2o", {"KVBENCH_COMPRESS_EACH": "1"})]
+    # (file name, policies, environment, suffix of their rates' names)
+    runs = [("compressed", "full,rkv,snapkv,h2o", None, ""),
+            ("h2o_per_layer", "h2o", {"KVBENCH_POLICY_PER_LAYER": "1"}, "_per_layer"),
+            ("each", "rkv,h2o", {"KVBENCH_COMPRESS_EACH": "1"}, "_each")]
     rate = {}
-    for name, policies, env in runs:
+    for name, policies, env, suffix in runs:
         path = c.out / f"perf_{name}.json"
         c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
              "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch",
@@ -320,8 +321,7 @@ def speed_compressed(c):
         for r in res[name]["rows"]:
             if r["measurement"].get("phase") == "decode":
                 policy = r["measurement"]["policy"].split()[0]
-                rate[policy if env is None else f"{policy}_{name.removeprefix(policy + '_')}"] = \
-                    r["tokens_per_s_median"]
+                rate[policy + suffix] = r["tokens_per_s_median"]
     res["rate"] = rate
     if rate.get("full"):
         res["rate_over_full"] = {p: x / rate["full"] for p, x in rate.items() if p != "full"}

@@ -597,7 +597,7 @@ impl Transformer {
         deferred: &mut Vec<deferred::Deferred>,
     ) -> candle_core::Result<Tensor> {
         let cfg = &self.config;
-        let (hq, d) = (cfg.num_heads, cfg.head_dim);
+        let d = cfg.head_dim;
         let n_tok = q.dim(1)?;
         // Every new token's query on the host, once for the layer, where a decoding sequence needs
         // its own there (the CPU's loop, a sparse-attention policy): off the CPU one copy and one
@@ -605,42 +605,35 @@ impl Transformer {
         let host_query = |s: &SeqInput<'_>, t: usize| {
             t == 1 && (self.cpu_loop() || s.state.caps.sparse_attention)
         };
-        let q_host = match batch.iter().zip(spans).any(|(s, &(_, t))| host_query(s, t)) {
-            true => Some(q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
-            false => None,
-        };
         // Likewise the new keys, off the CPU's loop, where a sparse-attention policy reads them
         // (RocketKV's chunk summaries): one copy for the layer instead of one per sequence, each
         // sequence's then kept by its cache (`LayerCache::keep_host_keys`).
         let host_keys = |s: &SeqInput<'_>, t: usize| {
             t == 1 && !self.cpu_loop() && s.state.caps.sparse_attention
         };
-        let k_host = match batch.iter().zip(spans).any(|(s, &(_, t))| host_keys(s, t)) {
-            true => Some(k.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
-            false => None,
+        let to_host = |x: &Tensor, wanted: &dyn Fn(&SeqInput<'_>, usize) -> bool| match batch
+            .iter()
+            .zip(spans)
+            .any(|(s, &(_, t))| wanted(s, t))
+        {
+            true => Ok(Some(
+                x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+            )),
+            false => candle_core::Result::Ok(None),
         };
-        let hkv = cfg.num_kv_heads;
+        let (q_host, k_host) = (to_host(q, &host_query)?, to_host(k, &host_keys)?);
         let work = |((s, &(off, t)), step): ((&mut SeqInput<'_>, &(usize, usize)), &StepInfo)| {
-            // This sequence's query, `[heads · d]`, from the layer's `[heads, n_tok, d]`.
-            let q_vec = match (&q_host, host_query(s, t)) {
-                (Some(all), true) => Some(
-                    (0..hq)
-                        .flat_map(|h| &all[(h * n_tok + off) * d..][..d])
-                        .copied()
-                        .collect(),
-                ),
-                _ => None,
+            // This sequence's rows, `[heads][t][d]`, of a layer's `[heads, n_tok, d]` on the host:
+            // its query, and its new keys.
+            let own = |all: &[f32]| -> Vec<f32> {
+                let heads = all.len() / (n_tok * d);
+                (0..heads)
+                    .flat_map(|h| &all[(h * n_tok + off) * d..][..t * d])
+                    .copied()
+                    .collect()
             };
-            // This sequence's new keys, `[kv_heads][t][d]`, from the layer's `[kv_heads, n_tok, d]`.
-            let k_vec = match (&k_host, host_keys(s, t)) {
-                (Some(all), true) => Some(
-                    (0..hkv)
-                        .flat_map(|h| &all[(h * n_tok + off) * d..][..t * d])
-                        .copied()
-                        .collect(),
-                ),
-                _ => None,
-            };
+            let q_vec = q_host.as_deref().filter(|_| host_query(s, t)).map(own);
+            let k_vec = k_host.as_deref().filter(|_| host_keys(s, t)).map(own);
             self.attend_sequence(l, (q, q_vec, k_vec), k, v, off, t, step, &mut *s.state)
         };
         // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.

@@ -137,11 +137,7 @@ pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
 }
 
 /// [`redundancy`] with the chunks' bound given.
-pub fn redundancy_chunked(
-    keys: &Tensor,
-    threshold: f32,
-    chunk_bytes: usize,
-) -> Result<Vec<Vec<f32>>> {
+fn redundancy_chunked(keys: &Tensor, threshold: f32, chunk_bytes: usize) -> Result<Vec<Vec<f32>>> {
     let (rows_total, n, _) = keys.dims3()?;
     let dev = keys.device();
     if n == 0 || rows_total == 0 {

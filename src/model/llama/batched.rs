@@ -200,7 +200,7 @@ impl Transformer {
     /// requests and cache lengths are equal in one set of device operations over the pool's keys
     /// and the batch's windows, and one copy to the host. One sequence at a time, R-KV's scoring
     /// took about a hundred operations and two waits for the device per sequence and layer: at a
-    /// batch of a thousand, seconds at every compression. Returns each sequence's scores (`None`:
+    /// batch of a thousand, millions of launches at every compression (counted, not measured). Returns each sequence's scores (`None`:
     /// it does not compress now, or scores by itself). Needs the windows extended for the batch at
     /// once (`extend_windows`), and `lens` the cache lengths before this step's append. The time
     /// (after waiting for the step's queued work) is shared among the scored sequences' policy time.

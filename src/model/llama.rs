@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::loading::source::WeightSource;
 use crate::model::attention;
 use crate::model::config::{apply_rope_freq_factors, ModelConfig};
+use crate::model::matmul::matmul;
 use crate::model::profile::Phase;
 use crate::model::state::SeqState;
 use crate::model::weights::{Embedding, Linear, RmsNorm, WeightFormat};
@@ -761,9 +762,7 @@ impl Transformer {
                 for h in (0..hkv).step_by(per) {
                     // Scores, mask and softmax in f32 whatever the activations (16-bit ones
                     // are widened here, as transformers' attention does before its softmax).
-                    let raw = q3
-                        .narrow(0, h, per)?
-                        .matmul(&keys.narrow(0, h, per)?.t()?)?
+                    let raw = matmul(&q3.narrow(0, h, per)?, &keys.narrow(0, h, per)?.t()?)?
                         .to_dtype(DType::F32)?;
                     // On the CPU (not when it runs the path a GPU takes, which the tests check
                     // there) in one pass, the same bits.
@@ -796,7 +795,7 @@ impl Transformer {
                         }
                     };
                     let p = probs.to_dtype(values.dtype())?;
-                    ys.push(p.matmul(&values.narrow(0, h, per)?)?); // [per, g*t, d]
+                    ys.push(matmul(&p, &values.narrow(0, h, per)?)?); // [per, g*t, d]
                     if keep_probs {
                         all_probs.push(probs);
                     }

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod chat;
 pub mod config;
 pub mod llama;
+pub mod matmul;
 pub mod ops;
 pub mod profile;
 pub mod state;

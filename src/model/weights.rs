@@ -10,6 +10,7 @@
 use crate::kernels::float16::{Float16, Float16Matrix};
 use crate::kernels::{BlockFormat, QMatrix, WeightBytes};
 use crate::loading::source::RawTensor;
+use crate::model::matmul::matmul;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use std::sync::Arc;
@@ -159,8 +160,8 @@ impl Weight {
                 };
                 Tensor::from_vec(y, (rows, m.rows()), x.device())?.to_dtype(dtype)
             }
-            Weight::Dense(wt) if wt.dtype() == dtype => x.matmul(wt),
-            Weight::Dense(wt) => x.to_dtype(wt.dtype())?.matmul(wt)?.to_dtype(dtype),
+            Weight::Dense(wt) if wt.dtype() == dtype => matmul(x, wt),
+            Weight::Dense(wt) => matmul(&x.to_dtype(wt.dtype())?, wt)?.to_dtype(dtype),
         }
     }
 

@@ -18,6 +18,7 @@
 //! operations per chunk instead of a hundred per sequence and layer.
 
 use super::params::{GqaAgg, QueryReduce, SoftmaxDomain};
+use crate::model::matmul::matmul;
 use candle_core::{DType, Result, Tensor, D};
 
 /// Bytes of `f32` one chunk of a batched scoring may hold in its largest temporary (a `[rows, n, n]`
@@ -106,7 +107,7 @@ pub fn window_scores_batch(
             .to_dtype(DType::F32)?
             .contiguous()?
             .reshape((c * heads, n, d))?;
-        let z = (q.matmul(&k.t()?)? * scale as f64)?.reshape((c * heads, g, w, n))?;
+        let z = (matmul(&q, &k.t()?)? * scale as f64)?.reshape((c * heads, g, w, n))?;
         // Rows `[c·heads, groups, w, n]` to softmax: the group's maximum logit, its first head's, or all.
         let z = match agg {
             GqaAgg::MaxLogit => z.max_keepdim(1)?,
@@ -161,9 +162,8 @@ fn redundancy_chunked(keys: &Tensor, threshold: f32, chunk_bytes: usize) -> Resu
         let unit = k.broadcast_div(&norm)?.contiguous()?;
         // Cosines `[c, n, n]`, the diagonal zeroed; each row's partner: the largest column above the
         // threshold, 0 when there is none.
-        let s = unit
-            .matmul(&unit.transpose(1, 2)?.contiguous()?)?
-            .broadcast_mul(&off_diagonal)?;
+        let s =
+            matmul(&unit, &unit.transpose(1, 2)?.contiguous()?)?.broadcast_mul(&off_diagonal)?;
         let above = s.gt(threshold as f64)?.to_dtype(DType::F32)?;
         let partner = above.broadcast_mul(&col_index)?.max_keepdim(D::Minus1)?; // [c, n, 1]
         let kept = col_index.broadcast_ne(&partner)?.to_dtype(DType::F32)?;

@@ -12,6 +12,7 @@
 use super::deferred::{Deferred, DeferredProbs};
 use super::{SeqInput, Transformer};
 use crate::cache::pool;
+use crate::model::matmul::matmul;
 use crate::model::state::{SeqState, WindowBatch};
 use crate::policy::{device_score, ScoreRequest, StepInfo, WindowScores};
 use candle_core::Tensor;
@@ -94,7 +95,7 @@ impl Transformer {
         let values = pool_v.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
         // Scores `[batch·kv_heads, g, n]`, mask and softmax in f32 whatever the activations' type
         // (as `attend_sequence`).
-        let scores = (q3.matmul(&keys.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?;
+        let scores = (matmul(&q3, &keys.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?;
         let scores = match &mask {
             None => scores,
             Some(mask) => scores
@@ -103,10 +104,7 @@ impl Transformer {
                 .reshape((b * hkv, g, n))?,
         };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs
-            .to_dtype(values.dtype())?
-            .matmul(&values)?
-            .reshape((b, hq * d))?;
+        let out = matmul(&probs.to_dtype(values.dtype())?, &values)?.reshape((b, hq * d))?;
 
         // 3. The batch's query windows at once where they can be, then each sequence's policy, on
         //    its own slot and probabilities, in parallel: a compression event's scoring can run on

@@ -842,15 +842,21 @@ impl Transformer {
         let w = st.caps.query_window;
         if w > 0 && !window_extended {
             st.window_batches[l] = None;
-            let win = match st.query_windows[l].take() {
-                Some(old) => Tensor::cat(&[&old, q_s], 1)?,
-                None => q_s.clone(),
+            // The window's last `w − t` queries and the `t` new ones: one copy (joining, then
+            // cutting, copied the window twice).
+            let t = q_s.dim(1)?;
+            let old = st.query_windows[l].take();
+            let keep = match &old {
+                Some(old) if t < w => old.dim(1)?.min(w - t),
+                _ => 0,
             };
-            let len = win.dim(1)?;
-            st.query_windows[l] = Some(if len > w {
-                win.narrow(1, len - w, w)?.contiguous()?
-            } else {
-                win
+            st.query_windows[l] = Some(match old {
+                Some(old) if keep > 0 => {
+                    let n = old.dim(1)?;
+                    Tensor::cat(&[&old.narrow(1, n - keep, keep)?, q_s], 1)?
+                }
+                _ if t > w => q_s.narrow(1, t - w, w)?.contiguous()?,
+                _ => q_s.clone(),
             });
         }
         // Probabilities left on a GPU are copied to the host by the policy, which waits for the

@@ -109,7 +109,7 @@ impl Transformer {
         // 3. The batch's query windows at once where they can be, then each sequence's policy, on
         //    its own slot and probabilities, in parallel: a compression event's scoring can run on
         //    the host, and a batch's sequences one after another took minutes.
-        let window_extended = self.extend_windows(l, q, batch)?;
+        let window_extended = self.extend_windows(l, &q3.reshape((b, hq, 1, d))?, batch)?;
         let scores = match self.batch_compressions && window_extended {
             true => self.batch_scores(l, &pool_k, &lens, batch, steps)?,
             false => vec![None; b],
@@ -328,15 +328,15 @@ impl Transformer {
         Ok((index, mask))
     }
 
-    /// Extends every sequence's query window of layer `l` by its query of this step (`q`: `[heads,
-    /// batch, d]`) in one concatenation for the batch, as `finish_layer` does one sequence at a time
+    /// Extends every sequence's query window of layer `l` by its query of this step (`q_rows`:
+    /// `[batch, heads, 1, d]`, contiguous) in one concatenation for the batch, as `finish_layer` does one sequence at a time
     /// (the same values), when every sequence keeps a window of the same size and length. The
     /// windows become views of one tensor, which the next step extends again without gathering
     /// them. Returns whether it did.
     fn extend_windows(
         &self,
         l: usize,
-        q: &Tensor,
+        q_rows: &Tensor,
         batch: &mut [SeqInput<'_>],
     ) -> candle_core::Result<bool> {
         let n = batch.len();
@@ -369,10 +369,12 @@ impl Transformer {
                 Tensor::stack(&each, 0)?
             }
         };
-        let new = Tensor::cat(&[&old, &q.transpose(0, 1)?.unsqueeze(2)?], 2)?;
-        let new = match len + 1 > w {
-            true => new.narrow(2, len + 1 - w, w)?.contiguous()?,
-            false => new,
+        // The last `w − 1` (or fewer) queries and the new ones: one copy of the window (joining
+        // first, then cutting, copied it twice).
+        let keep = len.min(w - 1);
+        let new = match keep {
+            0 => q_rows.clone(),
+            _ => Tensor::cat(&[&old.narrow(2, len - keep, keep)?, q_rows], 2)?.contiguous()?,
         };
         let id = NEXT_WINDOWS.fetch_add(1, Ordering::Relaxed);
         for (i, s) in batch.iter_mut().enumerate() {

@@ -70,6 +70,49 @@ pub fn pooled(caches: &mut [&mut LayerCache], extra: usize) -> Result<(Tensor, T
     }
 }
 
+/// The most elements one tensor may hold for candle's CUDA kernels, which count them in 32 bits
+/// (`LaunchConfig::for_num_elems(n as u32)`: past it a kernel silently covers only part of the
+/// tensor). Held on every device, so that what the CPU's tests of the device path run is what a GPU
+/// can.
+pub const KERNEL_ELEMENTS: usize = u32::MAX as usize;
+
+/// Entries per slot of a pool built for `needed` entries when its members' buffers hold at most
+/// `largest`: an eighth again when full (not half, as a sequence's own buffer grows): a pool holds
+/// the whole batch, and its slack is what decides the largest batch that fits; a rebuild copies one
+/// layer's entries once, against the thousands of steps that read them.
+fn capacity(needed: usize, largest: usize) -> usize {
+    match needed <= largest {
+        true => largest,
+        false => needed.max(largest + largest / 8),
+    }
+    .next_multiple_of(64)
+    .max(64)
+}
+
+/// Whether one step of a batch of `caches` (one layer's, slot order) attending through a pool stays
+/// within [`KERNEL_ELEMENTS`] in every tensor of that step: the pool's buffers with room for one more
+/// entry each, and the attention scores (`query_heads` rows per sequence over the pool's entries).
+/// A batch past it attends one sequence at a time instead.
+pub fn fits_kernels(caches: &[&LayerCache], query_heads: usize) -> bool {
+    let Some(first) = caches.first() else {
+        return true;
+    };
+    let needed = caches.iter().map(|c| c.len + 1).max().unwrap_or(0);
+    let largest = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
+    let cap = capacity(needed, largest);
+    let (wk, wv) = first.widths();
+    let slots = caches.len();
+    [
+        slots.checked_mul(first.kv_heads * wk.max(wv)),
+        slots.checked_mul(query_heads),
+    ]
+    .into_iter()
+    .all(|rows| {
+        rows.and_then(|r| r.checked_mul(cap))
+            .is_some_and(|e| e <= KERNEL_ELEMENTS)
+    })
+}
+
 /// Copies every member's entries into new pool buffers of at least `needed` entries per slot.
 fn rebuild(caches: &mut [&mut LayerCache], needed: usize) -> Result<(Tensor, Tensor)> {
     let n = caches.len();
@@ -79,15 +122,14 @@ fn rebuild(caches: &mut [&mut LayerCache], needed: usize) -> Result<(Tensor, Ten
     let (dk, dv) = (first.kv_type.keys.dtype(), first.kv_type.values.dtype());
     let device = first.k.device().clone();
     let largest = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
-    // An eighth again when full (not half, as a sequence's own buffer grows): a pool holds the
-    // whole batch, and its slack is what decides the largest batch that fits; a rebuild copies one
-    // layer's entries once, against the thousands of steps that read them.
-    let cap = match needed <= largest {
-        true => largest,
-        false => needed.max(largest + largest / 8),
+    let cap = capacity(needed, largest);
+    let elements = n * heads * cap * wk.max(wv);
+    if elements > KERNEL_ELEMENTS {
+        candle_core::bail!(
+            "pool: {n} sequences × {heads} KV heads × {cap} entries × {} is {elements} elements, more than candle's CUDA kernels count ({KERNEL_ELEMENTS})",
+            wk.max(wv)
+        );
     }
-    .next_multiple_of(64)
-    .max(64);
     let keys = Tensor::zeros((n * heads, cap, wk), dk, &device)?;
     let values = Tensor::zeros((n * heads, cap, wv), dv, &device)?;
     let id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
@@ -198,6 +240,25 @@ mod tests {
             (0..m).map(|t| (len - 1 + 2 * t) % len).collect(),
             (0..m).map(|t| (3 * t + 1) % len).collect(),
         ]
+    }
+
+    #[test]
+    fn a_batch_fits_the_kernels_up_to_their_element_count_and_not_past_it() {
+        // Two KV heads of four dimensions at the smallest capacity (64 entries): 512 elements a
+        // slot in each buffer, so 8,388,607 slots are the most whose buffers the kernels count.
+        let c = cache(5, 0.0);
+        assert_eq!(c.capacity(), 64);
+        let most = KERNEL_ELEMENTS / 512;
+        let mut batch = vec![&c; most];
+        assert!(fits_kernels(&batch, 8));
+        batch.push(&c);
+        assert!(!fits_kernels(&batch, 8));
+        // The scores count too: a slot's query heads over the pool's entries.
+        let batch = vec![&c; KERNEL_ELEMENTS / (64 * 1000) + 1];
+        assert!(fits_kernels(&batch, 8));
+        assert!(!fits_kernels(&batch, 1000));
+        // A product past the machine's word is not a fit either.
+        assert!(!fits_kernels(&[&c], usize::MAX / 2));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use super::deferred::{Deferred, DeferredProbs};
 use super::{SeqInput, Transformer};
-use crate::cache::pool;
+use crate::cache::{pool, LayerCache};
 use crate::model::matmul::matmul;
 use crate::model::state::{SeqState, WindowBatch};
 use crate::policy::{device_score, ScoreRequest, StepInfo, WindowScores};
@@ -41,6 +41,13 @@ impl Transformer {
                     && first.keys.blocks().is_none()
                     && first.values.blocks().is_none()
             }
+            // Past candle's CUDA kernels' 32-bit element counts (a tiny model's huge batch): one
+            // sequence at a time, whose tensors are a batch's smaller.
+            && (0..self.config.num_layers).all(|l| {
+                let layers: Vec<&LayerCache> =
+                    batch.iter().map(|s| s.state.cache.layer(l)).collect();
+                pool::fits_kernels(&layers, self.config.num_heads)
+            })
     }
 
     /// Layer `l`'s attention for a decoding batch through its pool. `q` is `[heads, batch, d]`,

@@ -10,7 +10,6 @@ use crate::error::{Error, Result};
 use crate::loading::source::WeightSource;
 use crate::model::attention;
 use crate::model::config::{apply_rope_freq_factors, ModelConfig};
-use crate::model::matmul::matmul;
 use crate::model::profile::Phase;
 use crate::model::state::SeqState;
 use crate::model::weights::{Embedding, Linear, RmsNorm, WeightFormat};
@@ -20,6 +19,7 @@ use rayon::prelude::*;
 
 mod batched;
 mod deferred;
+mod dense;
 
 struct Block {
     attn_norm: RmsNorm,
@@ -58,6 +58,8 @@ pub struct Transformer {
     /// (`cache::pool::defer_gathers`). By default where the caches are not on the CPU (whose
     /// policies score on the host); on for the CPU too in tests of the path a GPU takes.
     batch_compressions: bool,
+    /// The most bytes of f32 scores one KV head's chunk of a prefill holds (`dense`).
+    prefill_score_bytes: usize,
     /// How each sequence's cache stores keys and values.
     kv_type: crate::cache::KvType,
     /// The pooled path's scatter index and padding mask, kept from layer to layer of a step.
@@ -224,6 +226,7 @@ impl Transformer {
             // before, to measure the difference on a GPU (the check does).
             batch_compressions: !device.is_cpu()
                 && std::env::var_os("KVBENCH_COMPRESS_EACH").is_none(),
+            prefill_score_bytes: dense::PREFILL_SCORE_BYTES,
             kv_type: crate::cache::KvType::F32,
             pool_inputs: std::sync::Mutex::new(None),
             activations: DType::F32,
@@ -297,6 +300,13 @@ impl Transformer {
     /// decoding loop otherwise): for checking the device path's semantics on a machine without one.
     pub fn set_generic_attention(&mut self, on: bool) {
         self.generic_attention = on;
+    }
+
+    /// The most bytes of f32 attention scores one KV head's chunk of a prefill's tokens holds (256
+    /// MiB by default): a prompt whose scores pass it is attended in chunks of tokens, each over the
+    /// entries it sees. Smaller, for tests of the chunks or a tighter memory bound.
+    pub fn set_prefill_score_bytes(&mut self, bytes: usize) {
+        self.prefill_score_bytes = bytes.max(1);
     }
 
     /// Whether a decoding batch off the CPU loop attends for all its sequences at once, through
@@ -745,75 +755,17 @@ impl Transformer {
                 // The cache is read in the queries' type (a no-op when they agree: an f32 cache
                 // under f32 activations, a bf16 one under bf16).
                 let (keys, values) = (keys.to_dtype(q_s.dtype())?, values.to_dtype(q_s.dtype())?);
-                let n = keys.dim(1)?;
                 let q3 = q_s.reshape((hkv, g * t, d))?;
-                // Built when first needed: on the CPU's own path a prefill's mask is applied inside
-                // `ops::scaled_causal_softmax` instead.
-                let mut mask: Option<Tensor> = None;
                 let keep_probs = want_probs && subset.is_none();
-                // Several new tokens (a prefill): one KV head's group at a time. Its scores are
-                // `[g·t, n]` floats per head, and all heads' at once (with the scaled, masked and
-                // softmaxed copies alive together) were most of SmolLM2's transient memory at a
-                // 512-token prompt. Each head's rows go through the same operations, so the same bits.
-                // One token: all heads in one set of operations (fewer launches off the CPU).
-                let per = if t > 1 { 1 } else { hkv };
-                let mut ys = Vec::with_capacity(hkv);
-                let mut all_probs = Vec::new();
-                for h in (0..hkv).step_by(per) {
-                    // Scores, mask and softmax in f32 whatever the activations (16-bit ones
-                    // are widened here, as transformers' attention does before its softmax).
-                    let raw = matmul(&q3.narrow(0, h, per)?, &keys.narrow(0, h, per)?.t()?)?
-                        .to_dtype(DType::F32)?;
-                    // On the CPU (not when it runs the path a GPU takes, which the tests check
-                    // there) in one pass, the same bits.
-                    let fused = match t > 1 && self.device.is_cpu() && !self.generic_attention {
-                        true => super::ops::scaled_causal_softmax(&raw, scale as f32, t),
-                        false => None,
-                    };
-                    let probs = match fused {
-                        Some(probs) => probs?,
-                        None => {
-                            let scores = (raw * scale)?;
-                            let scores = match t > 1 {
-                                true => {
-                                    let mask = match &mut mask {
-                                        Some(mask) => mask,
-                                        none => none.insert(super::ops::causal_mask(
-                                            t,
-                                            n,
-                                            &self.device,
-                                        )?),
-                                    };
-                                    scores
-                                        .reshape((per, g, t, n))?
-                                        .broadcast_add(mask)?
-                                        .reshape((per, g * t, n))?
-                                }
-                                false => scores,
-                            };
-                            candle_nn::ops::softmax_last_dim(&scores)?
-                        }
-                    };
-                    let p = probs.to_dtype(values.dtype())?;
-                    ys.push(matmul(&p, &values.narrow(0, h, per)?)?); // [per, g*t, d]
-                    if keep_probs {
-                        all_probs.push(probs);
-                    }
-                }
-                let y = Tensor::cat(&ys, 0)?; // [hkv, g*t, d] (one part: that part itself)
+                let (y, probs) = self.attend_dense(&q3, &keys, &values, (g, t), keep_probs)?;
                 let out = y
                     .reshape((hq, t, d))?
                     .transpose(0, 1)?
                     .reshape((t, hq * d))?;
-                (
-                    out,
-                    if keep_probs {
-                        let probs = Tensor::cat(&all_probs, 0)?.reshape((hkv, g, t, n))?;
-                        Some(probs_for_policy(probs, st.caps.group_sum_probs)?)
-                    } else {
-                        None
-                    },
-                )
+                let probs = probs
+                    .map(|p| probs_for_policy(p, st.caps.group_sum_probs))
+                    .transpose()?;
+                (out, probs)
             }
         };
 

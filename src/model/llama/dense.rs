@@ -42,6 +42,21 @@ impl Transformer {
     ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
         let (hkv, _, d) = q.dims3()?;
         let n = keys.dim(1)?;
+        // The probabilities a policy reads are one tensor whatever the chunks: off the CPU, refused
+        // past the kernels' element count rather than covered in part.
+        let probs_elements = [hkv, g, t, n]
+            .iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x));
+        if keep_probs
+            && !self.device.is_cpu()
+            && probs_elements.is_none_or(|e| e > crate::cache::pool::KERNEL_ELEMENTS)
+        {
+            candle_core::bail!(
+                "attention: the probabilities of {t} new tokens over {n} entries ({hkv} KV heads × {g} query heads) \
+                 that this policy reads pass the {} elements candle's CUDA kernels count; use a shorter prompt",
+                crate::cache::pool::KERNEL_ELEMENTS
+            );
+        }
         if t == 1 {
             // One token: all heads in one set of operations (fewer launches off the CPU).
             let probs = self.softmax_scores(q, keys, 1, None)?;

@@ -756,8 +756,12 @@ impl Transformer {
                 // under f32 activations, a bf16 one under bf16).
                 let (keys, values) = (keys.to_dtype(q_s.dtype())?, values.to_dtype(q_s.dtype())?);
                 let q3 = q_s.reshape((hkv, g * t, d))?;
-                let keep_probs = want_probs && subset.is_none();
-                let (y, probs) = self.attend_dense(&q3, &keys, &values, (g, t), keep_probs)?;
+                let kept = match (want_probs && subset.is_none(), st.caps.group_sum_probs) {
+                    (false, _) => dense::KeptProbs::None,
+                    (true, false) => dense::KeptProbs::Each,
+                    (true, true) => dense::KeptProbs::GroupSum,
+                };
+                let (y, probs) = self.attend_dense(&q3, &keys, &values, (g, t), kept)?;
                 let out = y
                     .reshape((hq, t, d))?
                     .transpose(0, 1)?

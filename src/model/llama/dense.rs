@@ -27,32 +27,46 @@ pub(super) fn prefill_chunk(g: usize, t: usize, n: usize, bytes: usize) -> usize
     (bytes / per_token).clamp(1, t.max(1))
 }
 
+/// Which of a sequence's attention probabilities its policy reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeptProbs {
+    None,
+    /// Every query head's rows, `[kv_heads, g, t, n]`.
+    Each,
+    /// A prefill's summed over each KV head's group, `[kv_heads, 1, t, n]` (a `g`-th of the memory;
+    /// a decoding step's stay per query head, for the caller to sum).
+    GroupSum,
+}
+
 impl Transformer {
     /// Attention of `q` (`[kv_heads, g·t, d]`, each KV head's group of query heads, `t` new tokens
     /// each) over `keys` and `values` (`[kv_heads, n, d]`, the last `t` entries the new tokens'),
-    /// returning the output `[kv_heads, g·t, d]` and, when `keep_probs`, the probabilities
-    /// `[kv_heads, g, t, n]` (f32).
+    /// returning the output `[kv_heads, g·t, d]` and the probabilities `kept` asks for (f32).
     pub(super) fn attend_dense(
         &self,
         q: &Tensor,
         keys: &Tensor,
         values: &Tensor,
         (g, t): (usize, usize),
-        keep_probs: bool,
+        kept: KeptProbs,
     ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
         let (hkv, _, d) = q.dims3()?;
         let n = keys.dim(1)?;
         // The probabilities a policy reads are one tensor whatever the chunks: off the CPU, refused
         // past the kernels' element count rather than covered in part.
-        let probs_elements = [hkv, g, t, n]
+        let rows_kept = match kept {
+            KeptProbs::GroupSum if t > 1 => 1,
+            _ => g,
+        };
+        let probs_elements = [hkv, rows_kept, t, n]
             .iter()
             .try_fold(1usize, |a, &x| a.checked_mul(x));
-        if keep_probs
+        if kept != KeptProbs::None
             && !self.device.is_cpu()
             && probs_elements.is_none_or(|e| e > crate::cache::pool::KERNEL_ELEMENTS)
         {
             candle_core::bail!(
-                "attention: the probabilities of {t} new tokens over {n} entries ({hkv} KV heads × {g} query heads) \
+                "attention: the probabilities of {t} new tokens over {n} entries ({hkv} KV heads × {rows_kept} rows) \
                  that this policy reads pass the {} elements candle's CUDA kernels count; use a shorter prompt",
                 crate::cache::pool::KERNEL_ELEMENTS
             );
@@ -61,7 +75,7 @@ impl Transformer {
             // One token: all heads in one set of operations (fewer launches off the CPU).
             let probs = self.softmax_scores(q, keys, 1, None)?;
             let y = matmul(&probs.to_dtype(values.dtype())?, values)?;
-            let probs = keep_probs
+            let probs = (kept != KeptProbs::None)
                 .then(|| probs.reshape((hkv, g, 1, n)))
                 .transpose()?;
             return Ok((y, probs));
@@ -98,7 +112,7 @@ impl Transformer {
                 );
                 let probs = self.softmax_scores(&q_h, &k_h, rows, Some(&mut mask))?;
                 heads_y.push(matmul(&probs.to_dtype(v_h.dtype())?, &v_h)?); // [1, g·rows, d]
-                if keep_probs {
+                if kept != KeptProbs::None {
                     // Entries past `seen` are masked for every row of the chunk: probability 0.
                     let probs = match seen < n {
                         true => Tensor::cat(
@@ -113,13 +127,17 @@ impl Transformer {
                             2,
                         )?,
                         false => probs,
-                    };
-                    heads_p.push(probs);
+                    }
+                    .reshape((1, g, rows, n))?;
+                    heads_p.push(match kept {
+                        KeptProbs::GroupSum if g > 1 => probs.sum_keepdim(1)?,
+                        _ => probs,
+                    });
                 }
             }
             ys.push(Tensor::cat(&heads_y, 0)?); // [hkv, g·rows, d] (one part: that part itself)
-            if keep_probs {
-                all_probs.push(Tensor::cat(&heads_p, 0)?.reshape((hkv, g, rows, n))?);
+            if kept != KeptProbs::None {
+                all_probs.push(Tensor::cat(&heads_p, 0)?); // [hkv, g or 1, rows, n]
             }
         }
         let y = match ys.len() {
@@ -132,9 +150,9 @@ impl Transformer {
                 Tensor::cat(&parts, 2)?.reshape((hkv, g * t, d))?
             }
         };
-        let probs = match keep_probs {
-            true => Some(Tensor::cat(&all_probs, 2)?),
-            false => None,
+        let probs = match kept {
+            KeptProbs::None => None,
+            _ => Some(Tensor::cat(&all_probs, 2)?),
         };
         Ok((y, probs))
     }
@@ -193,5 +211,91 @@ mod tests {
         // At R1-Distill-Qwen-7B's shapes and 32,768 tokens, chunks stay far below 2³² elements.
         let m = prefill_chunk(7, 32_768, 32_768, PREFILL_SCORE_BYTES);
         assert!(m >= 1 && 7 * m * 32_768 <= PREFILL_SCORE_BYTES / 4);
+    }
+
+    fn random(shape: (usize, usize, usize), seed: u64) -> Tensor {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let n = shape.0 * shape.1 * shape.2;
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+        Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        assert_eq!(a.dims(), b.dims());
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    /// Each query head's probabilities, the group's sums of them, in one pass and in chunks of
+    /// tokens, on the CPU's path and the one a GPU takes: the same output, the sums those of the rows.
+    #[test]
+    fn kept_probabilities_are_each_head_s_or_their_group_s_sum_in_chunks_or_not() {
+        let (hkv, g, t, past, d) = (2, 3, 9, 4, 8);
+        let n = past + t;
+        let q = random((hkv, g * t, d), 1);
+        let (k, v) = (random((hkv, n, d), 2), random((hkv, n, d), 3));
+        for generic in [false, true] {
+            let mut m = crate::model::Model::load("random:tiny@4", &Default::default()).unwrap();
+            m.transformer.set_generic_attention(generic);
+            let tr = &mut m.transformer;
+            let (y, each) = tr
+                .attend_dense(&q, &k, &v, (g, t), KeptProbs::Each)
+                .unwrap();
+            let each = each.unwrap();
+            assert_eq!(each.dims(), [hkv, g, t, n]);
+            // A row's probabilities sum to one; a token sees its own entry and those before it.
+            let rows = each
+                .sum(3)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            assert!(rows.iter().all(|r| (r - 1.0).abs() < 1e-5), "{rows:?}");
+            let last = each
+                .narrow(2, 0, 1)
+                .unwrap()
+                .narrow(3, past + 1, t - 1)
+                .unwrap();
+            assert_eq!(
+                last.abs()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap(),
+                0.0
+            );
+            let summed = each.sum_keepdim(1).unwrap();
+            for bytes in [usize::MAX, g * n * 4 * 2, 1] {
+                tr.set_prefill_score_bytes(bytes);
+                let (y2, group) = tr
+                    .attend_dense(&q, &k, &v, (g, t), KeptProbs::GroupSum)
+                    .unwrap();
+                let (y3, each3) = tr
+                    .attend_dense(&q, &k, &v, (g, t), KeptProbs::Each)
+                    .unwrap();
+                let tol = if bytes == usize::MAX { 0.0 } else { 1e-6 };
+                assert!(
+                    max_diff(&y, &y2) <= tol && max_diff(&y, &y3) <= tol,
+                    "{bytes}"
+                );
+                assert!(max_diff(&summed, &group.unwrap()) <= tol, "{bytes}");
+                assert!(max_diff(&each, &each3.unwrap()) <= tol, "{bytes}");
+            }
+            let (_, none) = tr
+                .attend_dense(&q, &k, &v, (g, t), KeptProbs::None)
+                .unwrap();
+            assert!(none.is_none());
+        }
     }
 }

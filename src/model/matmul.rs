@@ -35,6 +35,10 @@ fn cublas_refusal(a: &Tensor, b: &Tensor) -> Option<&'static str> {
     }
     let r = ad.len();
     let (m, k, n) = (ad[r - 2], ad[r - 1], bd[r - 1]);
+    // An empty product is zeros without a kernel, whatever the layouts (as candle does).
+    if m * n * k == 0 || ad[..r - 2].contains(&0) {
+        return None;
+    }
     let (a_rows, a_cols) = (a.stride()[r - 2], a.stride()[r - 1]);
     let (b_rows, b_cols) = (b.stride()[r - 2], b.stride()[r - 1]);
     // A `rows × cols` matrix is taken as stored (unit column stride, rows `cols` apart) or transposed
@@ -134,5 +138,8 @@ mod tests {
         )
         .is_err());
         assert!(matmul(&left.contiguous().unwrap(), &w).is_ok());
+        // An empty product is zeros whatever the layouts, as candle makes it on a GPU too.
+        let empty = joined.narrow(1, 0, 5).unwrap().narrow(0, 0, 0).unwrap();
+        assert_eq!(matmul(&empty, &w).unwrap().dims(), [0, 3]);
     }
 }

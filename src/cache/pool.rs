@@ -123,11 +123,13 @@ fn rebuild(caches: &mut [&mut LayerCache], needed: usize) -> Result<(Tensor, Ten
     let device = first.k.device().clone();
     let largest = caches.iter().map(|c| c.capacity()).max().unwrap_or(0);
     let cap = capacity(needed, largest);
-    let elements = n * heads * cap * wk.max(wv);
-    if elements > KERNEL_ELEMENTS {
+    let width = wk.max(wv);
+    let elements = [n, heads, cap, width]
+        .iter()
+        .try_fold(1usize, |a, &x| a.checked_mul(x));
+    if elements.is_none_or(|e| e > KERNEL_ELEMENTS) {
         candle_core::bail!(
-            "pool: {n} sequences × {heads} KV heads × {cap} entries × {} is {elements} elements, more than candle's CUDA kernels count ({KERNEL_ELEMENTS})",
-            wk.max(wv)
+            "pool: {n} sequences × {heads} KV heads × {cap} entries × {width} elements pass the {KERNEL_ELEMENTS} candle's CUDA kernels count"
         );
     }
     let keys = Tensor::zeros((n * heads, cap, wk), dk, &device)?;

@@ -766,9 +766,6 @@ impl Transformer {
                     .reshape((hq, t, d))?
                     .transpose(0, 1)?
                     .reshape((t, hq * d))?;
-                let probs = probs
-                    .map(|p| probs_for_policy(p, st.caps.group_sum_probs))
-                    .transpose()?;
                 (out, probs)
             }
         };

@@ -36,7 +36,7 @@ fn cublas_refusal(a: &Tensor, b: &Tensor) -> Option<&'static str> {
     let r = ad.len();
     let (m, k, n) = (ad[r - 2], ad[r - 1], bd[r - 1]);
     // An empty product is zeros without a kernel, whatever the layouts (as candle does).
-    if m * n * k == 0 || ad[..r - 2].contains(&0) {
+    if [m, n, k].contains(&0) || ad[..r - 2].contains(&0) {
         return None;
     }
     let (a_rows, a_cols) = (a.stride()[r - 2], a.stride()[r - 1]);

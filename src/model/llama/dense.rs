@@ -33,8 +33,8 @@ pub(super) enum KeptProbs {
     None,
     /// Every query head's rows, `[kv_heads, g, t, n]`.
     Each,
-    /// A prefill's summed over each KV head's group, `[kv_heads, 1, t, n]` (a `g`-th of the memory;
-    /// a decoding step's stay per query head, for the caller to sum).
+    /// Summed over each KV head's group, `[kv_heads, 1, t, n]` (a `g`-th of the memory; a prefill's
+    /// chunk by chunk).
     GroupSum,
 }
 
@@ -55,7 +55,7 @@ impl Transformer {
         // The probabilities a policy reads are one tensor whatever the chunks: off the CPU, refused
         // past the kernels' element count rather than covered in part.
         let rows_kept = match kept {
-            KeptProbs::GroupSum if t > 1 => 1,
+            KeptProbs::GroupSum => 1,
             _ => g,
         };
         let probs_elements = [hkv, rows_kept, t, n]
@@ -75,9 +75,14 @@ impl Transformer {
             // One token: all heads in one set of operations (fewer launches off the CPU).
             let probs = self.softmax_scores(q, keys, 1, None)?;
             let y = matmul(&probs.to_dtype(values.dtype())?, values)?;
-            let probs = (kept != KeptProbs::None)
-                .then(|| probs.reshape((hkv, g, 1, n)))
-                .transpose()?;
+            let probs = match kept {
+                KeptProbs::None => None,
+                KeptProbs::Each => Some(probs.reshape((hkv, g, 1, n))?),
+                KeptProbs::GroupSum => Some(super::probs_for_policy(
+                    probs.reshape((hkv, g, 1, n))?,
+                    true,
+                )?),
+            };
             return Ok((y, probs));
         }
         // Several new tokens (a prefill): one KV head's group at a time, in chunks of tokens. A
@@ -296,6 +301,19 @@ mod tests {
                 .attend_dense(&q, &k, &v, (g, t), KeptProbs::None)
                 .unwrap();
             assert!(none.is_none());
+            // One token (a decoding step): all heads at once, the same sums.
+            let q1 = random((hkv, g, d), 4);
+            let (y1, each1) = tr
+                .attend_dense(&q1, &k, &v, (g, 1), KeptProbs::Each)
+                .unwrap();
+            let (y2, group1) = tr
+                .attend_dense(&q1, &k, &v, (g, 1), KeptProbs::GroupSum)
+                .unwrap();
+            let (each1, group1) = (each1.unwrap(), group1.unwrap());
+            assert_eq!(each1.dims(), [hkv, g, 1, n]);
+            assert_eq!(group1.dims(), [hkv, 1, 1, n]);
+            assert_eq!(max_diff(&y1, &y2), 0.0);
+            assert_eq!(max_diff(&each1.sum_keepdim(1).unwrap(), &group1), 0.0);
         }
     }
 }

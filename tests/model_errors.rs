@@ -816,3 +816,46 @@ fn a_cases_file_without_cases_is_refused_by_name() {
     assert_eq!(out.status.code(), Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A results directory that cannot be made (a file in its place or in place of a parent) is refused
+/// before a model loads, naming the option, and the file in the way is left as it was.
+#[test]
+fn a_results_directory_that_cannot_be_made_names_the_option() {
+    let dir = std::env::temp_dir().join(format!("kvbench-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a-file");
+    std::fs::write(&file, "keep me\n").unwrap();
+    let data = dir.join("problems.jsonl");
+    std::fs::write(&data, "{\"id\": \"p1\", \"problem\": \"1+1?\", \"answer\": \"2\"}\n").unwrap();
+    for (out, why) in [
+        (file.clone(), "exists and is not a directory"),
+        (file.join("sub"), "is not a directory"),
+    ] {
+        for command in ["run", "sweep"] {
+            let mut args = vec![command];
+            if command == "sweep" {
+                args.push("configs/smoke.toml");
+            }
+            args.extend([
+                "--model",
+                "random:smollm2-135m",
+                "--data",
+                data.to_str().unwrap(),
+                "--limit",
+                "1",
+                "--max-new-tokens",
+                "2",
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            let got = common::kvbench(&args);
+            let err = String::from_utf8_lossy(&got.stderr);
+            assert_eq!(got.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains("--out") && err.contains(why), "{args:?}: {err}");
+            assert!(!err.contains("loaded in"), "{args:?}: refused late: {err}");
+        }
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

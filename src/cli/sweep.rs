@@ -83,7 +83,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(Emit::Slurm) = args.emit {
         // The directory keeps the resolved config that every array task runs.
-        let dir = kvbench::results::dir::ResultsDir::open(&out, None)?;
+        let dir = kvbench::sweep::study::open_out(&out, None)?;
         dir.bind(&p.manifest(), &p.config_toml())?;
         let abs = |x: &std::path::Path| std::path::absolute(x).unwrap_or_else(|_| x.to_path_buf());
         let out_abs = abs(&out);

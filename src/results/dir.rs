@@ -141,6 +141,52 @@ impl Drop for ResultsDir {
     }
 }
 
+/// Why a results directory could not be made at `path`, checked without writing anything: a file in
+/// its place, a file where a parent directory should be, or a parent the process may not write.
+/// Runs and sweeps check this before loading a model, so that a mistyped `--out` fails at once.
+/// (A process with every permission, such as root, is told only when the directory is made.)
+pub fn check_creatable(path: &Path) -> std::result::Result<(), String> {
+    if path.exists() {
+        return match path.is_dir() {
+            true => check_writable(path),
+            false => Err("exists and is not a directory".into()),
+        };
+    }
+    let mut parent = path.parent();
+    while let Some(p) = parent {
+        let p = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        if p.exists() {
+            return match p.is_dir() {
+                true => check_writable(p),
+                false => Err(format!("{} is not a directory", p.display())),
+            };
+        }
+        parent = p.parent();
+    }
+    Ok(())
+}
+
+/// Whether this process may create entries in the directory `dir`.
+fn check_writable(dir: &Path) -> std::result::Result<(), String> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    let writable = {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: `c` is a NUL-terminated path that outlives the call; `access` only reads it.
+        unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+    };
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let writable = std::fs::metadata(dir).is_ok_and(|m| !m.permissions().readonly());
+    match writable {
+        true => Ok(()),
+        false => Err(format!("{} is not writable", dir.display())),
+    }
+}
+
 impl ResultsDir {
     fn holder_file(&self) -> PathBuf {
         self.path

@@ -289,11 +289,36 @@ pub struct Executed {
     pub wall_secs: f64,
 }
 
+/// The error of a results directory that cannot be made, naming the option that gave it.
+fn out_error(out: &Path, why: &dyn std::fmt::Display) -> Error {
+    Error::Input(format!(
+        "results directory {} (--out, or `out` in a sweep config): {why}",
+        out.display()
+    ))
+}
+
+/// Refuses a results directory that cannot be made, before a model is loaded or anything written
+/// ([`crate::results::dir::check_creatable`]).
+pub fn check_out(out: &Path) -> Result<()> {
+    crate::results::dir::check_creatable(out).map_err(|why| out_error(out, &why))
+}
+
+/// Opens (creating it if needed) and locks the results directory `out`; a directory that cannot be
+/// made is reported as the option's error.
+pub fn open_out(out: &Path, shard: Option<Shard>) -> Result<ResultsDir> {
+    check_out(out)?;
+    ResultsDir::open(out, shard).map_err(|e| match e {
+        Error::Io { path, source } if path == out => out_error(out, &source),
+        other => other,
+    })
+}
+
 /// Runs the units of `p` that this shard owns and that no process has finished yet.
 pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     let started = std::time::Instant::now();
     // Every input is validated before anything is written: the model and its tokenizer load, every
     // prompt fits the context, and ratio budgets find the full run they are resolved from.
+    check_out(&flags.out)?;
     let load_start = std::time::Instant::now();
     let model = load_model(p, flags.tokenizer)?;
     let load_secs = load_start.elapsed().as_secs_f64();
@@ -352,7 +377,7 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
                 .map_err(|e| Error::Input(format!("{}: {e}", flags.out.display())))?;
         }
     }
-    let dir = ResultsDir::open(&flags.out, flags.shard)?;
+    let dir = open_out(&flags.out, flags.shard)?;
     dir.bind_or_extend(&p.manifest(), &p.config_toml(), |old| {
         let extended = p.extension_of(&flags.out, old)?;
         if let Some((m, _)) = &extended {

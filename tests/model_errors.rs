@@ -116,6 +116,18 @@ fn bad_flags_exit_with_code_2_and_say_which() {
     let out = kvbench(&["run", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
 
+    // A study option `fidelity` has no use for is refused, not ignored.
+    for (flag, value) in [
+        ("--out", "x"),
+        ("--batch-size", "4"),
+        ("--fidelity", "true"),
+    ] {
+        let out = kvbench(&["fidelity", "--policy", "rkv", "--budget", "64", flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && err.contains("not used"), "{err}");
+    }
+
     // The study's options out of range name the flag (a config's key is named by the config test).
     for (flag, value) in [
         ("--max-new-tokens", "0"),
@@ -827,7 +839,11 @@ fn a_results_directory_that_cannot_be_made_names_the_option() {
     let file = dir.join("a-file");
     std::fs::write(&file, "keep me\n").unwrap();
     let data = dir.join("problems.jsonl");
-    std::fs::write(&data, "{\"id\": \"p1\", \"problem\": \"1+1?\", \"answer\": \"2\"}\n").unwrap();
+    std::fs::write(
+        &data,
+        "{\"id\": \"p1\", \"problem\": \"1+1?\", \"answer\": \"2\"}\n",
+    )
+    .unwrap();
     for (out, why) in [
         (file.clone(), "exists and is not a directory"),
         (file.join("sub"), "is not a directory"),
@@ -852,9 +868,39 @@ fn a_results_directory_that_cannot_be_made_names_the_option() {
             let got = common::kvbench(&args);
             let err = String::from_utf8_lossy(&got.stderr);
             assert_eq!(got.status.code(), Some(2), "{args:?}: {err}");
-            assert!(err.contains("--out") && err.contains(why), "{args:?}: {err}");
+            assert!(
+                err.contains("--out") && err.contains(why),
+                "{args:?}: {err}"
+            );
             assert!(!err.contains("loaded in"), "{args:?}: refused late: {err}");
         }
+    }
+    // The other commands that write a folder or a file: the same, naming their flag.
+    let stored = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/study-math500");
+    let (stored, under) = (stored.to_str().unwrap(), file.join("sub"));
+    let samples = format!("{stored}/samples.jsonl");
+    for (args, flag) in [
+        (
+            vec!["scaling", "--model", "random:smollm2-135m", "--out"],
+            "--out",
+        ),
+        (vec!["report", stored, "--no-plots", "--out"], "--out"),
+        (vec!["regrade", &samples, "--out"], "--out"),
+        (
+            vec!["perf", "--model", "random:smollm2-135m", "--export-json"],
+            "--export-json",
+        ),
+    ] {
+        let mut args = args.clone();
+        args.push(under.to_str().unwrap());
+        let got = common::kvbench(&args);
+        let err = String::from_utf8_lossy(&got.stderr);
+        assert_eq!(got.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("is not a directory"),
+            "{args:?}: {err}"
+        );
+        assert!(got.stdout.is_empty(), "{args:?}: printed before refusing");
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -38,6 +38,21 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
+    // Options of a study that a teacher-forced comparison has no use for are refused, not ignored:
+    // it runs one sequence at a time and prints its figures (`--json` for JSON).
+    let o = &args.options;
+    for (flag, given) in [
+        ("--out", o.out.is_some()),
+        ("--batch-size", o.batch_size.is_some()),
+        ("--fidelity", o.fidelity.is_some()),
+    ] {
+        if given {
+            return Err(super::UsageError(format!(
+                "{flag}: not used by `fidelity`, which runs one sequence at a time and prints its figures (--json for JSON); `kvbench run --fidelity` keeps them in a results directory"
+            ))
+            .into());
+        }
+    }
     let spec = args.policy.single("full", "fidelity")?;
     let budget = spec.budget_as_written();
     if spec.needs_full_mean() {
@@ -84,7 +99,10 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
                 seed: u.seed,
             },
             d.max_new_tokens,
-            &model.tokenizer.eos_ids,
+            match o.ignore_eos {
+                Some(true) => &[],
+                _ => &model.tokenizer.eos_ids,
+            },
             FIDELITY_BUCKET,
         )?;
         per_problem.push((problem.id.clone(), u.sample, f));

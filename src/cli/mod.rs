@@ -79,13 +79,21 @@ pub fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), UsageE
         )));
     }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    if dir.is_some_and(|d| !d.is_dir()) {
-        return Err(UsageError(format!(
-            "{flag} {}: the directory does not exist",
-            path.display()
-        )));
+    if let Some(d) = dir.filter(|d| !d.is_dir()) {
+        let why = match d.exists() {
+            true => format!("{} is not a directory", d.display()),
+            false => "the directory does not exist".to_string(),
+        };
+        return Err(UsageError(format!("{flag} {}: {why}", path.display())));
     }
     Ok(())
+}
+
+/// A usage error when the directory `flag` names cannot be made: a file in its place or in place of
+/// a parent, or a parent this process may not write (checked before any work, writing nothing).
+pub fn check_dir_flag(flag: &str, path: &std::path::Path) -> Result<(), UsageError> {
+    kvbench::results::dir::check_creatable(path)
+        .map_err(|why| UsageError(format!("{flag} {}: {why}", path.display())))
 }
 
 /// Loads the model `flags` name for a benchmark (`perf`, `scaling`, `forward`), on its device.

@@ -36,6 +36,9 @@ pub fn run(args: RegradeArgs) -> anyhow::Result<ExitCode> {
         (None, true) => Some(args.samples.clone()),
         (None, false) => None,
     };
+    if let Some(out) = &args.out {
+        super::check_output_dir("--out", out)?;
+    }
     let _exclusive = match target.as_deref().and_then(results_dir_of) {
         Some(dir) => Some(kvbench::results::dir::lock_exclusive(&dir)?),
         None => None,

@@ -88,16 +88,17 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
-    // The pairs first: a selector that matches no row, or several, is refused before anything is
-    // printed or written.
+    // The pairs and the output folder first: a selector that matches no row, or several, or a folder
+    // that cannot be made is refused before anything is printed or written.
     let pair_rows = kvbench::report::pairs::compare(&c.records, &pairs)?;
-    let summary = summarize(&c.records);
-    let md = table::markdown(&summary);
-    print!("{md}");
     let out = args.out.clone().unwrap_or_else(|| match dirs.as_slice() {
         [one] => one.join("report"),
         _ => PathBuf::from("results").join("report"),
     });
+    super::check_dir_flag("--out", &out)?;
+    let summary = summarize(&c.records);
+    let md = table::markdown(&summary);
+    print!("{md}");
     std::fs::create_dir_all(&out).map_err(|e| kvbench::Error::io(&out, e))?;
     // One report writes a folder at a time (its files are each written atomically).
     let _writing = kvbench::results::dir::lock_exclusive(&out)?;

@@ -58,6 +58,7 @@ struct Point {
 }
 
 pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
+    super::check_dir_flag("--out", &args.out)?;
     if let Some(csv_path) = &args.replot {
         let mut r = csv::Reader::from_path(csv_path)
             .map_err(|e| super::UsageError(format!("--replot {}: {e}", csv_path.display())))?;

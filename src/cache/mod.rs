@@ -212,7 +212,8 @@ impl LayerCache {
     }
 
     /// Keys held, `[kv_heads, len, head_dim]`: a view into the buffer, or for block formats and KIVI
-    /// their values (a dequantized copy: candle's path, prefill and other devices).
+    /// their values (a dequantized copy, f32: candle's path, prefill and other devices; on a GPU made
+    /// there, [`quant::Blocks::dequantize_tensor`]).
     pub fn keys(&self) -> Result<Tensor> {
         self.held(true)
     }
@@ -239,6 +240,12 @@ impl LayerCache {
         let Some(blocks) = elem.blocks() else {
             return Ok(held);
         };
+        // Off the CPU the blocks are read where they are (copying the whole cache to the host and
+        // back took every layer of every step); on the CPU a loop over the bytes is several times
+        // faster than candle's operations.
+        if !held.device().is_cpu() {
+            return blocks.dequantize_tensor(&held);
+        }
         let bytes = held.flatten_all()?.to_vec1::<u8>()?;
         let row = blocks.row_bytes(self.head_dim);
         let mut out = Vec::with_capacity(self.kv_heads * self.len * self.head_dim);

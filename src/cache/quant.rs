@@ -5,6 +5,8 @@
 //!
 //! Rows are quantized once, when appended; attention and policies read them back a row at a time.
 
+use candle_core::{DType, Tensor};
+
 /// Values per block.
 pub const BLOCK: usize = 32;
 
@@ -61,6 +63,62 @@ impl Blocks {
             return unsafe { dequantize_avx2(self, row, out) };
         }
         self.dequantize_portable(row, out)
+    }
+
+    /// The values of rows of blocks held in a tensor, `[.., row bytes]` of `u8` → `[.., d]` of f32,
+    /// with candle's operations wherever the tensor lives, so that a cache on a GPU is read there
+    /// instead of being copied to the host and back at every step. The same bits as
+    /// [`Self::dequantize_into`]: the scale's f16 is decoded from its two bytes with exact operations
+    /// (integers below 2¹⁶, powers of two; candle has no bit casts), then `q · d` is rounded once.
+    pub fn dequantize_tensor(self, bytes: &Tensor) -> candle_core::Result<Tensor> {
+        let dims = bytes.dims().to_vec();
+        let (row, lead) = match dims.split_last() {
+            Some((&row, lead)) if row % self.block_bytes() == 0 => (row, lead),
+            _ => candle_core::bail!("dequantize: rows of {dims:?} bytes are not whole blocks"),
+        };
+        let per_row = row / self.block_bytes();
+        let blocks = lead.iter().product::<usize>() * per_row;
+        let b = bytes
+            .contiguous()?
+            .reshape((blocks, self.block_bytes()))?
+            .to_dtype(DType::F32)?;
+        // The scale: the f16 whose bits are `lo + 256·hi` (little-endian), `[blocks, 1]`.
+        let bits = (b.narrow(1, 0, 1)? + (b.narrow(1, 1, 1)? * 256.0)?)?;
+        let sign = (&bits / 32768.0)?.floor()?;
+        let magnitude = (bits - (&sign * 32768.0)?)?;
+        let exponent = (&magnitude / 1024.0)?.floor()?;
+        let mantissa = (magnitude - (&exponent * 1024.0)?)?;
+        // Per exponent `e`: the hidden bit (none below normal numbers) and 2^(max(e, 1) − 25), so
+        // that the value is `(mantissa + hidden) · power`; e = 31 is infinity (no finite row has it).
+        let table: Vec<f32> = (0..32)
+            .flat_map(|e: i32| match e {
+                0 => [0.0, 2f32.powi(-24)],
+                31 => [1024.0, f32::INFINITY],
+                e => [1024.0, 2f32.powi(e - 25)],
+            })
+            .collect();
+        let per_exponent = Tensor::from_vec(table, (32, 2), bytes.device())?
+            .index_select(&exponent.to_dtype(DType::U32)?.flatten_all()?, 0)?;
+        let scale = ((mantissa + per_exponent.narrow(1, 0, 1)?)?
+            * per_exponent.narrow(1, 1, 1)?)?
+        .mul(&sign.affine(-2.0, 1.0)?)?;
+        // The quantized values, as f32 integers.
+        let q = match self {
+            Blocks::Q8_0 => {
+                let v = b.narrow(1, 2, BLOCK)?;
+                // Signed bytes: 128 and above are negative.
+                (&v - ((&v / 128.0)?.floor()? * 256.0)?)?
+            }
+            Blocks::Q4_0 => {
+                let v = b.narrow(1, 2, BLOCK / 2)?;
+                let high = (&v / 16.0)?.floor()?;
+                let low = (&v - (&high * 16.0)?)?;
+                (Tensor::cat(&[&low, &high], 1)? - 8.0)?
+            }
+        };
+        let mut out = lead.to_vec();
+        out.push(per_row * BLOCK);
+        q.broadcast_mul(&scale)?.reshape(out)
     }
 
     /// [`Self::dequantize_into`] a value at a time.
@@ -219,6 +277,60 @@ mod tests {
                 worst <= step,
                 "{blocks:?}: error {worst} beyond a quantization step"
             );
+        }
+    }
+
+    /// The tensor version (a cache on a GPU) reads every block as the host does, bit for bit: scales
+    /// of every magnitude (f16 subnormals, the largest normals), both signs (Q4_0's scale is
+    /// negative when its largest value is positive), zero blocks, bytes of every value; from a view
+    /// of part of a buffer, as a cache holds it.
+    #[test]
+    fn the_tensor_version_reads_every_block_as_the_host_does() {
+        let (heads, len, cap, d) = (3, 40, 48, 4 * BLOCK);
+        for blocks in [Blocks::Q8_0, Blocks::Q4_0] {
+            let row = blocks.row_bytes(d);
+            let mut bytes = vec![0u8; heads * cap * row];
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+            for (r, out) in bytes.chunks_exact_mut(row).enumerate() {
+                // A magnitude per row from 1e-9 (subnormal scales) to 6e4 (near f16's largest).
+                let scale = 10f32.powf(-9.0 + 13.8 * (r % 23) as f32 / 22.0);
+                let mut x: Vec<f32> = (0..d)
+                    .map(|_| scale * rng.random_range(-1.0f32..1.0))
+                    .collect();
+                if r % 5 == 0 {
+                    x[..BLOCK].fill(0.0);
+                }
+                blocks.quantize(&x, out);
+            }
+            // Besides: every byte value and random scale bits (finite ones: exponent below 31).
+            for out in bytes.chunks_exact_mut(row).step_by(7) {
+                for (i, b) in out.iter_mut().enumerate() {
+                    *b = match i % blocks.block_bytes() {
+                        1 => rng.random_range(0u8..0x7C) | (rng.random::<u8>() & 0x80),
+                        _ => rng.random(),
+                    };
+                }
+            }
+            let buffer = Tensor::from_vec(bytes.clone(), (heads, cap, row), &Device::Cpu).unwrap();
+            let held = buffer.narrow(1, 0, len).unwrap();
+            let got = blocks.dequantize_tensor(&held).unwrap();
+            assert_eq!(got.dims(), &[heads, len, d]);
+            let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let mut want = Vec::new();
+            let mut vals = Vec::new();
+            for h in 0..heads {
+                for e in 0..len {
+                    blocks.dequantize(&bytes[(h * cap + e) * row..][..row], &mut vals);
+                    want.extend_from_slice(&vals);
+                }
+            }
+            assert_eq!(got.len(), want.len());
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "{blocks:?}: value {i}: {a:e} against the host's {b:e}"
+                );
+            }
         }
     }
 }

@@ -581,6 +581,42 @@ const RUN: usize = 32;
 /// Keys and values of the entries `subset[h]` of every head, `[heads, m, d]` each (all heads select
 /// the same number of entries): sparse attention on devices without the CPU loop.
 pub fn gather_heads(layer: &LayerCache, subset: &[Vec<usize>]) -> Result<(Tensor, Tensor)> {
+    // Every head selecting as many entries from a cache of plain rows (RocketKV's top-k): one
+    // selection per buffer, from its heads' rows one after another. Head by head it was an index
+    // copy and two selections per head, then two joins: about fourteen launches a layer on a GPU.
+    let (kb, vb) = layer.buffers();
+    let kv = layer.kv_type();
+    let plain = kv.kivi().is_none() && kv.keys.blocks().is_none() && kv.values.blocks().is_none();
+    let m = subset.first().map_or(0, Vec::len);
+    if plain
+        && m > 0
+        && subset.len() == layer.kv_heads()
+        && subset.iter().all(|s| s.len() == m)
+        && kb.is_contiguous()
+        && vb.is_contiguous()
+    {
+        let (heads, cap, d) = kb.dims3()?;
+        if let Some(j) = subset.iter().flatten().find(|&&j| j >= layer.len()) {
+            candle_core::bail!("gather_heads: entry {j} of a cache of {}", layer.len());
+        }
+        let index: Vec<u32> = subset
+            .iter()
+            .enumerate()
+            .flat_map(|(h, s)| s.iter().map(move |&j| (h * cap + j) as u32))
+            .collect();
+        let index = Tensor::from_vec(index, heads * m, kb.device())?;
+        let take = |b: &Tensor| {
+            b.reshape((heads * cap, d))?
+                .index_select(&index, 0)?
+                .reshape((heads, m, d))
+        };
+        return Ok((take(kb)?, take(vb)?));
+    }
+    gather_each_head(layer, subset)
+}
+
+/// [`gather_heads`] a head at a time (any cache type, any subset sizes).
+fn gather_each_head(layer: &LayerCache, subset: &[Vec<usize>]) -> Result<(Tensor, Tensor)> {
     let (keys, values) = (layer.keys()?, layer.values()?);
     let mut ks = Vec::with_capacity(subset.len());
     let mut vs = Vec::with_capacity(subset.len());
@@ -645,6 +681,41 @@ mod tests {
             .map(|h| (0..n).filter(|j| (j + h) % 3 != 0).rev().collect())
             .collect();
         (q, subset)
+    }
+
+    /// One selection per buffer gives every head its entries as a head at a time does, for every
+    /// cache type (block formats and KIVI take the head-by-head path), from buffers with room past
+    /// the entries held; an entry past them is refused, not read from that room.
+    #[test]
+    fn gathered_heads_are_each_head_s_entries() {
+        let (hkv, d, n) = (3, 64, 300);
+        let (_, subset) = queries_and_subset(hkv, 1, d, n, 6);
+        for kv in ["f32", "f16", "bf16", "q8_0", "q4_0", "kivi4:64"] {
+            let layer = cache(kv.parse().unwrap(), hkv, d, n);
+            if kv == "f32" {
+                assert!(
+                    layer.buffers().0.dim(1).unwrap() > n,
+                    "no room past the entries"
+                );
+            }
+            let bits = |t: Tensor| {
+                let v: Vec<Vec<Vec<f32>>> = t.to_dtype(DType::F32).unwrap().to_vec3().unwrap();
+                v.into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(f32::to_bits)
+                    .collect::<Vec<_>>()
+            };
+            let (k, v) = gather_heads(&layer, &subset).unwrap();
+            let (k1, v1) = gather_each_head(&layer, &subset).unwrap();
+            assert_eq!(k.dims(), &[hkv, subset[0].len(), d], "{kv}");
+            assert_eq!(bits(k), bits(k1), "{kv}: keys");
+            assert_eq!(bits(v), bits(v1), "{kv}: values");
+        }
+        let layer = cache(KvType::F32, hkv, d, n);
+        let mut past = subset.clone();
+        past[1][0] = n;
+        assert!(gather_heads(&layer, &past).is_err());
     }
 
     /// The portable, AVX2 and AVX-512 loops give the same bits (outputs and probabilities), over all

@@ -151,6 +151,31 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
     }
 }
 
+#[test]
+fn a_sparse_attention_batch_pooled_attends_as_each_sequence_alone() {
+    // RocketKV's per-step selections gathered from the pool at once: a 5-token prompt attends to
+    // its whole cache while it is within the selection's size (its rows padded and masked to the
+    // others' selections), then selects as the 29- and 40-token ones do from the start; under
+    // f32, f16 and bf16 caches, one sequence leaving part-way.
+    kvbench::init_threads(None).unwrap();
+    let pooled = tiny_random(true);
+    let mut per_sequence = tiny_random(true);
+    per_sequence.transformer.set_batched_attention(false);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    let prompts: Vec<Vec<u32>> = [5, 29, 40]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    let tokens: Vec<Vec<u32>> = (0..3)
+        .map(|_| (0..40).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    let spec = kvbench::policy::PolicySpec::new("rocket", 24.0, Default::default()).unwrap();
+    for kv in [KvType::F32, KvType::F16, KvType::BF16] {
+        let run = |m| batch_teacher_forced_kv(m, &spec, &prompts, &tokens, (2, 25), kv);
+        assert_same_batch_logits(&format!("rocket, {kv}"), &run(&pooled), &run(&per_sequence));
+    }
+}
+
 /// Every sequence's logits at every step of two runs of a batch within 1e-4, with the same largest,
 /// `label` naming the run in a failure.
 fn assert_same_batch_logits(label: &str, a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) {

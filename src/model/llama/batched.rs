@@ -7,7 +7,8 @@
 //!
 //! The arithmetic is the per-sequence path's, row for row: the same products over the same keys,
 //! masked entries adding exact zeros. Policies then run per sequence as before, on their own slot
-//! of the pool, with their own slice of the probabilities.
+//! of the pool, with their own slice of the probabilities. A batch under sparse attention (RocketKV)
+//! attends to the entries each policy selected, gathered from the pool in one selection.
 
 use super::deferred::{Deferred, DeferredProbs};
 use super::{SeqInput, Transformer};
@@ -21,8 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Transformer {
     /// Whether a decoding step of `batch` may attend through the pool: more than one sequence, one
-    /// new token each, and every cache plain rows of one type with one entry per KV head (no sparse
-    /// attention, no per-query-head storage, no block or KIVI storage).
+    /// new token each, every cache plain rows of one type with one entry per KV head (no
+    /// per-query-head storage, no block or KIVI storage), and sparse attention for all or none.
     pub(super) fn can_batch_attention(&self, batch: &[SeqInput<'_>]) -> bool {
         self.batched_attention
             && !self.cpu_loop()
@@ -30,10 +31,16 @@ impl Transformer {
             && batch.iter().all(|s| {
                 s.tokens.len() == 1
                     && s.state.seen > 0
-                    && !s.state.caps.sparse_attention
                     && s.state.cache.num_layers() > 0
                     && s.state.cache.layer(0).kv_heads() == self.config.num_kv_heads
             })
+            // Sparse attention (RocketKV's selection) pools when the whole batch selects and none
+            // reads the probabilities (whose entries would be the selection's, not the cache's).
+            && match batch.iter().filter(|s| s.state.caps.sparse_attention).count() {
+                0 => true,
+                all if all == batch.len() => batch.iter().all(|s| !s.state.caps.attention_probs),
+                _ => false,
+            }
             && {
                 let first = batch[0].state.cache.kv_type();
                 batch.iter().all(|s| s.state.cache.kv_type() == first)
@@ -87,28 +94,36 @@ impl Transformer {
         };
         scatter(&pool_k, k)?;
         scatter(&pool_v, v)?;
+        let sparse = batch[0].state.caps.sparse_attention;
         for (s, step) in batch.iter_mut().zip(steps) {
             s.state
                 .cache
                 .layer_mut(l)
                 .note_appended(1, step.seen_before)?;
-            s.state.count_decode_read(l, None);
+            if !sparse {
+                s.state.count_decode_read(l, None);
+            }
         }
 
-        // 2. Scores of every sequence's query heads over its cache, padded to the longest.
+        // 2. Scores of every sequence's query heads over its cache (or the entries its policy
+        //    selected), padded to the longest.
         let n = lens.iter().max().copied().unwrap_or(0) + 1;
         let q3 = q.transpose(0, 1)?.contiguous()?.reshape((b * hkv, g, d))?;
-        let keys = pool_k.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
-        let values = pool_v.narrow(1, 0, n)?.to_dtype(q3.dtype())?;
-        // Scores `[batch·kv_heads, g, n]`, mask and softmax in f32 whatever the activations' type
-        // (as `attend_sequence`).
+        let (keys, values, mask) = match sparse {
+            true => self.sparse_selection(l, (q, k), (&pool_k, &pool_v), batch, steps)?,
+            false => (pool_k.narrow(1, 0, n)?, pool_v.narrow(1, 0, n)?, mask),
+        };
+        let width = keys.dim(1)?;
+        let (keys, values) = (keys.to_dtype(q3.dtype())?, values.to_dtype(q3.dtype())?);
+        // Scores `[batch·kv_heads, g, width]`, mask and softmax in f32 whatever the activations'
+        // type (as `attend_sequence`).
         let scores = (matmul(&q3, &keys.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?;
         let scores = match &mask {
             None => scores,
             Some(mask) => scores
-                .reshape((b, hkv, g, n))?
+                .reshape((b, hkv, g, width))?
                 .broadcast_add(mask)?
-                .reshape((b * hkv, g, n))?,
+                .reshape((b * hkv, g, width))?,
         };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let out = matmul(&probs.to_dtype(values.dtype())?, &values)?.reshape((b, hq * d))?;
@@ -171,6 +186,76 @@ impl Transformer {
             }
         }
         Ok(out)
+    }
+
+    /// Layer `l`'s entries that a sparse-attention batch attends to, gathered from the pool in one
+    /// selection per buffer: each sequence's policy selects from its query and its cache (which
+    /// keeps its new keys on the host first), as one sequence at a time does, after one copy of the
+    /// layer's queries and new keys for the whole batch. Returns keys and values `[batch·kv_heads,
+    /// width, d]` (in the pool's order, `width` the longest selection; a sequence whose policy selects
+    /// nothing this step attends to all its entries) and, where selections are shorter, the mask of
+    /// their padding, `[batch, kv_heads, 1, width]`.
+    fn sparse_selection(
+        &self,
+        l: usize,
+        (q, k): (&Tensor, &Tensor),
+        (pool_k, pool_v): (&Tensor, &Tensor),
+        batch: &mut [SeqInput<'_>],
+        steps: &[StepInfo],
+    ) -> candle_core::Result<(Tensor, Tensor, Option<Tensor>)> {
+        let (b, hkv, d) = (batch.len(), self.config.num_kv_heads, self.config.head_dim);
+        let to_host = |x: &Tensor| {
+            x.to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()
+        };
+        let (q_host, k_host) = (to_host(q)?, to_host(k)?);
+        // Sequence `i`'s rows of a `[heads, batch, d]` layer on the host, `[heads·d]`.
+        let own = |all: &[f32], i: usize| -> Vec<f32> {
+            (0..all.len() / (b * d))
+                .flat_map(|h| &all[(h * b + i) * d..][..d])
+                .copied()
+                .collect()
+        };
+        let subsets: Vec<Vec<Vec<usize>>> = batch
+            .par_iter_mut()
+            .zip(steps.par_iter())
+            .enumerate()
+            .map(|(i, (s, step))| {
+                let st: &mut SeqState = s.state;
+                st.cache.layer_mut(l).keep_host_keys(own(&k_host, i))?;
+                let subset = st.select_attention(step, l, &own(&q_host, i))?;
+                st.count_decode_read(l, subset.as_deref());
+                let n = st.cache.layer(l).len();
+                Ok(subset.unwrap_or_else(|| vec![(0..n).collect(); hkv]))
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let width = subsets.iter().flatten().map(Vec::len).max().unwrap_or(0);
+        let cap = pool_k.dim(1)?;
+        let mut index = Vec::with_capacity(b * hkv * width);
+        let mut mask = Vec::new();
+        let padded = subsets.iter().flatten().any(|s| s.len() < width);
+        for (row, sel) in subsets.iter().flatten().enumerate() {
+            let first = row * cap;
+            index.extend(sel.iter().map(|&j| (first + j) as u32));
+            // Padding reads the row's first entry, masked.
+            index.extend(std::iter::repeat_n(first as u32, width - sel.len()));
+            if padded {
+                mask.extend(std::iter::repeat_n(0f32, sel.len()));
+                mask.extend(std::iter::repeat_n(f32::NEG_INFINITY, width - sel.len()));
+            }
+        }
+        let index = Tensor::from_vec(index, b * hkv * width, pool_k.device())?;
+        let take = |pool: &Tensor| {
+            pool.reshape((b * hkv * cap, d))?
+                .index_select(&index, 0)?
+                .reshape((b * hkv, width, d))
+        };
+        let mask = match padded {
+            true => Some(Tensor::from_vec(mask, (b, hkv, 1, width), pool_k.device())?),
+            false => None,
+        };
+        Ok((take(pool_k)?, take(pool_v)?, mask))
     }
 
     /// Moves the gathers layer `l`'s caches held back ([`pool::settle_gathers`]), the time charged

@@ -137,10 +137,7 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
     // one of them leaving the batch part-way: the pooled path against one sequence at a time, both
     // through candle's operations. The arithmetic is the same row for row; only the products'
     // blocking over a longer, padded row may round differently.
-    kvbench::init_threads(None).unwrap();
-    let pooled = tiny_random(true);
-    let mut per_sequence = tiny_random(true);
-    per_sequence.transformer.set_batched_attention(false);
+    let (pooled, per_sequence) = pooled_and_per_sequence();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     let (prompts, tokens) = batch_inputs(&mut rng);
     for spec in common::compressing_specs() {
@@ -157,10 +154,7 @@ fn a_sparse_attention_batch_pooled_attends_as_each_sequence_alone() {
     // its whole cache while it is within the selection's size (its rows padded and masked to the
     // others' selections), then selects as the 29- and 40-token ones do from the start; under
     // f32, f16 and bf16 caches, one sequence leaving part-way.
-    kvbench::init_threads(None).unwrap();
-    let pooled = tiny_random(true);
-    let mut per_sequence = tiny_random(true);
-    per_sequence.transformer.set_batched_attention(false);
+    let (pooled, per_sequence) = pooled_and_per_sequence();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
     let prompts: Vec<Vec<u32>> = [5, 29, 40]
         .iter()
@@ -174,6 +168,15 @@ fn a_sparse_attention_batch_pooled_attends_as_each_sequence_alone() {
         let run = |m| batch_teacher_forced_kv(m, &spec, &prompts, &tokens, (2, 25), kv);
         assert_same_batch_logits(&format!("rocket, {kv}"), &run(&pooled), &run(&per_sequence));
     }
+}
+
+/// The tiny random model twice, on the path a GPU takes: pooling a batch's attention, and attending
+/// one sequence at a time.
+fn pooled_and_per_sequence() -> (kvbench::model::Model, kvbench::model::Model) {
+    kvbench::init_threads(None).unwrap();
+    let mut per_sequence = tiny_random(true);
+    per_sequence.transformer.set_batched_attention(false);
+    (tiny_random(true), per_sequence)
 }
 
 /// Every sequence's logits at every step of two runs of a batch within 1e-4, with the same largest,

@@ -24,6 +24,9 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
 5. long_outputs: full against rkv at B = 1,024 over 8K-token outputs, each at the largest batch whose
    KV cache fits the GPU: both measured at an 8K-token context, then the full cache at the midpoints of
    the output's quarters, and the throughput over the whole output estimated from those rates.
+6. speed_sparse (not in the default steps): RocketKV at B = 256 after the speed steps' 1,024-token prompt
+   (so that it selects its entries every step) at batch 1 and the largest speed batch, its batch attending
+   through the pool and, in a second run, one sequence at a time, beside the full cache.
 
 `--activations weights` runs speed_compressed and long_outputs with kvbench's activations in bf16 (the
 default, f32, converts a bf16 cache to f32 at every layer, which costs the full cache more than R-KV's).
@@ -328,6 +331,32 @@ def speed_compressed(c):
     return res
 
 
+def speed_sparse(c):
+    """RocketKV at a budget below the prompt, where its second stage selects every step's entries on the
+    host: pooled (the batch's selections gathered from the pool at once) and per sequence (`--attention
+    per-sequence`, kvbench before sparse attention pooled), beside the full cache in the first run."""
+    s = speed_shapes(c)
+    budget = 16 if c.args.quick else 256
+    batches = f"1,{s['batches'][-1]}"
+    res = {"shapes": s, "budget": budget}
+    rate = {}
+    for name, policies, attention in [("sparse", "full,rocket", "batched"),
+                                      ("sparse_per_sequence", "rocket", "per-sequence")]:
+        path = c.out / f"perf_{name}.json"
+        c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
+             "--decode-prompt-tokens", s["prompt"], "--decode-tokens", s["decode"], "--batch", batches,
+             "--policy", policies, "--budget", budget, "--attention", attention, "--activations",
+             c.args.activations, "--warmup", 1, "--warmup-tokens", 16, "--repeats", 1, "--export-json", path)
+        res[name] = json.loads(path.read_text())
+        c.save()
+        for r in res[name]["rows"]:
+            m = r["measurement"]
+            if m.get("phase") == "decode":
+                rate[f"{m['policy'].split()[0]}_{attention}_b{m['batch']}"] = r["tokens_per_s_median"]
+    res["rate"] = rate
+    return res
+
+
 def speed_batch1(c):
     """Batch-1 decoding with the cache in bf16 (the GPU default) and in f32, f32 activations, the rest
     as the speed step (a bf16 cache is converted to the f32 queries' type at every step); then bf16
@@ -545,6 +574,7 @@ def main():
         "speed_compressed": (190, speed_compressed),
         "long_outputs": (150, long_outputs),
         "speed_batch1": (90, speed_batch1),
+        "speed_sparse": (100, speed_sparse),
     }
     steps = args.steps.split(",")
     unknown = [name for name in steps if name not in plan]

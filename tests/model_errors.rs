@@ -890,6 +890,7 @@ fn a_results_directory_that_cannot_be_made_names_the_option() {
             vec!["perf", "--model", "random:smollm2-135m", "--export-json"],
             "--export-json",
         ),
+        (vec!["models", "--export", "random:tiny"], "--export"),
     ] {
         let mut args = args.clone();
         args.push(under.to_str().unwrap());

@@ -54,6 +54,7 @@ fn export(name: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             .into())
         }
     };
+    super::check_dir_flag(&format!("--export {name}"), dir)?;
     if dir.exists()
         && std::fs::read_dir(dir)
             .map_err(|e| kvbench::Error::io(dir, e))?

@@ -174,6 +174,12 @@ impl KvType {
         self.keys.kivi_bits().map(|b| (b, self.window as usize))
     }
 
+    /// Whether keys and values are stored as plain rows of values (f32, f16, bf16), which candle's
+    /// operations read in place: not blocks, not KIVI.
+    pub fn plain_rows(self) -> bool {
+        self.kivi().is_none() && self.keys.blocks().is_none() && self.values.blocks().is_none()
+    }
+
     /// Exact bytes one KV head of a full cache (nothing evicted) holds at `entries` entries of
     /// `d` values: linear in the entries for every type but KIVI's, whose window costs more.
     pub fn head_bytes(self, entries: usize, d: usize) -> usize {

@@ -35,9 +35,7 @@ pub fn poolable(caches: &[&mut LayerCache]) -> bool {
         return false;
     };
     caches.iter().all(|c| {
-        c.kivi.is_none()
-            && c.kv_type.keys.blocks().is_none()
-            && c.kv_type.values.blocks().is_none()
+        c.kv_type.plain_rows()
             && c.kv_type == first.kv_type
             && c.kv_heads == first.kv_heads
             && c.head_dim == first.head_dim

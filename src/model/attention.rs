@@ -585,10 +585,8 @@ pub fn gather_heads(layer: &LayerCache, subset: &[Vec<usize>]) -> Result<(Tensor
     // selection per buffer, from its heads' rows one after another. Head by head it was an index
     // copy and two selections per head, then two joins: about fourteen launches a layer on a GPU.
     let (kb, vb) = layer.buffers();
-    let kv = layer.kv_type();
-    let plain = kv.kivi().is_none() && kv.keys.blocks().is_none() && kv.values.blocks().is_none();
     let m = subset.first().map_or(0, Vec::len);
-    if plain
+    if layer.kv_type().plain_rows()
         && m > 0
         && subset.len() == layer.kv_heads()
         && subset.iter().all(|s| s.len() == m)

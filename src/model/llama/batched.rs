@@ -43,10 +43,7 @@ impl Transformer {
             }
             && {
                 let first = batch[0].state.cache.kv_type();
-                batch.iter().all(|s| s.state.cache.kv_type() == first)
-                    && first.kivi().is_none()
-                    && first.keys.blocks().is_none()
-                    && first.values.blocks().is_none()
+                batch.iter().all(|s| s.state.cache.kv_type() == first) && first.plain_rows()
             }
             // Past candle's CUDA kernels' 32-bit element counts (a tiny model's huge batch): one
             // sequence at a time, whose tensors are a batch's smaller.

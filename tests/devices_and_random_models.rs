@@ -143,6 +143,61 @@ fn a_random_model_runs_to_the_length_limit_and_claims_no_accuracy() {
     let report = ok(&kvbench(&["report", out_dir.to_str().unwrap()]));
     assert!(report.contains("n/a (random weights)"), "{report}");
     assert!(report.contains("carry no accuracy"), "{report}");
+    // No accuracy figure anywhere: not in the policy row's comparison with full (its output lengths
+    // are still compared), not in the JSON or CSV, not drawn.
+    let row = report
+        .lines()
+        .find(|l| l.starts_with("| streaming "))
+        .expect("the policy's row");
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(
+        &cells[4..8],
+        ["n/a (random weights)", "-", "-", "-"],
+        "{row}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report/report.json")).unwrap())
+            .unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        for key in [
+            "pass_at_1",
+            "stderr",
+            "cons",
+            "accuracy_vs_full",
+            "delta_pass",
+            "delta_pass_lo",
+            "delta_pass_hi",
+            "only_full",
+            "only_policy",
+        ] {
+            assert!(r[key].is_null(), "{key}: {r}");
+        }
+        assert_eq!(r["random_weights"], true);
+    }
+    assert!(rows.iter().any(|r| r["tokens_change_vs_full"].is_number()));
+    let csv = std::fs::read_to_string(out_dir.join("report/report.csv")).unwrap();
+    let head: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let at = head.iter().position(|h| *h == "pass_at_1").unwrap();
+    for line in csv.lines().skip(1) {
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .from_reader(line.as_bytes());
+        let rec = reader.records().next().unwrap().unwrap();
+        assert_eq!(&rec[at], "", "{line}");
+    }
+    for stem in [
+        "accuracy_vs_budget",
+        "delta_vs_budget",
+        "accuracy_vs_memory",
+    ] {
+        assert!(
+            !out_dir.join(format!("report/{stem}.svg")).exists(),
+            "{stem} drawn from random weights"
+        );
+    }
+    assert!(out_dir.join("report/throughput_vs_budget.svg").exists());
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
@@ -195,7 +250,9 @@ fn sixteen_bit_activations_are_their_own_study_and_their_own_rows() {
         .collect();
     assert_eq!(full_rows.len(), 3, "{report}");
     assert!(full_rows.iter().any(|l| l.contains("| bf16 |")), "{report}");
-    let pair = ok(&kvbench(&[
+    // `+act=` tells the two apart, and the pair is then refused: random weights carry no accuracy
+    // to compare (exit 2, nothing written).
+    let pair = kvbench(&[
         "report",
         &f32_dir,
         &bf16_dir,
@@ -204,8 +261,14 @@ fn sixteen_bit_activations_are_their_own_study_and_their_own_rows() {
         "--no-plots",
         "--pair",
         "full+act=f32,full+act=bf16",
-    ]));
-    assert!(pair.contains("full+act=bf16"), "{pair}");
+    ]);
+    assert_eq!(pair.status.code(), Some(2), "{pair:?}");
+    let err = String::from_utf8_lossy(&pair.stderr);
+    assert!(
+        err.contains("full+act=f32,full+act=bf16") && err.contains("no accuracy to compare"),
+        "{err}"
+    );
+    assert!(!Path::new(&report_dir).join("pairs.md").exists());
     // Two rows match `full`: refused with the selectors that tell them apart, before any table.
     let out = kvbench(&["report", &f32_dir, &bf16_dir, "--pair", "full,full"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");

@@ -220,8 +220,10 @@ pub struct Row {
     pub config: String,
     pub problems: usize,
     pub samples: usize,
-    pub pass_at_1: f64,
-    pub stderr: f64,
+    /// None for a row of random weights (`random_weights`): its outputs are noise, and so would be
+    /// every accuracy figure (these, `cons` and the comparisons with full are all left out).
+    pub pass_at_1: Option<f64>,
+    pub stderr: Option<f64>,
     /// Majority vote, when some problem has more than one sample.
     pub cons: Option<f64>,
     /// Comparisons with the `full` row of the same model and data, over the problems both have
@@ -246,7 +248,7 @@ pub struct Row {
     pub length_limit_rate: f64,
     pub thinking_unclosed_rate: f64,
     pub no_answer_rate: f64,
-    /// The row's weights were random (`--model random:NAME`): its accuracy columns mean nothing.
+    /// The row's weights were random (`--model random:NAME`): it carries no accuracy figure.
     pub random_weights: bool,
     /// Mean over samples of the most device memory in use (on a GPU).
     pub device_memory_peak_bytes: Option<f64>,
@@ -410,17 +412,22 @@ pub fn summarize(records: &[SampleRecord]) -> Summary {
             if let Some(full) = full_for(rs) {
                 let p = paired(full, rs);
                 r.shared_problems = Some(p.problems);
-                r.accuracy_vs_full = (p.full_pass > 0.0).then(|| p.pass / p.full_pass);
+                // Random weights (either side: the model is one key of the pairing) carry no
+                // accuracy, so no comparison of it; output lengths are still measured.
+                let accuracy = !r.random_weights;
+                r.accuracy_vs_full = (accuracy && p.full_pass > 0.0).then(|| p.pass / p.full_pass);
                 // A full row compared with a full cache of another type: what its storage costs.
                 if !is_full(rs[0]) || !std::ptr::eq(full, rs) {
                     r.tokens_change_vs_full = p.tokens_change.map(|i| i.estimate);
                     r.tokens_change_lo = p.tokens_change.map(|i| i.lo);
                     r.tokens_change_hi = p.tokens_change.map(|i| i.hi);
-                    r.delta_pass = p.delta_pass.map(|i| i.estimate);
-                    r.delta_pass_lo = p.delta_pass.map(|i| i.lo);
-                    r.delta_pass_hi = p.delta_pass.map(|i| i.hi);
-                    r.only_full = Some(p.only_full);
-                    r.only_policy = Some(p.only_policy);
+                    if accuracy {
+                        r.delta_pass = p.delta_pass.map(|i| i.estimate);
+                        r.delta_pass_lo = p.delta_pass.map(|i| i.lo);
+                        r.delta_pass_hi = p.delta_pass.map(|i| i.hi);
+                        r.only_full = Some(p.only_full);
+                        r.only_policy = Some(p.only_policy);
+                    }
                 }
             }
             r
@@ -499,6 +506,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
     let first = rs[0];
     let per_problem = per_problem(rs);
     let acc = accuracy(&per_problem);
+    let random = rs.iter().any(|r| r.random_weights);
     let n = rs.len() as f64;
     let mean = |f: &dyn Fn(&SampleRecord) -> f64| rs.iter().map(|r| f(r)).sum::<f64>() / n;
     // Metrics: averaged over the records that have them; missing when none has.
@@ -585,11 +593,11 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
             .map(|p| p.correct.len())
             .max()
             .unwrap_or(0),
-        pass_at_1: acc.pass_at_1,
-        stderr: acc.stderr,
+        pass_at_1: (!random).then_some(acc.pass_at_1),
+        stderr: (!random).then_some(acc.stderr),
         cons: per_problem
             .iter()
-            .any(|p| p.correct.len() > 1)
+            .any(|p| p.correct.len() > 1 && !random)
             .then_some(acc.cons),
         shared_problems: None,
         accuracy_vs_full: None,
@@ -605,7 +613,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         length_limit_rate: mean(&|r| f64::from(u8::from(r.finish == FinishReason::Length))),
         thinking_unclosed_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::Truncated))),
         no_answer_rate: mean(&|r| f64::from(u8::from(r.verdict == Verdict::NoAnswer))),
-        random_weights: rs.iter().any(|r| r.random_weights),
+        random_weights: random,
         device_memory_peak_bytes: {
             let v: Vec<f64> = measured
                 .iter()

@@ -246,6 +246,13 @@ pub fn compare(
                     )));
                 }
             }
+            // A pair is a comparison of accuracy, which random weights do not have.
+            if ra.iter().chain(&rb).any(|r| r.random_weights) {
+                return Err(Error::Input(format!(
+                    "--pair {a},{b}: {model} has random weights (a `random:NAME` model): its rows \
+                     measure speed and memory only and carry no accuracy to compare"
+                )));
+            }
             let p = paired(&ra, &rb);
             out.push(PairRow {
                 model,

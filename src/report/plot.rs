@@ -345,7 +345,7 @@ fn with_kv_type(rows: &[&Row], r: &Row, label: String) -> String {
 /// interval's distance from the estimate.
 fn pass_band(r: &Row) -> Option<(f64, f64)> {
     let (d, lo, hi) = (r.delta_pass?, r.delta_pass_lo?, r.delta_pass_hi?);
-    let y = 100.0 * r.pass_at_1;
+    let y = 100.0 * r.pass_at_1?;
     Some((y + 100.0 * (lo - d), y + 100.0 * (hi - d)))
 }
 
@@ -388,7 +388,7 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
         let (mut lines, bars) = series(
             &rows,
             // Rows without memory figures are left out, never drawn at zero.
-            |r| r.kv_mean_bytes.map(|_| 100.0 * r.pass_at_1),
+            |r| r.kv_mean_bytes.and(r.pass_at_1).map(|p| 100.0 * p),
             pass_band,
             |r| r.kv_mean_bytes.unwrap_or(0.0) / (1 << 20) as f64,
         );
@@ -397,15 +397,15 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
         // A full cache of a coarser type than the reference carries its interval against it.
         let mut bars = bars;
         for f in rows.iter().filter(|r| r.policy == "full") {
-            if let Some(m) = f.kv_mean_bytes {
+            if let (Some(m), Some(pass)) = (f.kv_mean_bytes, f.pass_at_1) {
                 let (label, x) = (
                     with_kv_type(&rows, f, "full cache".to_string()),
                     m / (1 << 20) as f64,
                 );
                 if let Some((lo, hi)) = pass_band(f) {
-                    bars.push((label.clone(), vec![(x, 100.0 * f.pass_at_1, lo, hi)]));
+                    bars.push((label.clone(), vec![(x, 100.0 * pass, lo, hi)]));
                 }
-                lines.push((label, vec![(x, 100.0 * f.pass_at_1)]));
+                lines.push((label, vec![(x, 100.0 * pass)]));
             }
         }
         (lines, bars)
@@ -418,11 +418,11 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
             format!("pass@1 (%){bars_note}"),
             series(
                 &on_axis,
-                |r| Some(100.0 * r.pass_at_1),
+                |r| r.pass_at_1.map(|p| 100.0 * p),
                 pass_band,
                 budget_of,
             ),
-            full.map(|f| ("full cache".to_string(), 100.0 * f.pass_at_1)),
+            full.and_then(|f| f.pass_at_1.map(|p| ("full cache".to_string(), 100.0 * p))),
             log_x,
         ),
         (

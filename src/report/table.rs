@@ -144,10 +144,10 @@ pub fn markdown(s: &Summary) -> String {
             r.policy.clone(),
             budget_label(r),
             format!("{} × {}", r.problems, r.samples),
-            if r.random_weights {
-                "n/a (random weights)".into()
-            } else {
-                format!("{} ± {}", pct(r.pass_at_1), pct(r.stderr))
+            match (r.pass_at_1, r.stderr) {
+                (Some(p), Some(se)) => format!("{} ± {}", pct(p), pct(se)),
+                _ if r.random_weights => "n/a (random weights)".into(),
+                _ => "-".into(),
             },
             opt(r.accuracy_vs_full, |x| format!("{x:.2}")),
             interval(r.delta_pass, r.delta_pass_lo, r.delta_pass_hi, ""),

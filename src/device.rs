@@ -77,6 +77,16 @@ impl DeviceSpec {
         matches!(self, DeviceSpec::Cpu)
     }
 
+    /// Whether this kvbench can drive the device at all (a GPU needs the `cuda` build), without
+    /// opening it: for work that runs elsewhere (an emitted Slurm script execs this binary on the
+    /// cluster's GPUs). The error reads as [`Self::open`]'s on a build without CUDA.
+    pub fn check_built(&self, setting: &str) -> Result<()> {
+        match self {
+            DeviceSpec::Cuda(_) if !cfg!(feature = "cuda") => open_cuda(0, setting).map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+
     /// Opens the device. `setting` says where the choice came from and what it was (`--device
     /// cuda:1`, `sweep.toml: device = "cuda:1"`), the start of the one-line error when it cannot be
     /// used. A GPU is opened once per process: every later call gets the same device (one stream,

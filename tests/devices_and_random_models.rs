@@ -81,6 +81,31 @@ fn cuda_on_a_build_without_it_fails_in_one_line_and_writes_nothing() {
     // A dry run needs no device: a plan may be made on a machine without the GPU.
     let out = kvbench(&["sweep", cfg.to_str().unwrap(), "--dry-run"]);
     assert_eq!(out.status.code(), Some(0));
+    // A Slurm script needs no GPU here either, but it runs this binary on the cluster's: refused,
+    // with no script and no directory, where this build cannot drive one.
+    let out = kvbench(&[
+        "sweep",
+        cfg.to_str().unwrap(),
+        "--emit",
+        "slurm",
+        "--out",
+        results.to_str().unwrap(),
+    ]);
+    only_the_error(&out, &format!("{}: device = \"cuda:1\":", cfg.display()));
+    assert!(!results.exists());
+    let out = kvbench(&[
+        "sweep",
+        cfg.to_str().unwrap(),
+        "--emit",
+        "slurm",
+        "--device",
+        "cpu",
+        "--out",
+        results.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("--gres"));
+    assert!(results.join("config.toml").is_file());
     for cmd in ["perf", "scaling", "forward"] {
         let out = kvbench(&[cmd, "--model", "random:tiny", "--device", "cuda"]);
         only_the_error(&out, "--device cuda:0:");

@@ -81,7 +81,20 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         println!("dry run: nothing was run");
         return Ok(ExitCode::SUCCESS);
     }
+    let device = p.cfg.model.device();
+    let setting = match args.model.device {
+        Some(_) => device.as_flag(),
+        None => device.as_config_key(&args.config),
+    };
     if let Some(Emit::Slurm) = args.emit {
+        // The script runs this binary on the cluster's GPUs: no GPU is needed here, but the build
+        // must drive one (refused before the directory is made).
+        device.check_built(&format!(
+            "{setting}: the emitted script runs this kvbench ({})",
+            std::env::current_exe()
+                .unwrap_or_else(|_| PathBuf::from("kvbench"))
+                .display()
+        ))?;
         // The directory keeps the resolved config that every array task runs.
         let dir = kvbench::sweep::study::open_out(&out, None)?;
         dir.bind(&p.manifest(), &p.config_toml())?;
@@ -104,11 +117,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
     }
     // A device that cannot be used is refused before anything is printed or written (a dry run and
     // an emitted script need none: they may be made on a machine without the GPU).
-    let device = p.cfg.model.device();
-    device.open(&match args.model.device {
-        Some(_) => device.as_flag(),
-        None => device.as_config_key(&args.config),
-    })?;
+    device.open(&setting)?;
     println!("{}", p.describe(&out));
     let done = execute_plan(
         &p,

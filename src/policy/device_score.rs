@@ -131,21 +131,23 @@ pub fn window_scores_batch(
 
 /// The redundancy score of every entry of each row of `keys`, `[rows, n, d]` (a sequence's heads, or
 /// several sequences' heads one after another; post-RoPE, as cached); returns `[rows][n]`. Rows go
-/// through in chunks whose `[rows, n, n]` cosine matrix stays within [`CHUNK_BYTES`] (one row at a
-/// time from 8,192 entries up), and the scores come back in one copy (one wait for the device).
+/// through in chunks whose `[rows, n, n]` cosine matrix stays within [`CHUNK_BYTES`]; past 8,192
+/// entries, where one row's matrix would not, one row at a time and its matrix in tiles of its rows
+/// (so that no temporary passes the bound, nor the 2³² elements candle's CUDA kernels count, which
+/// one matrix does past 65,535 entries). The scores come back in one copy (one wait for the device).
 pub fn redundancy(keys: &Tensor, threshold: f32) -> Result<Vec<Vec<f32>>> {
     redundancy_chunked(keys, threshold, CHUNK_BYTES)
 }
 
 /// [`redundancy`] with the chunks' bound given.
 ///
-/// The cosine matrix `S` is the only `[rows, n, n]` tensor written, and it is read twice: once
-/// compared with the threshold (each row's partner: the largest column above it, 0 when there is
-/// none), once for those partners' `n` values. The column sums come from the keys instead: `Σ_i S[i,j]`
-/// is `k̂_j·Σ_i k̂_i`, less the diagonal `k̂_j·k̂_j` the host version never counts and the partners'
-/// values it zeroes (added back per column). Masking, zeroing and summing the matrix itself made
-/// about a dozen passes over it, at a compression of a thousand 1,152-entry caches about 9 TB of
-/// memory traffic by arithmetic, more than the product's.
+/// The cosine matrix `S` is the only `[rows, n, n]` tensor written (tile by tile where it is too
+/// large), and it is read twice: once compared with the threshold (each row's partner: the largest
+/// column above it, 0 when there is none), once for those partners' values. The column sums come from
+/// the keys instead: `Σ_i S[i,j]` is `k̂_j·Σ_i k̂_i`, less the diagonal `k̂_j·k̂_j` the host version
+/// never counts and the partners' values it zeroes (added back per column, tile by tile). Masking,
+/// zeroing and summing the matrix itself made about a dozen passes over it, at a compression of a
+/// thousand 1,152-entry caches about 9 TB of memory traffic by arithmetic, more than the product's.
 fn redundancy_chunked(keys: &Tensor, threshold: f32, chunk_bytes: usize) -> Result<Vec<Vec<f32>>> {
     let (rows_total, n, _) = keys.dims3()?;
     let dev = keys.device();
@@ -153,20 +155,38 @@ fn redundancy_chunked(keys: &Tensor, threshold: f32, chunk_bytes: usize) -> Resu
         return Ok(vec![Vec::new(); rows_total]);
     }
     let index = Tensor::arange(0u32, n as u32, dev)?;
-    let rows = index.reshape((n, 1))?.broadcast_as((n, n))?;
-    let cols = index.reshape((1, n))?.broadcast_as((n, n))?;
     // What an entry is compared with: the threshold, except on the diagonal, which the host version
-    // holds at 0 (never computed): above a negative threshold, never above any other.
+    // holds at 0 (never computed): above a negative threshold, never above any other. For the rows
+    // `first..first + r` of the matrix, `[r, n]`.
     let on_diagonal = if 0.0 > threshold {
         f32::NEG_INFINITY
     } else {
         f32::INFINITY
     };
-    let scalar = |x: f32| Tensor::new(&[[x]], dev)?.broadcast_as((n, n));
-    let bound = rows
-        .eq(&cols)?
-        .where_cond(&scalar(on_diagonal)?, &scalar(threshold)?)?;
-    let chunk = (chunk_bytes / (n * n * std::mem::size_of::<f32>())).clamp(1, rows_total);
+    let bound = |first: usize, r: usize| -> Result<Tensor> {
+        let rows = index
+            .narrow(0, first, r)?
+            .reshape((r, 1))?
+            .broadcast_as((r, n))?;
+        let cols = index.reshape((1, n))?.broadcast_as((r, n))?;
+        let scalar = |x: f32| Tensor::new(&[[x]], dev)?.broadcast_as((r, n));
+        rows.eq(&cols)?
+            .where_cond(&scalar(on_diagonal)?, &scalar(threshold)?)
+    };
+    // Key rows per chunk and matrix rows per tile: whole matrices while one fits the bound, else one
+    // key row at a time in tiles of matrix rows.
+    let matrix_bytes = n * n * std::mem::size_of::<f32>();
+    let (chunk, tile) = match matrix_bytes <= chunk_bytes {
+        true => ((chunk_bytes / matrix_bytes).clamp(1, rows_total), n),
+        false => (
+            1,
+            (chunk_bytes / (n * std::mem::size_of::<f32>())).clamp(1, n),
+        ),
+    };
+    let whole = match tile == n {
+        true => Some(bound(0, n)?),
+        false => None,
+    };
     let mut scores = Vec::with_capacity(rows_total.div_ceil(chunk));
     for first in (0..rows_total).step_by(chunk) {
         let c = chunk.min(rows_total - first);
@@ -176,28 +196,34 @@ fn redundancy_chunked(keys: &Tensor, threshold: f32, chunk_bytes: usize) -> Resu
             .contiguous()?; // [c, n, d]
         let norm = (k.sqr()?.sum_keepdim(D::Minus1)?.sqrt()? + 1e-8)?;
         let unit = k.broadcast_div(&norm)?.contiguous()?;
-        // The cosines `[c, n, n]`; each row's partner, `[c, n, 1]`: the largest column above its
-        // bound, 0 when there is none.
-        let s = matmul(&unit, &unit.transpose(1, 2)?.contiguous()?)?;
-        let above = s.broadcast_gt(&bound)?;
-        let shape = (c, n, n);
-        let partner = above
-            .where_cond(
-                &cols.broadcast_as(shape)?,
-                &Tensor::zeros((1, 1, 1), DType::U32, dev)?.broadcast_as(shape)?,
-            )?
-            .max_keepdim(D::Minus1)?;
-        // The partners' values, zeroed (0 already) where a row's partner is its own diagonal.
-        let on_own = partner.broadcast_eq(&index.reshape((1, n, 1))?)?;
-        let zeroed = on_own.where_cond(
-            &Tensor::zeros((c, n, 1), DType::F32, dev)?,
-            &s.gather(&partner, 2)?,
-        )?;
-        let zeroed_per_col = Tensor::zeros((c, n), DType::F32, dev)?.scatter_add(
-            &partner.squeeze(2)?,
-            &zeroed.squeeze(2)?,
-            1,
-        )?;
+        let unit_t = unit.transpose(1, 2)?.contiguous()?; // [c, d, n]
+        let mut zeroed_per_col = Tensor::zeros((c, n), DType::F32, dev)?;
+        for i0 in (0..n).step_by(tile) {
+            let r = tile.min(n - i0);
+            let bound = match &whole {
+                Some(b) => b.clone(),
+                None => bound(i0, r)?,
+            };
+            // The cosines of rows `i0..i0 + r`, `[c, r, n]`; each row's partner, `[c, r, 1]`: the
+            // largest column above its bound, 0 when there is none.
+            let s = matmul(&unit.narrow(1, i0, r)?, &unit_t)?;
+            let shape = (c, r, n);
+            let partner = s
+                .broadcast_gt(&bound)?
+                .where_cond(
+                    &index.reshape((1, 1, n))?.broadcast_as(shape)?,
+                    &Tensor::zeros((1, 1, 1), DType::U32, dev)?.broadcast_as(shape)?,
+                )?
+                .max_keepdim(D::Minus1)?;
+            // The partners' values, zeroed (0 already) where a row's partner is its own diagonal.
+            let own = index.narrow(0, i0, r)?.reshape((1, r, 1))?;
+            let zeroed = partner.broadcast_eq(&own)?.where_cond(
+                &Tensor::zeros((c, r, 1), DType::F32, dev)?,
+                &s.gather(&partner, 2)?,
+            )?;
+            zeroed_per_col =
+                zeroed_per_col.scatter_add(&partner.squeeze(2)?, &zeroed.squeeze(2)?, 1)?;
+        }
         // Column sums of the cosines off the diagonal, less what was zeroed: the column means.
         let total = unit.sum_keepdim(1)?.transpose(1, 2)?.contiguous()?; // [c, d, 1]
         let sums = (matmul(&unit, &total)? - unit.sqr()?.sum_keepdim(D::Minus1)?)?.squeeze(2)?;
@@ -320,10 +346,15 @@ mod tests {
             (0.3, CHUNK_BYTES),
             (0.9, CHUNK_BYTES),
             (0.3, 2 * n * n * 4),
+            (0.9, n * n * 4),
+            // One row's matrix in tiles: of seven rows (the last of five), of one row.
+            (0.3, 7 * n * 4),
             (0.9, 1),
             // Every row's partner its own (zero) diagonal or the last column below it; none at all.
             (-0.2, CHUNK_BYTES),
+            (-0.2, 7 * n * 4),
             (1.5, 2 * n * n * 4),
+            (1.5, 7 * n * 4),
         ] {
             let got = redundancy_chunked(&t, threshold, chunk).unwrap();
             assert_eq!(got.len(), heads);

@@ -471,6 +471,24 @@ fn forward_decodes_a_batch_and_refuses_one_it_cannot_build() {
     let out = kvbench(&["forward", "--model", "random:tiny", "--batch", "2"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --generate"));
+    // Logits of more tokens than candle's CUDA kernels count in one tensor (a 151,936-token
+    // vocabulary): refused by flag, before any work, on every device.
+    let out = kvbench(&[
+        "forward",
+        "--model",
+        "random:qwen2.5-coder-0.5b",
+        "--tokens",
+        "28269",
+        "--logits",
+        logits,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tokens") && err.contains("at most 28268 tokens"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new(logits).exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

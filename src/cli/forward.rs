@@ -131,6 +131,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
     let prompts = batch_prompts(&ids, args.batch)?;
     let spec = spec.resolve(args.generate.max(1) as f64, ids.len() as f64)?;
     model.check_fits(ids.len(), args.generate, "--tokens and --generate")?;
+    model.check_fits_all_logits(ids.len(), "--tokens")?;
     let device = kvbench::device::describe(args.model.device(), t.device());
     let (logits, logits_secs) = logits(t, &ids)?;
     let argmax: Vec<u32> = logits

@@ -67,6 +67,40 @@ impl ModelConfig {
         self.num_heads / self.num_kv_heads
     }
 
+    /// Refuses a forward pass over `tokens` new tokens at once (a prompt, or a teacher-forced text)
+    /// whose widest activation, `[tokens, width]`, would hold more elements than candle's CUDA kernels
+    /// count ([`crate::cache::pool::KERNEL_ELEMENTS`]; past it a kernel covers part of a tensor,
+    /// silently): the joined gate and up projections (`2 · intermediate`), the heads' queries, keys
+    /// and values, and the logits of every token where `all_logits`. Attention's scores are chunked
+    /// apart (`prefill_chunk`). Held on every device, as the pool's bound is.
+    pub fn check_pass_elements(&self, tokens: usize, all_logits: bool) -> Result<(), String> {
+        let heads = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim;
+        let mut widths = vec![
+            (
+                "the MLP's gate and up projections",
+                2 * self.intermediate_size,
+            ),
+            ("the attention's queries, keys and values", heads),
+            ("the hidden states", self.hidden_size),
+        ];
+        if all_logits {
+            widths.push(("the logits of every token", self.vocab_size));
+        }
+        let limit = crate::cache::pool::KERNEL_ELEMENTS;
+        let (what, width) = widths
+            .into_iter()
+            .max_by_key(|&(_, w)| w)
+            .expect("three widths at least");
+        match tokens.checked_mul(width) {
+            Some(e) if e <= limit => Ok(()),
+            _ => Err(format!(
+                "{tokens} tokens in one pass: {what} would hold {tokens} × {width} elements, more than \
+                 the {limit} candle's CUDA kernels count (at most {} tokens at once for this model)",
+                limit / width.max(1)
+            )),
+        }
+    }
+
     /// Bytes of keys and values a full cache of `entries` tokens holds across all layers, stored
     /// as `kv` (the reference of every KV ratio): entries times a token's bytes, except under KIVI,
     /// whose full-precision window costs more than its packed entries.
@@ -196,5 +230,30 @@ mod tests {
             let e = apply_rope_freq_factors(&mut f, &[1.0, bad, 1.0]).unwrap_err();
             assert!(e.contains("finite and positive"), "{e}");
         }
+    }
+
+    /// At R1-Distill-Qwen-7B's shapes (vocabulary 152,064, MLP 18,944) the logits of more than
+    /// 28,244 tokens pass the kernels' count, the MLP's of more than 113,359 (within its context of
+    /// 131,072): each refused one token past its bound, named, and accepted at it.
+    #[test]
+    fn a_pass_wider_than_the_kernels_count_is_refused_by_its_widest_tensor() {
+        let spec = crate::loading::random::RandomSpec::parse("random:r1-distill-qwen-7b")
+            .unwrap()
+            .unwrap();
+        let c = spec.config();
+        let limit = crate::cache::pool::KERNEL_ELEMENTS;
+        let (logits, mlp) = (limit / c.vocab_size, limit / (2 * c.intermediate_size));
+        assert!(
+            logits < mlp && mlp < c.max_position_embeddings,
+            "{logits} {mlp}"
+        );
+        c.check_pass_elements(logits, true).unwrap();
+        let e = c.check_pass_elements(logits + 1, true).unwrap_err();
+        assert!(e.contains("the logits of every token"), "{e}");
+        assert!(e.contains(&format!("at most {logits} tokens")), "{e}");
+        c.check_pass_elements(mlp, false).unwrap();
+        let e = c.check_pass_elements(mlp + 1, false).unwrap_err();
+        assert!(e.contains("gate and up"), "{e}");
+        assert!(c.check_pass_elements(usize::MAX, false).is_err());
     }
 }

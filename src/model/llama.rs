@@ -469,6 +469,8 @@ impl Transformer {
             ids.extend_from_slice(s.tokens);
         }
         let n_tok = ids.len();
+        cfg.check_pass_elements(n_tok, all_logits)
+            .map_err(|e| Error::Input(format!("forward: {e}")))?;
         // A decoding step's phases are timed when profiling is on (`kvbench perf --profile`).
         let recording =
             self.profiler.is_on() && steps.iter().all(|s| !s.is_prefill && s.tokens.len() == 1);

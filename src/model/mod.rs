@@ -87,11 +87,26 @@ impl Model {
     pub fn check_fits(&self, prompt: usize, new: usize, flags: &str) -> Result<()> {
         let context = self.transformer.config.max_position_embeddings;
         match prompt.checked_add(new) {
-            Some(total) if total <= context => Ok(()),
-            _ => Err(Error::Input(format!(
+            Some(total) if total <= context => {}
+            _ => {
+                return Err(Error::Input(format!(
                 "{flags}: a prompt of {prompt} tokens plus {new} new tokens does not fit the model's context of {context} tokens"
-            ))),
+            )))
+            }
         }
+        self.transformer
+            .config
+            .check_pass_elements(prompt, false)
+            .map_err(|e| Error::Input(format!("{flags}: a prompt of {e}")))
+    }
+
+    /// [`Self::check_fits`] for a teacher-forced pass, whose logits of every token are kept.
+    pub fn check_fits_all_logits(&self, tokens: usize, flags: &str) -> Result<()> {
+        self.check_fits(tokens, 0, flags)?;
+        self.transformer
+            .config
+            .check_pass_elements(tokens, true)
+            .map_err(|e| Error::Input(format!("{flags}: a text of {e}")))
     }
 
     /// Refuses a batch whose full caches, at `tokens` each, would need more than the memory of the

@@ -59,50 +59,29 @@ fn cuda_on_a_build_without_it_fails_in_one_line_and_writes_nothing() {
     )
     .unwrap();
     let results = dir.join("results");
-    let out = kvbench(&[
-        "sweep",
-        cfg.to_str().unwrap(),
-        "--out",
-        results.to_str().unwrap(),
-    ]);
+    // `kvbench sweep` on that config into `results`, with `extra`.
+    let sweep = |extra: &[&str]| {
+        let mut args = vec!["sweep", cfg.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.extend(["--out", results.to_str().unwrap()]);
+        kvbench(&args)
+    };
     // The config's key is named where it came from there, the flag where it overrides the key.
-    only_the_error(&out, &format!("{}: device = \"cuda:1\":", cfg.display()));
+    only_the_error(
+        &sweep(&[]),
+        &format!("{}: device = \"cuda:1\":", cfg.display()),
+    );
     assert!(!results.exists());
-    let out = kvbench(&[
-        "sweep",
-        cfg.to_str().unwrap(),
-        "--device",
-        "cuda:2",
-        "--out",
-        results.to_str().unwrap(),
-    ]);
-    only_the_error(&out, "--device cuda:2:");
+    only_the_error(&sweep(&["--device", "cuda:2"]), "--device cuda:2:");
     assert!(!results.exists());
     // A dry run needs no device: a plan may be made on a machine without the GPU.
-    let out = kvbench(&["sweep", cfg.to_str().unwrap(), "--dry-run"]);
-    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(sweep(&["--dry-run"]).status.code(), Some(0));
     // A Slurm script needs no GPU here either, but it runs this binary on the cluster's: refused,
     // with no script and no directory, where this build cannot drive one.
-    let out = kvbench(&[
-        "sweep",
-        cfg.to_str().unwrap(),
-        "--emit",
-        "slurm",
-        "--out",
-        results.to_str().unwrap(),
-    ]);
+    let out = sweep(&["--emit", "slurm"]);
     only_the_error(&out, &format!("{}: device = \"cuda:1\":", cfg.display()));
     assert!(!results.exists());
-    let out = kvbench(&[
-        "sweep",
-        cfg.to_str().unwrap(),
-        "--emit",
-        "slurm",
-        "--device",
-        "cpu",
-        "--out",
-        results.to_str().unwrap(),
-    ]);
+    let out = sweep(&["--emit", "slurm", "--device", "cpu"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("--gres"));
     assert!(results.join("config.toml").is_file());

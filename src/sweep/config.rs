@@ -1,6 +1,6 @@
 //! A sweep's TOML configuration: a name, the model ([`ModelFlags`]) and study options (the same keys
 //! as `kvbench run`'s flags, see [`StudyOptions`]), the budgets, the budget rule and the policies with
-//! their parameters. Unknown keys are refused with their name. Every policy is parsed once, when the
+//! their parameters. Unknown keys are refused with their name and line. Every policy is parsed once, when the
 //! config is built, and its table carries the parsed [`PolicySpec`]s: nothing downstream re-reads
 //! text.
 
@@ -34,6 +34,17 @@ pub struct SweepConfig {
     pub kv_types: Vec<crate::cache::KvType>,
     #[serde(rename = "policy")]
     policies: Vec<PolicyEntry>,
+}
+
+/// The line (from 1) of the first key of `text`'s top-level table that `message` names in backticks,
+/// as serde and toml name an unknown field or the key of a bad value: what an error of a part of the
+/// file loses when the file is cut into parts. `None` when it names none.
+fn line_of_named_key(text: &str, message: &str) -> Option<usize> {
+    let keys: BTreeMap<String, toml::Spanned<toml::Value>> = toml::from_str(text).ok()?;
+    message.split('`').skip(1).step_by(2).find_map(|name| {
+        let start = keys.get(name)?.span().start;
+        Some(text.get(..start)?.matches('\n').count() + 1)
+    })
 }
 
 /// The keys a config has besides the model's and the study options.
@@ -233,6 +244,16 @@ impl SweepConfig {
         let text = crate::files::read_text(path, crate::files::CONFIG_LIMIT)?;
         let bad = |e: String| Error::Input(format!("{}: {e}", path.display()));
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        // A part's error names its key, not its line (the parts are tables cut from the file): the
+        // line is found again from the key.
+        let bad_part = |e: toml::de::Error| {
+            // One line: toml puts the key's path on a line of its own.
+            let e = e.to_string().trim_end().replace('\n', " ");
+            match line_of_named_key(&text, &e) {
+                Some(line) => bad(format!("line {line}: {e}")),
+                None => bad(e),
+            }
+        };
         // Split the sweep's own keys and the model's from the study options; each part refuses keys
         // it does not know.
         let mut take = |keys: &[&str]| {
@@ -246,15 +267,9 @@ impl SweepConfig {
         };
         let head = take(&["name", "budgets", "budget_rule", "kv_types", "policy"]);
         let model = take(&ModelFlags::KEYS);
-        let head: Head = head
-            .try_into()
-            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
-        let model: ModelFlags = model
-            .try_into()
-            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
-        let mut options: StudyOptions = table
-            .try_into()
-            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+        let head: Head = head.try_into().map_err(bad_part)?;
+        let model: ModelFlags = model.try_into().map_err(bad_part)?;
+        let mut options: StudyOptions = table.try_into().map_err(bad_part)?;
         if let Some(d) = &options.data {
             if d.is_relative() {
                 options.data = Some(path.parent().unwrap_or(Path::new(".")).join(d));
@@ -490,6 +505,35 @@ mod tests {
     }
 
     const HEAD: &str = "name = \"s\"\nmodel = \"smollm2-135m\"\ndataset = \"builtin\"\n";
+
+    /// A bad key of each part of a file (the sweep's own, the model's, the study options') and an
+    /// unknown one: the error names the key and its line, though each part is read from a table cut
+    /// from the file.
+    #[test]
+    fn a_bad_or_unknown_key_is_named_with_its_line() {
+        let path = std::env::temp_dir().join(format!("kvbench-badkey-{}.toml", std::process::id()));
+        for (line, key) in [
+            ("budgets = \"many\"", "budgets"),
+            ("device = 5", "device"),
+            ("max_new_tokens = \"long\"", "max_new_tokens"),
+            ("policies = [\"rkv\"]", "policies"),
+        ] {
+            // The bad line is the fifth: after the head and a comment.
+            let text = format!("{HEAD}# a comment\n{line}\n[[policy]]\nname = \"full\"\n");
+            std::fs::write(&path, &text).unwrap();
+            let e = SweepConfig::load(&path).unwrap_err().to_string();
+            assert!(e.contains("line 5: "), "{line}: {e}");
+            assert!(e.contains(&format!("`{key}`")), "{line}: {e}");
+        }
+        // A key named in backticks that the file does not have: no line.
+        std::fs::write(&path, "model = \"smollm2-135m\"\n").unwrap();
+        let e = SweepConfig::load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("missing field `name`") && !e.contains("line"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn extending_by_a_superset_gives_the_superset_and_is_idempotent() {

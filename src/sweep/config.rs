@@ -36,15 +36,24 @@ pub struct SweepConfig {
     policies: Vec<PolicyEntry>,
 }
 
-/// The line (from 1) of the first key of `text`'s top-level table that `message` names in backticks,
-/// as serde and toml name an unknown field or the key of a bad value: what an error of a part of the
-/// file loses when the file is cut into parts. `None` when it names none.
+/// The line (from 1) of the top-level key of `text` that `message` is about, as toml and serde name
+/// it (a bad value's key path at the end, ``… in `device` ``; or ``unknown field `KEY`, …`` at the
+/// top): what an error of a part of the file loses when the file is cut into parts. `None` for a key
+/// inside a table (`policy.budgets`, a field of a `[[policy]]`), whose line the top-level table does
+/// not give.
 fn line_of_named_key(text: &str, message: &str) -> Option<usize> {
+    let key = match message.rsplit_once(" in `") {
+        Some((_, path)) => path.strip_suffix('`')?,
+        None => message.strip_prefix("unknown field `")?.split('`').next()?,
+    };
     let keys: BTreeMap<String, toml::Spanned<toml::Value>> = toml::from_str(text).ok()?;
-    message.split('`').skip(1).step_by(2).find_map(|name| {
-        let start = keys.get(name)?.span().start;
-        Some(text.get(..start)?.matches('\n').count() + 1)
-    })
+    let value = keys.get(key)?;
+    if let toml::Value::Array(items) = value.get_ref() {
+        if items.iter().any(toml::Value::is_table) {
+            return None;
+        }
+    }
+    Some(text.get(..value.span().start)?.matches('\n').count() + 1)
 }
 
 /// The keys a config has besides the model's and the study options.
@@ -525,13 +534,22 @@ mod tests {
             assert!(e.contains("line 5: "), "{line}: {e}");
             assert!(e.contains(&format!("`{key}`")), "{line}: {e}");
         }
-        // A key named in backticks that the file does not have: no line.
-        std::fs::write(&path, "model = \"smollm2-135m\"\n").unwrap();
-        let e = SweepConfig::load(&path).unwrap_err().to_string();
-        assert!(
-            e.contains("missing field `name`") && !e.contains("line"),
-            "{e}"
-        );
+        // A key the file does not have, or one inside a policy's table (whose error also names
+        // keys the file has at the top, `name` among them): no line rather than a wrong one.
+        for (text, says) in [
+            (
+                "model = \"smollm2-135m\"\n".to_string(),
+                "missing field `name`",
+            ),
+            (
+                format!("{HEAD}[[policy]]\nname = \"full\"\n[[policy]]\nnam = \"rkv\"\n"),
+                "unknown field `nam`",
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = SweepConfig::load(&path).unwrap_err().to_string();
+            assert!(e.contains(says) && !e.contains("line"), "{e}");
+        }
         let _ = std::fs::remove_file(&path);
     }
 

@@ -468,6 +468,16 @@ fn forward_decodes_a_batch_and_refuses_one_it_cannot_build() {
         "{err}"
     );
     assert!(!std::path::Path::new(logits).exists());
+    // A drawn prompt past the context is refused before it is drawn (it panicked allocating it).
+    let out = kvbench(&[
+        "forward",
+        "--model",
+        "random:tiny",
+        "--tokens",
+        &usize::MAX.to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tokens"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -166,14 +166,18 @@ fn thread_counts_from_the_environment_obey_the_flag_s_bounds() {
     }
 }
 
-/// A count that must be at least 1 given as 0 (or not a number) is refused with exit code 2 by the
-/// flag's name, before a model is loaded (a missing model file would be the error otherwise).
+/// A count that must be at least 1 given as 0 (or not a number, or past its bound) is refused with
+/// exit code 2 by the flag's name, before a model is loaded (a missing model file would be the error
+/// otherwise).
 #[test]
 fn zero_counts_are_refused_by_the_flag_s_name_before_loading() {
     let missing = "/nonexistent/model.gguf";
     let cases: &[(&[&str], &str)] = &[
         (&["perf", "--batch", "1,0"], "--batch"),
         (&["perf", "--repeats", "0"], "--repeats"),
+        // Warm-up and repeats summed past `usize` measured nothing and printed NaN rates.
+        (&["perf", "--repeats", "18446744073709551615"], "--repeats"),
+        (&["perf", "--warmup", "18446744073709551615"], "--warmup"),
         (&["perf", "--decode-tokens", "0"], "--decode-tokens"),
         // One new token is the prefill's: no decoding step would be timed (a rate of NaN).
         (&["perf", "--decode-tokens", "1"], "--decode-tokens"),

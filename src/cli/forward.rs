@@ -123,6 +123,10 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
     let model = super::load_model(&args.model, &args.runtime)?;
     let activations = model.transformer.activation_dtype();
     let t = &model.transformer;
+    // A drawn prompt's length is checked before it is drawn (a file's is bounded by the file's size).
+    if args.token_file.is_none() {
+        model.check_fits(args.tokens, args.generate, "--tokens and --generate")?;
+    }
     let ids = prompt(&args, t.config.vocab_size)?;
     // Checked before anything is computed or written.
     if args.batch != 1 && args.generate == 0 {

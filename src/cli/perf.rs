@@ -13,6 +13,10 @@ use kvbench::policy::{Full, PolicySpec};
 use std::process::ExitCode;
 use std::time::Instant;
 
+/// The most repeats, and the most warm-up runs, one measurement takes: counts past it are typing
+/// errors (their sums could pass `usize` and leave nothing measured), not measurements.
+const MOST_RUNS: u64 = 10_000;
+
 #[derive(Args, Debug)]
 pub struct PerfArgs {
     #[command(flatten)]
@@ -36,11 +40,11 @@ pub struct PerfArgs {
     /// Batch sizes of the decode measurement, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32", value_parser = super::parse_positive)]
     pub batch: Vec<usize>,
-    /// Measured repeats (after the warm-up).
-    #[arg(long, default_value_t = 3, value_parser = super::parse_positive)]
+    /// Measured repeats (after the warm-up), 1 to 10,000.
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MOST_RUNS))]
     pub repeats: usize,
-    /// Unmeasured warm-up runs.
-    #[arg(long, default_value_t = 1)]
+    /// Unmeasured warm-up runs, 0 to 10,000.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MOST_RUNS))]
     pub warmup: usize,
     /// Tokens each sequence decodes in a warm-up run (default: --decode-tokens, as the measured
     /// runs); fewer make long measurements affordable (a warm-up only has to touch every path once).

@@ -75,22 +75,23 @@ impl ModelConfig {
     /// apart (`prefill_chunk`). Held on every device, as the pool's bound is.
     pub fn check_pass_elements(&self, tokens: usize, all_logits: bool) -> Result<(), String> {
         let heads = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim;
-        let mut widths = vec![
+        let widths = [
             (
                 "the MLP's gate and up projections",
                 2 * self.intermediate_size,
             ),
             ("the attention's queries, keys and values", heads),
             ("the hidden states", self.hidden_size),
+            (
+                "the logits of every token",
+                if all_logits { self.vocab_size } else { 0 },
+            ),
         ];
-        if all_logits {
-            widths.push(("the logits of every token", self.vocab_size));
-        }
         let limit = crate::cache::pool::KERNEL_ELEMENTS;
         let (what, width) = widths
             .into_iter()
             .max_by_key(|&(_, w)| w)
-            .expect("three widths at least");
+            .expect("four widths");
         match tokens.checked_mul(width) {
             Some(e) if e <= limit => Ok(()),
             _ => Err(format!(

@@ -83,7 +83,8 @@ pub(crate) const EOS_NAMES: &[&str] = &[
 
 impl Model {
     /// Refuses a sequence of `prompt` tokens plus `new` generated ones that does not fit the model's
-    /// context, naming both numbers and the flags that set them.
+    /// context, or a prompt too wide for one pass
+    /// ([`config::ModelConfig::check_pass_elements`]), naming the numbers and the flags that set them.
     pub fn check_fits(&self, prompt: usize, new: usize, flags: &str) -> Result<()> {
         let context = self.transformer.config.max_position_embeddings;
         match prompt.checked_add(new) {

@@ -123,19 +123,30 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
     let model = super::load_model(&args.model, &args.runtime)?;
     let activations = model.transformer.activation_dtype();
     let t = &model.transformer;
-    // A drawn prompt's length is checked before it is drawn (a file's is bounded by the file's size).
-    if args.token_file.is_none() {
-        model.check_fits(args.tokens, args.generate, "--tokens and --generate")?;
-    }
-    let ids = prompt(&args, t.config.vocab_size)?;
+    // The prompt's length against the context (with the new tokens) and the kernels' bound on its
+    // logits: a drawn prompt's before it is drawn, a file's (bounded by the file's size) once read.
+    let fits = |n: usize, flag: &str| -> anyhow::Result<()> {
+        model.check_fits(n, args.generate, &format!("{flag} and --generate"))?;
+        model.check_all_logits_fit(n, flag)?;
+        Ok(())
+    };
+    let ids = match &args.token_file {
+        None => {
+            fits(args.tokens, "--tokens")?;
+            prompt(&args, t.config.vocab_size)?
+        }
+        Some(path) => {
+            let ids = prompt(&args, t.config.vocab_size)?;
+            fits(ids.len(), &format!("--token-file {}", path.display()))?;
+            ids
+        }
+    };
     // Checked before anything is computed or written.
     if args.batch != 1 && args.generate == 0 {
         return Err(UsageError(format!("--batch {}: needs --generate", args.batch)).into());
     }
     let prompts = batch_prompts(&ids, args.batch)?;
     let spec = spec.resolve(args.generate.max(1) as f64, ids.len() as f64)?;
-    model.check_fits(ids.len(), args.generate, "--tokens and --generate")?;
-    model.check_fits_all_logits(ids.len(), "--tokens")?;
     let device = kvbench::device::describe(args.model.device(), t.device());
     let (logits, logits_secs) = logits(t, &ids)?;
     let argmax: Vec<u32> = logits

@@ -101,9 +101,9 @@ impl Model {
             .map_err(|e| Error::Input(format!("{flags}: a prompt of {e}")))
     }
 
-    /// [`Self::check_fits`] for a teacher-forced pass, whose logits of every token are kept.
-    pub fn check_fits_all_logits(&self, tokens: usize, flags: &str) -> Result<()> {
-        self.check_fits(tokens, 0, flags)?;
+    /// Refuses a teacher-forced pass of `tokens` whose logits of every token, kept as one tensor,
+    /// would be too wide for one pass ([`config::ModelConfig::check_pass_elements`]).
+    pub fn check_all_logits_fit(&self, tokens: usize, flags: &str) -> Result<()> {
         self.transformer
             .config
             .check_pass_elements(tokens, true)

@@ -1,8 +1,8 @@
 //! A sweep's TOML configuration: a name, the model ([`ModelFlags`]) and study options (the same keys
 //! as `kvbench run`'s flags, see [`StudyOptions`]), the budgets, the budget rule and the policies with
-//! their parameters. Unknown keys are refused with their name and line. Every policy is parsed once, when the
-//! config is built, and its table carries the parsed [`PolicySpec`]s: nothing downstream re-reads
-//! text.
+//! their parameters. Unknown keys are refused with their name and line. Every policy is parsed once,
+//! when the config is built, and its table carries the parsed [`PolicySpec`]s: nothing downstream
+//! re-reads text.
 
 use super::options::StudyOptions;
 use crate::device::DeviceSpec;

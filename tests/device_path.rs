@@ -71,6 +71,18 @@ fn batch_teacher_forced_kv(
     drop: (usize, usize),
     kv: KvType,
 ) -> Vec<Vec<Vec<f32>>> {
+    batch_run(m, spec, prompts, tokens, drop, kv).0
+}
+
+/// [`batch_teacher_forced_kv`]'s logits, and every sequence's state at the end.
+fn batch_run(
+    m: &kvbench::model::Model,
+    spec: &kvbench::policy::PolicySpec,
+    prompts: &[Vec<u32>],
+    tokens: &[Vec<u32>],
+    drop: (usize, usize),
+    kv: KvType,
+) -> (Vec<Vec<Vec<f32>>>, Vec<kvbench::model::state::SeqState>) {
     use kvbench::model::SeqInput;
     let steps = tokens[0].len();
     let ctx = m.policy_context(spec, steps);
@@ -115,7 +127,7 @@ fn batch_teacher_forced_kv(
             out[i].push(row);
         }
     }
-    out
+    (out, states)
 }
 
 /// Three prompts of different lengths (40, 29 and 47 ids, so that a pool pads two of them) and 72
@@ -145,6 +157,68 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
         let a = batch_teacher_forced(&pooled, &spec, &prompts, &tokens, (1, 30));
         let b = batch_teacher_forced(&per_sequence, &spec, &prompts, &tokens, (1, 30));
         assert_same_batch_logits(&name, &a, &b);
+    }
+}
+
+/// H2O in a pooled batch on the path a GPU takes keeps its accumulated attention in the pool and
+/// has its evictions chosen there (`Policy::accumulation`); one sequence at a time it keeps them
+/// itself on the host. Both must keep the same entries with the same scores: on a random model's
+/// near-uniform attention a wrong score (an evicted entry's left in a new one's slot, a sequence's
+/// scores not handed over, a tie broken the other way) barely moves the logits, so the entries
+/// and the scores are compared. One batch shrinks to a single sequence part-way, which attends alone
+/// from then on and takes its scores back from the cache. The pool's gathers move member by member
+/// (the CPU's default) and for the pool at once (a GPU's).
+#[test]
+fn h2o_accumulating_in_the_pool_keeps_what_each_sequence_keeps_alone() {
+    let (mut pooled, per_sequence) = pooled_and_per_sequence();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+    let (prompts, tokens) = batch_inputs(&mut rng);
+    let specs = [
+        vec![],
+        vec!["gqa=mean-prob".to_string()],
+        vec!["heavy_ratio=0.25".to_string()],
+    ];
+    for (args, together) in specs.iter().flat_map(|a| [(a, false), (a, true)]) {
+        pooled.transformer.set_batch_compressions(together);
+        let spec = kvbench::policy::PolicySpec::from_args("h2o", 24.0, args).unwrap();
+        for (batch, drop) in [(3, (1, 30)), (2, (0, 40))] {
+            let label = format!("h2o {args:?}, batch {batch}, together {together}");
+            let run = |m| {
+                batch_run(
+                    m,
+                    &spec,
+                    &prompts[..batch],
+                    &tokens[..batch],
+                    drop,
+                    KvType::F32,
+                )
+            };
+            let ((_, mut a), (_, mut b)) = (run(&pooled), run(&per_sequence));
+            for (i, (x, y)) in a.iter_mut().zip(b.iter_mut()).enumerate() {
+                // Pooled sequences hold their scores in the cache (one that left the batch, as it
+                // left it); the one that decoded its last steps alone holds them itself.
+                let alone = batch == 2 && i == 1;
+                for l in 0..x.cache.num_layers() {
+                    let (cx, cy) = (x.cache.layer(l), y.cache.layer(l));
+                    assert_eq!(cx.has_scores(), !alone, "{label}: sequence {i}, layer {l}");
+                    assert!(!cy.has_scores());
+                    for h in 0..cx.kv_heads() {
+                        assert_eq!(cx.positions(h), cy.positions(h), "{label}: {i}, {l}, {h}");
+                    }
+                    let sx = match cx.has_scores() {
+                        true => cx.read_scores().unwrap(),
+                        false => x.policy.take_accumulated(l),
+                    };
+                    let sy = y.policy.take_accumulated(l);
+                    assert_eq!(sx.len(), sy.len(), "{label}: sequence {i}, layer {l}");
+                    for (p, q) in sx.iter().zip(&sy) {
+                        assert!(!p.is_empty());
+                        let worst = common::max_abs_diff(p, q);
+                        assert!(worst < 1e-5, "{label}: {i}, {l}: scores differ by {worst}");
+                    }
+                }
+            }
+        }
     }
 }
 

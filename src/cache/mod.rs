@@ -16,6 +16,7 @@ pub mod kv_type;
 pub mod pool;
 pub mod quant;
 pub mod rows;
+mod scores;
 
 pub use kv_type::{KvElement, KvType};
 
@@ -29,6 +30,11 @@ pub struct LayerCache {
     k: Tensor,
     v: Tensor,
     kivi: Option<kivi::KiviStore>,
+    /// Scores a policy keeps per entry in the cache rather than in itself (H2O's accumulated
+    /// attention in a decoding batch on a device, see [`scores`]): `[kv_heads, capacity, 1]` f32,
+    /// appended (zero), moved by gathers, grown and pooled with the keys and values. `None` while the
+    /// policy keeps them itself (and always under KIVI).
+    scores: Option<Tensor>,
     /// Set while `k` and `v` are views of a pool shared with other sequences ([`pool`]).
     pool: Option<pool::PoolSlot>,
     /// Set by the engine while a pooled batch's policies act ([`pool::defer_gathers`]): a gather then
@@ -99,6 +105,7 @@ impl LayerCache {
             k: buffer(kv_type.keys)?,
             v: buffer(kv_type.values)?,
             kivi,
+            scores: None,
             pool: None,
             defer_gathers: false,
             pending: None,
@@ -122,6 +129,7 @@ impl LayerCache {
         let mut copy = self.clone();
         copy.k = self.k.copy()?;
         copy.v = self.v.copy()?;
+        copy.scores = self.scores.as_ref().map(Tensor::copy).transpose()?;
         copy.pool = None;
         Ok(copy)
     }
@@ -376,6 +384,7 @@ impl LayerCache {
                 .slice_set(&Self::stored(k, self.kv_type.keys)?, 1, self.len)?;
             self.v
                 .slice_set(&Self::stored(v, self.kv_type.values)?, 1, self.len)?;
+            self.zero_scores(self.len, t)?;
         }
         self.len += t;
         self.note_growth();
@@ -441,6 +450,7 @@ impl LayerCache {
         };
         self.k = grown(&self.k)?;
         self.v = grown(&self.v)?;
+        self.scores = self.scores.as_ref().map(grown).transpose()?;
         // Its own buffers now: it leaves any pool it was in.
         self.pool = None;
         Ok(())
@@ -508,7 +518,11 @@ impl LayerCache {
         };
         let (wk, wv) = self.widths();
         gather(&self.k, wk)?;
-        gather(&self.v, wv)
+        gather(&self.v, wv)?;
+        match &self.scores {
+            Some(s) => gather(s, 1),
+            None => Ok(()),
+        }
     }
 
     /// Keeps on the host the keys just appended (`keys`: the last `t` entries of every head,
@@ -625,6 +639,12 @@ impl KvCache {
     /// Exact bytes of keys and values held now, all layers.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(LayerCache::bytes).sum()
+    }
+
+    /// Bytes of the per-entry scores a policy keeps in the cache, all layers (its side state, not
+    /// keys and values: [`LayerCache::score_bytes`]).
+    pub fn score_bytes(&self) -> usize {
+        self.layers.iter().map(LayerCache::score_bytes).sum()
     }
 
     /// Records the end of a forward step, after which the sequence has seen `seen` tokens, for

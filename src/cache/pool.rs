@@ -11,7 +11,7 @@
 //! no room left; a member that grows on its own leaves the pool (`LayerCache::grow`).
 
 use super::LayerCache;
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A layer cache's place in a pool, and the pool's whole buffers.
@@ -24,6 +24,9 @@ pub struct PoolSlot {
     /// `[slots·kv_heads, capacity, width]` keys and values; the member's own buffers are views of them.
     keys: Tensor,
     values: Tensor,
+    /// `[slots·kv_heads, capacity, 1]`: the members' per-entry scores ([`LayerCache::scores`]), made
+    /// when a member has some ([`pooled_scores`]).
+    scores: Option<Tensor>,
 }
 
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
@@ -132,22 +135,36 @@ fn rebuild(caches: &mut [&mut LayerCache], needed: usize) -> Result<(Tensor, Ten
     }
     let keys = Tensor::zeros((n * heads, cap, wk), dk, &device)?;
     let values = Tensor::zeros((n * heads, cap, wv), dv, &device)?;
+    let scores = match caches.iter().any(|c| c.scores.is_some()) {
+        true => Some(Tensor::zeros((n * heads, cap, 1), DType::F32, &device)?),
+        false => None,
+    };
     let id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
     for (i, c) in caches.iter_mut().enumerate() {
-        let k = keys.narrow(0, i * heads, heads)?;
-        let v = values.narrow(0, i * heads, heads)?;
-        if c.len > 0 {
-            k.slice_set(&c.k.narrow(1, 0, c.len)?.contiguous()?, 1, 0)?;
-            v.slice_set(&c.v.narrow(1, 0, c.len)?.contiguous()?, 1, 0)?;
-        }
+        let own = |buf: &Tensor| buf.narrow(0, i * heads, heads);
+        let (k, v) = (own(&keys)?, own(&values)?);
+        let s = scores.as_ref().map(own).transpose()?;
+        let len = c.len;
+        let copy = |to: &Tensor, from: &Tensor| match len {
+            0 => Ok(()),
+            _ => to.slice_set(&from.narrow(1, 0, len)?.contiguous()?, 1, 0),
+        };
+        copy(&k, &c.k)?;
+        copy(&v, &c.v)?;
         c.k = k;
         c.v = v;
+        // A member without scores keeps none (its slot's rows stay unused until it has some).
+        if let (Some(to), Some(from)) = (&s, &c.scores) {
+            copy(to, from)?;
+            c.scores = s;
+        }
         c.pool = Some(PoolSlot {
             id,
             slot: i,
             slots: n,
             keys: keys.clone(),
             values: values.clone(),
+            scores: scores.clone(),
         });
     }
     Ok((keys, values))
@@ -198,11 +215,54 @@ pub fn settle_gathers(caches: &mut [&mut LayerCache]) -> Result<Vec<usize>> {
     }
     let p = caches[0].pool.as_ref().expect("checked above");
     let index = Tensor::from_vec(rows, n * heads * m, p.keys.device())?;
-    for (buf, w) in [(&p.keys, wk), (&p.values, wv)] {
+    let scores = p.scores.as_ref().map(|s| (s, 1));
+    for (buf, w) in [(&p.keys, wk), (&p.values, wv)].into_iter().chain(scores) {
         let kept = buf.reshape((n * slot_rows, w))?.index_select(&index, 0)?;
         buf.slice_set(&kept.reshape((n * heads, m, w))?, 1, 0)?;
     }
     Ok(moved)
+}
+
+/// The pool's per-entry scores, `[slots·kv_heads, capacity, 1]`, for `caches`, the members of one
+/// pool in slot order ([`pooled`] first): made (zero) if the pool has none yet, and each member
+/// without scores given its slot's rows, holding `handed[i]` (one vector per head, at most its
+/// entries, the rest zero: see [`LayerCache::take_scores`]). Members that have scores keep theirs.
+pub fn pooled_scores(
+    caches: &mut [&mut LayerCache],
+    mut handed: impl FnMut(usize) -> Vec<Vec<f32>>,
+) -> Result<Tensor> {
+    let n = caches.len();
+    let Some(p) = caches.first().and_then(|c| c.pool.clone()) else {
+        candle_core::bail!("pooled_scores: the caches are not pooled");
+    };
+    if caches.iter().enumerate().any(|(i, c)| {
+        c.pool
+            .as_ref()
+            .is_none_or(|q| q.id != p.id || q.slot != i || q.slots != n)
+    }) {
+        candle_core::bail!("pooled_scores: {n} caches that are not one pool's slots in order");
+    }
+    let scores = match &p.scores {
+        Some(s) => s.clone(),
+        None => {
+            let (rows, cap, _) = p.keys.dims3()?;
+            let s = Tensor::zeros((rows, cap, 1), DType::F32, p.keys.device())?;
+            for c in caches.iter_mut() {
+                if let Some(slot) = c.pool.as_mut() {
+                    slot.scores = Some(s.clone());
+                }
+            }
+            s
+        }
+    };
+    for (i, c) in caches.iter_mut().enumerate() {
+        if c.scores.is_none() {
+            let heads = c.kv_heads;
+            c.scores = Some(scores.narrow(0, i * heads, heads)?);
+            c.write_scores(&handed(i))?;
+        }
+    }
+    Ok(scores)
 }
 
 #[cfg(test)]

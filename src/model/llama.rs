@@ -17,6 +17,7 @@ use crate::policy::{AttentionView, StepInfo};
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
+mod accumulated;
 mod batched;
 mod deferred;
 mod dense;
@@ -64,6 +65,8 @@ pub struct Transformer {
     kv_type: crate::cache::KvType,
     /// The pooled path's scatter index and padding mask, kept from layer to layer of a step.
     pool_inputs: std::sync::Mutex<Option<batched::PoolInputs>>,
+    /// An accumulating batch's index tensors, likewise ([`accumulated`]).
+    accumulate_inputs: std::sync::Mutex<Option<accumulated::Inputs>>,
     /// The activations' type between operations: f32, or (off the CPU's own loop) the float
     /// weights' 16-bit type, as GPU engines keep them ([`Activations`]).
     activations: DType,
@@ -229,6 +232,7 @@ impl Transformer {
             prefill_score_bytes: dense::PREFILL_SCORE_BYTES,
             kv_type: crate::cache::KvType::F32,
             pool_inputs: std::sync::Mutex::new(None),
+            accumulate_inputs: std::sync::Mutex::new(None),
             activations: DType::F32,
             profiler: Default::default(),
         })
@@ -775,25 +779,30 @@ impl Transformer {
         match probs4 {
             Some(p) if self.defers_policy(true, step, t) => Ok((out, Some((q_s, p)))),
             probs4 => {
-                self.finish_layer(l, step, st, &q_s, probs4.as_ref(), None, false)?;
+                let handed = probs4.as_ref().map_or(Handed::Nothing, Handed::Probs);
+                self.finish_layer(l, step, st, &q_s, handed, false)?;
                 Ok((out, None))
             }
         }
     }
 
     /// The end of a sequence's layer step: update its query window (unless `window_extended`: the
-    /// batch's windows were extended at once) and run its policy.
-    #[allow(clippy::too_many_arguments)]
+    /// batch's windows were extended at once) and run its policy with what it is `handed`.
     fn finish_layer(
         &self,
         l: usize,
         step: &StepInfo,
         st: &mut SeqState,
         q_s: &Tensor,
-        probs: Option<&Tensor>,
-        scores: Option<&crate::policy::WindowScores>,
+        handed: Handed<'_>,
         window_extended: bool,
     ) -> candle_core::Result<()> {
+        let (probs, scores, accumulated) = match handed {
+            Handed::Nothing => (None, None, None),
+            Handed::Probs(p) => (Some(p), None, None),
+            Handed::Scores(s) => (None, Some(s), None),
+            Handed::Accumulated(e) => (None, None, Some(e)),
+        };
         let w = st.caps.query_window;
         if w > 0 && !window_extended {
             st.window_batches[l] = None;
@@ -827,6 +836,7 @@ impl Transformer {
             query_window: st.query_windows[l].as_ref(),
             probs,
             scores,
+            accumulated,
         };
         let events_before = st.cache.layer(l).compressions();
         st.policy
@@ -914,7 +924,8 @@ impl Transformer {
                     None => None,
                 };
                 let q_s = Tensor::from_slice(q, (hq, 1, d), dev)?;
-                self.finish_layer(l, step, st, &q_s, probs.as_ref(), None, false)?;
+                let handed = probs.as_ref().map_or(Handed::Nothing, Handed::Probs);
+                self.finish_layer(l, step, st, &q_s, handed, false)?;
                 Ok(a.out)
             };
         // As in the generic path, a single sequence stays on this thread.
@@ -954,6 +965,19 @@ fn rotate(x: &mut [f32], d: usize, cos: &[f32], sin: &[f32], interleaved: bool) 
             head[b] = x0 * sin[i] + x1 * cos[i];
         }
     }
+}
+
+/// What a layer's policy call is handed besides its query ([`AttentionView`]'s fields).
+#[derive(Clone, Copy)]
+pub(super) enum Handed<'a> {
+    Nothing,
+    /// The layer's attention probabilities, `[kv_heads, group, t, n]`.
+    Probs(&'a Tensor),
+    /// The scores of the compression it makes, computed for the batch.
+    Scores(&'a crate::policy::WindowScores),
+    /// The entry each cache head evicts, its attention accumulated in the cache
+    /// ([`crate::policy::Policy::accumulation`]).
+    Accumulated(&'a [u32]),
 }
 
 /// Attention probabilities as a policy reads them: each cache head's sum over its query group when

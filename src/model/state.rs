@@ -58,8 +58,9 @@ pub struct TraceEvent {
 }
 
 impl SeqState {
-    /// Bytes of the policy's side state: its own (scores, trackers, summaries) and the query
-    /// windows the engine keeps for it. The KV cache is not included.
+    /// Bytes of the policy's side state: its own (scores, trackers, summaries), the query windows
+    /// the engine keeps for it and the scores it keeps in the cache ([`KvCache::score_bytes`]). The
+    /// keys and values are not included.
     pub fn side_state_bytes(&self) -> usize {
         let windows: usize = self
             .query_windows
@@ -67,7 +68,7 @@ impl SeqState {
             .flatten()
             .map(|t| t.elem_count() * t.dtype().size_in_bytes())
             .sum();
-        self.policy.state_bytes() + windows
+        self.policy.state_bytes() + windows + self.cache.score_bytes()
     }
 
     pub fn new(

@@ -53,8 +53,11 @@ impl Config {
 #[derive(Clone)]
 pub struct H2o {
     config: Config,
-    /// Per layer, per cache head: accumulated attention of each entry, in storage order.
+    /// Per layer, per cache head: accumulated attention of each entry, in storage order (empty for
+    /// a layer whose cache holds them: [`Policy::accumulation`]).
     acc: Vec<Vec<Vec<f32>>>,
+    /// Query heads per cache head, once the first call told it.
+    group: Option<usize>,
 }
 
 impl H2o {
@@ -62,7 +65,58 @@ impl H2o {
         Self {
             config,
             acc: Vec::new(),
+            group: None,
         }
+    }
+
+    /// What each query head's probability counts for: 1, or one over the group under `mean-prob`.
+    fn norm(&self, group: usize) -> f32 {
+        match self.config.gqa {
+            GqaAgg::MeanProb => 1.0 / group as f32,
+            _ => 1.0,
+        }
+    }
+
+    /// Per head, the entries kept out of `acc[h]`'s: the `heavy` highest among all but the `recent`
+    /// newest (in position order), then those.
+    fn kept(acc: &[Vec<f32>], heavy: usize, recent: usize) -> Vec<Vec<usize>> {
+        acc.iter()
+            .map(|a| {
+                let old = a.len() - recent;
+                let mut top = super::score::top_k(&a[..old], heavy);
+                top.sort_unstable();
+                top.extend(old..a.len());
+                top
+            })
+            .collect()
+    }
+
+    /// Step 2 where the engine accumulated this step's attention into the cache's scores: evicts
+    /// the entry it chose per head when one is over the budget, or (more over it: a budget that
+    /// shrank) trims from the scores copied to the host.
+    fn trim_accumulated(
+        &self,
+        step: &StepInfo<'_>,
+        evict: &[u32],
+        cache: &mut LayerCache,
+    ) -> candle_core::Result<()> {
+        let (heavy, recent) = self.config.split(step.seen_after());
+        let n = cache.len();
+        if n <= heavy + recent {
+            return Ok(());
+        }
+        let old = n - recent;
+        if let Some(e) = evict.iter().find(|&&e| e as usize >= old) {
+            candle_core::bail!("h2o: the engine chose entry {e} of {old} it may evict");
+        }
+        let kept = match n - (heavy + recent) {
+            1 => evict
+                .iter()
+                .map(|&e| (0..n).filter(|&j| j != e as usize).collect())
+                .collect(),
+            _ => Self::kept(&cache.read_scores()?, heavy, recent),
+        };
+        cache.gather(&kept)
     }
 }
 
@@ -94,16 +148,20 @@ impl Policy for H2o {
         view: &AttentionView<'_>,
         cache: &mut LayerCache,
     ) -> candle_core::Result<()> {
+        if let Some(evict) = view.accumulated {
+            return self.trim_accumulated(step, evict, cache);
+        }
+        // Scores the cache held (a device batch's, `accumulation`) come back here first.
+        if let Some(held) = cache.take_scores()? {
+            *layer_slot(&mut self.acc, view.layer) = held;
+        }
         let ((heads, g, t, n), p) = super::host_probs(view, "h2o")?;
-        let acc = layer_slot(&mut self.acc, view.layer);
-        acc.resize(heads, Vec::new());
         // The group's size: `g`, unless the engine summed each group already (`group_sum_probs`).
         let group = view.queries.dim(0)? / heads;
-        let norm = if self.config.gqa == GqaAgg::MeanProb {
-            1.0 / group as f32
-        } else {
-            1.0
-        };
+        self.group = Some(group);
+        let norm = self.norm(group);
+        let acc = layer_slot(&mut self.acc, view.layer);
+        acc.resize(heads, Vec::new());
         // 1. Accumulate this step's column sums (new entries start at zero): each query row's sum
         //    over the group first, in the group's order (the engine's own sum, when it gives one: a
         //    group of one, added as it is, the same bits as a sum from zero).
@@ -130,20 +188,32 @@ impl Policy for H2o {
         if n <= heavy + recent {
             return Ok(());
         }
-        let old = n - recent;
-        let kept: Vec<Vec<usize>> = acc
-            .iter()
-            .map(|a| {
-                let mut top = super::score::top_k(&a[..old], heavy);
-                top.sort_unstable();
-                top.extend(old..n);
-                top
-            })
-            .collect();
+        let kept = Self::kept(acc, heavy, recent);
         for (a, k) in acc.iter_mut().zip(&kept) {
             *a = k.iter().map(|&j| a[j]).collect();
         }
         cache.gather(&kept)
+    }
+
+    fn accumulation(&self, step: &StepInfo<'_>) -> Option<super::Accumulation> {
+        // Per query head the cache holds a head per query head and no group to sum: left on the
+        // host path, as the prefill (many rows a step) is.
+        if step.is_prefill || step.tokens.len() != 1 || self.config.gqa == GqaAgg::PerQueryHead {
+            return None;
+        }
+        let (heavy, recent) = self.config.split(step.seen_after());
+        Some(super::Accumulation {
+            norm: self.norm(self.group?),
+            keep: heavy + recent,
+            recent,
+        })
+    }
+
+    fn take_accumulated(&mut self, layer: usize) -> Vec<Vec<f32>> {
+        self.acc
+            .get_mut(layer)
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     fn state_bytes(&self) -> usize {

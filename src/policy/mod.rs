@@ -14,6 +14,7 @@
 //! Policies are parsed first ([`PolicySpec`]: name, budget, `key=value` parameters, all checked before
 //! a model loads) and built per sequence from the spec.
 
+pub mod accumulate;
 pub mod budget;
 pub mod device_score;
 mod h2o;
@@ -96,6 +97,22 @@ pub struct AttentionView<'a> {
     /// The scores of the compression this call makes, when the engine computed them for a batch at
     /// once on the device ([`Policy::score_request`]); `None`: the policy scores for itself.
     pub scores: Option<&'a WindowScores>,
+    /// Set when the engine accumulated this step's attention into the scores the cache holds, by
+    /// [`Policy::accumulation`]'s rule: per cache head, the entry that rule evicts (read only when
+    /// the cache holds exactly one entry more than the rule keeps). `probs` is then `None`.
+    pub accumulated: Option<&'a [u32]>,
+}
+
+/// How the engine may keep a policy's per-entry scores in the cache and choose its evictions where
+/// the attention is ([`Policy::accumulation`]): add each cache head's attention probabilities (its
+/// group's sum) times `norm` to its entries' scores, then, when the cache holds `keep + 1` entries,
+/// evict per head the entry of least score among all but the `recent` newest (ties: the newest of
+/// them; NaN below everything), as [`score::top_k`] keeping the others would.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Accumulation {
+    pub norm: f32,
+    pub keep: usize,
+    pub recent: usize,
 }
 
 /// What an observation-window compression scores ([`device_score::window_scores`] and, for R-KV,
@@ -164,6 +181,21 @@ pub trait Policy: Send {
         _group: usize,
     ) -> Option<ScoreRequest> {
         None
+    }
+
+    /// At a decoding step, whether the engine may accumulate this policy's attention into scores the
+    /// cache holds, and choose its eviction there ([`Accumulation`]; the call then gets
+    /// [`AttentionView::accumulated`] and no probabilities). `None`: the policy reads the
+    /// probabilities itself.
+    fn accumulation(&self, _step: &StepInfo<'_>) -> Option<Accumulation> {
+        None
+    }
+
+    /// Hands layer `layer`'s per-entry scores (one vector per cache head, in storage order) over to
+    /// the cache, keeping none: called before the engine first accumulates into the cache
+    /// ([`Policy::accumulation`]).
+    fn take_accumulated(&mut self, _layer: usize) -> Vec<Vec<f32>> {
+        Vec::new()
     }
 
     /// Bytes the last [`Policy::select_attention`] read to choose (chunk summaries and the like),

@@ -63,6 +63,7 @@ fn view<'a>(q: &'a Tensor, probs: Option<&'a Tensor>) -> AttentionView<'a> {
         query_window: Some(q),
         probs,
         scores: None,
+        accumulated: None,
     }
 }
 

@@ -11,7 +11,7 @@
 //! attends to the entries each policy selected, gathered from the pool in one selection.
 
 use super::deferred::{Deferred, DeferredProbs};
-use super::{SeqInput, Transformer};
+use super::{Handed, SeqInput, Transformer};
 use crate::cache::{pool, LayerCache};
 use crate::model::matmul::matmul;
 use crate::model::state::{SeqState, WindowBatch};
@@ -142,7 +142,8 @@ impl Transformer {
             }
             let st: &mut SeqState = s.state;
             let q_s = q.narrow(1, i, 1)?;
-            self.finish_layer(l, step, st, &q_s, None, scores[i].as_ref(), window_extended)
+            let handed = scores[i].as_ref().map_or(Handed::Nothing, Handed::Scores);
+            self.finish_layer(l, step, st, &q_s, handed, window_extended)
         };
         // Where the scores were the batch's, so are the gathers: the policies' are held back and
         // moved together once all have acted (settled before any error goes up, so that no cache
@@ -161,20 +162,30 @@ impl Transformer {
         }
         acted?;
         if readers.iter().any(|&r| r) {
-            // Summed over each group when every reader reads only that (one operation for the pool).
-            let group_sum = batch
-                .iter()
-                .filter(|s| s.state.caps.attention_probs)
-                .all(|s| s.state.caps.group_sum_probs);
-            let probs = super::probs_for_policy(probs, group_sum)?;
+            let probs = match Self::batch_accumulation(batch, steps) {
+                // Accumulated where the probabilities are: only the evictions will be copied.
+                Some(rules) => DeferredProbs::Accumulated {
+                    q: q.clone(),
+                    evictions: self.accumulate_pooled(l, &probs, &lens, &rules, batch)?,
+                },
+                None => {
+                    // Summed over each group when every reader reads only that (one operation for
+                    // the pool).
+                    let group_sum = batch
+                        .iter()
+                        .filter(|s| s.state.caps.attention_probs)
+                        .all(|s| s.state.caps.group_sum_probs);
+                    DeferredProbs::Pooled {
+                        q: q.clone(),
+                        probs: super::probs_for_policy(probs, group_sum)?,
+                        lens,
+                        readers,
+                    }
+                }
+            };
             let layer = Deferred {
                 l,
-                probs: DeferredProbs::Pooled {
-                    q: q.clone(),
-                    probs,
-                    lens,
-                    readers,
-                },
+                probs,
                 window_extended,
             };
             match self.defers_policy(true, &steps[0], 1) {

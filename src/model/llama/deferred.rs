@@ -15,7 +15,7 @@
 //! and neither is the CPU's own decoding loop (no device to wait for). `KVBENCH_POLICY_PER_LAYER=1`
 //! calls them after each layer as before, to measure the difference (the GPU check does).
 
-use super::{SeqInput, Transformer};
+use super::{Handed, SeqInput, Transformer};
 use crate::cache::pool;
 use crate::policy::StepInfo;
 use candle_core::{Device, Tensor};
@@ -43,6 +43,9 @@ pub(super) enum DeferredProbs {
         lens: Vec<usize>,
         readers: Vec<bool>,
     },
+    /// A pooled layer whose policies accumulate in the cache ([`super::accumulated`]): every
+    /// sequence's queries `[heads, batch, d]` and its heads' evictions, `[batch·kv_heads]` u32.
+    Accumulated { q: Tensor, evictions: Tensor },
 }
 
 impl Transformer {
@@ -58,8 +61,8 @@ impl Transformer {
 
     /// Runs the deferred calls, layer by layer in order, each layer's sequences in parallel: one wait
     /// for the device's queued work, then each layer's probabilities copied to the host (one copy per
-    /// layer, or per sequence and layer outside a pool), the copy's time shared among the policies
-    /// that read it.
+    /// layer, or per sequence and layer outside a pool) or, for accumulating policies, every layer's
+    /// evictions in one copy; the copies' time shared among the policies that read them.
     pub(super) fn run_deferred(
         &self,
         batch: &mut [SeqInput<'_>],
@@ -74,6 +77,22 @@ impl Transformer {
             self.device.synchronize()?;
         }
         let hkv = self.config.num_kv_heads;
+        // Every accumulating layer's evictions (`[batch·kv_heads]` u32 a layer) in one copy, its
+        // time shared among those layers.
+        let started = std::time::Instant::now();
+        let evictions: Vec<&Tensor> = deferred
+            .iter()
+            .filter_map(|d| match &d.probs {
+                DeferredProbs::Accumulated { evictions, .. } => Some(evictions),
+                _ => None,
+            })
+            .collect();
+        let (evicted, rows) = match evictions.first() {
+            None => (Vec::new(), 0),
+            Some(first) => (Tensor::cat(&evictions, 0)?.to_vec1::<u32>()?, first.dim(0)?),
+        };
+        let copy_share = started.elapsed() / evictions.len().max(1) as u32;
+        let mut accumulated = evicted.chunks(rows.max(1));
         for Deferred {
             l,
             probs,
@@ -82,12 +101,13 @@ impl Transformer {
         {
             let started = std::time::Instant::now();
             // A pool's gathers (H2O evicts at every step) move together once all policies acted.
-            let pooled = matches!(probs, DeferredProbs::Pooled { .. });
-            let per_seq: Vec<Option<(Tensor, Tensor)>> = match probs {
+            let pooled = !matches!(probs, DeferredProbs::Each(_));
+            let mut copied = std::time::Duration::ZERO;
+            let per_seq: Vec<Option<(Tensor, Item<'_>)>> = match probs {
                 DeferredProbs::Each(each) => each
                     .into_iter()
                     .map(|e| match e {
-                        Some((q, p)) => Ok(Some((q, p.to_device(&Device::Cpu)?))),
+                        Some((q, p)) => Ok(Some((q, Item::Probs(p.to_device(&Device::Cpu)?)))),
                         None => Ok(None),
                     })
                     .collect::<candle_core::Result<_>>()?,
@@ -112,29 +132,34 @@ impl Transformer {
                             .narrow(2, 0, m)?
                             .contiguous()?
                             .reshape((hkv, g, 1, m))?;
-                        out.push(Some((q.narrow(1, i, 1)?, p)));
+                        out.push(Some((q.narrow(1, i, 1)?, Item::Probs(p))));
                     }
                     out
                 }
+                DeferredProbs::Accumulated { q, .. } => {
+                    copied = copy_share;
+                    let layer = accumulated.next().unwrap_or_default();
+                    (0..batch.len())
+                        .map(|i| {
+                            let own = layer.get(i * hkv..(i + 1) * hkv).unwrap_or_default();
+                            Ok(Some((q.narrow(1, i, 1)?, Item::Evictions(own))))
+                        })
+                        .collect::<candle_core::Result<_>>()?
+                }
             };
             let readers = per_seq.iter().flatten().count().max(1);
-            let share = started.elapsed() / readers as u32;
-            let finish =
-                |((s, step), item): ((&mut SeqInput<'_>, &StepInfo), Option<(Tensor, Tensor)>)| {
-                    let Some((q_s, p)) = item else {
-                        return Ok(());
-                    };
-                    s.state.policy_time += share;
-                    self.finish_layer(
-                        l,
-                        step,
-                        &mut *s.state,
-                        &q_s,
-                        Some(&p),
-                        None,
-                        window_extended,
-                    )
+            let share = (started.elapsed() + copied) / readers as u32;
+            let finish = |((s, step), item): ((&mut SeqInput<'_>, &StepInfo), Option<_>)| {
+                let Some((q_s, item)) = item else {
+                    return Ok(());
                 };
+                s.state.policy_time += share;
+                let handed = match &item {
+                    Item::Probs(p) => Handed::Probs(p),
+                    Item::Evictions(e) => Handed::Accumulated(e),
+                };
+                self.finish_layer(l, step, &mut *s.state, &q_s, handed, window_extended)
+            };
             let together = pooled && self.batch_compressions;
             if together {
                 pool::defer_gathers(&mut Self::layer_caches(batch, l));
@@ -160,4 +185,10 @@ impl Transformer {
         }
         Ok(())
     }
+}
+
+/// What one sequence's deferred call reads: its probabilities on the host, or its heads' evictions.
+enum Item<'a> {
+    Probs(Tensor),
+    Evictions(&'a [u32]),
 }

@@ -1,0 +1,138 @@
+//! A pooled decoding batch whose policies accumulate attention (H2O) keeps their scores in the
+//! pool and chooses their evictions there: only the chosen entries' indices reach the host.
+//!
+//! Why it exists: such a policy reads every layer's attention row of every sequence at every step.
+//! Copied to the host, that was each KV head's row of `n` probabilities per sequence and layer (at
+//! R1-Distill-Qwen-7B's shapes, four KV heads and 28 layers at B = 1,024: about 460 KB a sequence
+//! and step, through pageable memory), then added and ranked there. Here, per layer and for the
+//! whole batch, the group-summed probabilities are added to the pool's scores (one operation), the
+//! rule of [`crate::policy::Accumulation`] picks each head's eviction (a dozen operations,
+//! [`crate::policy::accumulate::least_scored`]), and at the end of the step every layer's indices
+//! come back in one copy (`[batch · kv_heads]` u32 a layer). The additions are the host's (f32,
+//! elementwise, in the same order), so the scores and the choices are the same bits as the
+//! policy's own on the host.
+
+use super::{SeqInput, Transformer};
+use crate::cache::pool;
+use crate::policy::{accumulate, Accumulation, StepInfo};
+use candle_core::{DType, Tensor};
+
+impl Transformer {
+    /// Every sequence's accumulation rule at this step, when all accumulate and with one `norm`
+    /// (one multiplication for the batch); `None`: the policies read their probabilities.
+    pub(super) fn batch_accumulation(
+        batch: &[SeqInput<'_>],
+        steps: &[StepInfo],
+    ) -> Option<Vec<Accumulation>> {
+        let rules: Vec<Accumulation> = batch
+            .iter()
+            .zip(steps)
+            .map(|(s, step)| s.state.policy.accumulation(step))
+            .collect::<Option<_>>()?;
+        let norm = rules.first()?.norm;
+        rules.iter().all(|r| r.norm == norm).then_some(rules)
+    }
+
+    /// Layer `l` of a pooled batch: adds `probs` (`[batch·kv_heads, group, n]`, f32, padding zero)
+    /// to the pool's scores under `rules` (each sequence's; `lens` its entries before this step's)
+    /// and returns each row's eviction, `[batch·kv_heads]` u32, still on the device. A sequence
+    /// whose cache holds no scores yet hands its policy's over first.
+    pub(super) fn accumulate_pooled(
+        &self,
+        l: usize,
+        probs: &Tensor,
+        lens: &[usize],
+        rules: &[Accumulation],
+        batch: &mut [SeqInput<'_>],
+    ) -> candle_core::Result<Tensor> {
+        let hkv = self.config.num_kv_heads;
+        let rows = batch.len() * hkv;
+        let n = probs.dim(2)?;
+        let mut handed: Vec<Vec<Vec<f32>>> = batch
+            .iter_mut()
+            .map(|s| match s.state.cache.layer(l).has_scores() {
+                true => Vec::new(),
+                false => s.state.policy.take_accumulated(l),
+            })
+            .collect();
+        let scores = pool::pooled_scores(&mut Self::layer_caches(batch, l), |i| {
+            std::mem::take(&mut handed[i])
+        })?;
+        let (at, old, col) = self.accumulate_inputs(lens, rules, n)?;
+        // This step's entries start at zero (their slot may hold an evicted entry's score).
+        scores.scatter_set(
+            &at,
+            &Tensor::zeros((rows, 1, 1), DType::F32, &self.device)?,
+            1,
+        )?;
+        let sums = super::probs_for_policy(probs.clone(), true)?.reshape((rows, n, 1))?;
+        let norm = rules[0].norm;
+        let sums = match norm == 1.0 {
+            true => sums,
+            false => (sums * f64::from(norm))?,
+        };
+        let updated = (scores.narrow(1, 0, n)? + sums)?;
+        scores.slice_set(&updated, 1, 0)?;
+        accumulate::least_scored(&updated.squeeze(2)?, &old, &col)
+    }
+
+    /// The step's small index tensors, kept from layer to layer (each is a copy to the device): per
+    /// row of the pool, the slot of its new entry (`[rows, 1, 1]`) and the candidates of its
+    /// eviction (`[rows, 1]`, [`Accumulation`]'s rule: all but the recent entries when the cache
+    /// holds more than it keeps, else none), and the columns `0..n` (`[1, n]`).
+    fn accumulate_inputs(
+        &self,
+        lens: &[usize],
+        rules: &[Accumulation],
+        n: usize,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let hkv = self.config.num_kv_heads;
+        let rows = lens.len() * hkv;
+        let per_row =
+            |x: &dyn Fn(usize) -> u32| -> Vec<u32> { (0..rows).map(|r| x(r / hkv)).collect() };
+        let at = per_row(&|i| lens[i] as u32);
+        let old = per_row(&|i| {
+            let (held, r) = (lens[i] + 1, rules[i]);
+            match held > r.keep {
+                true => (held - r.recent) as u32,
+                false => 0,
+            }
+        });
+        let mut memo = self
+            .accumulate_inputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = memo
+            .as_ref()
+            .filter(|m| m.at == at && m.old == old && m.n == n)
+        {
+            return Ok((m.at_t.clone(), m.old_t.clone(), m.col_t.clone()));
+        }
+        let dev = &self.device;
+        let inputs = Inputs {
+            at_t: Tensor::from_slice(&at, (rows, 1, 1), dev)?,
+            old_t: Tensor::from_slice(&old, (rows, 1), dev)?,
+            col_t: Tensor::arange(0u32, n as u32, dev)?.reshape((1, n))?,
+            at,
+            old,
+            n,
+        };
+        let out = (
+            inputs.at_t.clone(),
+            inputs.old_t.clone(),
+            inputs.col_t.clone(),
+        );
+        *memo = Some(inputs);
+        Ok(out)
+    }
+}
+
+/// [`Transformer::accumulate_inputs`]'s last tensors and the values they hold.
+pub(super) struct Inputs {
+    at: Vec<u32>,
+    old: Vec<u32>,
+    n: usize,
+    at_t: Tensor,
+    old_t: Tensor,
+    col_t: Tensor,
+}

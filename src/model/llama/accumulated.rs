@@ -58,7 +58,8 @@ impl Transformer {
         let scores = pool::pooled_scores(&mut Self::layer_caches(batch, l), |i| {
             std::mem::take(&mut handed[i])
         })?;
-        let (at, old, col) = self.accumulate_inputs(lens, rules, n)?;
+        let at = self.pool_inputs(lens, true)?.at;
+        let (old, col) = self.accumulate_inputs(lens, rules, n)?;
         // This step's entries start at zero (their slot may hold an evicted entry's score).
         scores.scatter_set(
             &at,
@@ -76,52 +77,41 @@ impl Transformer {
         accumulate::least_scored(&updated.squeeze(2)?, &old, &col)
     }
 
-    /// The step's small index tensors, kept from layer to layer (each is a copy to the device): per
-    /// row of the pool, the slot of its new entry (`[rows, 1, 1]`) and the candidates of its
-    /// eviction (`[rows, 1]`, [`Accumulation`]'s rule: all but the recent entries when the cache
-    /// holds more than it keeps, else none), and the columns `0..n` (`[1, n]`).
+    /// The step's eviction candidates and columns, kept from layer to layer (each is a copy to the
+    /// device): per row of the pool, the entries its eviction may take (`[rows, 1]`, [`Accumulation`]'s
+    /// rule: all but the recent ones when the cache holds more than it keeps, else none), and the
+    /// columns `0..n` (`[1, n]`).
     fn accumulate_inputs(
         &self,
         lens: &[usize],
         rules: &[Accumulation],
         n: usize,
-    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    ) -> candle_core::Result<(Tensor, Tensor)> {
         let hkv = self.config.num_kv_heads;
-        let rows = lens.len() * hkv;
-        let per_row =
-            |x: &dyn Fn(usize) -> u32| -> Vec<u32> { (0..rows).map(|r| x(r / hkv)).collect() };
-        let at = per_row(&|i| lens[i] as u32);
-        let old = per_row(&|i| {
-            let (held, r) = (lens[i] + 1, rules[i]);
-            match held > r.keep {
-                true => (held - r.recent) as u32,
-                false => 0,
-            }
-        });
+        let old: Vec<u32> = (0..lens.len() * hkv)
+            .map(|r| {
+                let (held, rule) = (lens[r / hkv] + 1, rules[r / hkv]);
+                match held > rule.keep {
+                    true => (held - rule.recent) as u32,
+                    false => 0,
+                }
+            })
+            .collect();
         let mut memo = self
             .accumulate_inputs
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = memo
-            .as_ref()
-            .filter(|m| m.at == at && m.old == old && m.n == n)
-        {
-            return Ok((m.at_t.clone(), m.old_t.clone(), m.col_t.clone()));
+        if let Some(m) = memo.as_ref().filter(|m| m.old == old && m.n == n) {
+            return Ok((m.old_t.clone(), m.col_t.clone()));
         }
         let dev = &self.device;
         let inputs = Inputs {
-            at_t: Tensor::from_slice(&at, (rows, 1, 1), dev)?,
-            old_t: Tensor::from_slice(&old, (rows, 1), dev)?,
+            old_t: Tensor::from_slice(&old, (old.len(), 1), dev)?,
             col_t: Tensor::arange(0u32, n as u32, dev)?.reshape((1, n))?,
-            at,
             old,
             n,
         };
-        let out = (
-            inputs.at_t.clone(),
-            inputs.old_t.clone(),
-            inputs.col_t.clone(),
-        );
+        let out = (inputs.old_t.clone(), inputs.col_t.clone());
         *memo = Some(inputs);
         Ok(out)
     }
@@ -129,10 +119,8 @@ impl Transformer {
 
 /// [`Transformer::accumulate_inputs`]'s last tensors and the values they hold.
 pub(super) struct Inputs {
-    at: Vec<u32>,
     old: Vec<u32>,
     n: usize,
-    at_t: Tensor,
     old_t: Tensor,
     col_t: Tensor,
 }

@@ -79,7 +79,8 @@ impl Transformer {
             let lens: Vec<usize> = layers.iter().map(|c| c.len()).collect();
             (pool_k, pool_v, lens)
         };
-        let (index, mask) = self.pool_inputs(&lens)?;
+        let sparse = batch[0].state.caps.sparse_attention;
+        let PoolTensors { index, mask, .. } = self.pool_inputs(&lens, !sparse)?;
         let scatter = |pool: &Tensor, new: &Tensor| -> candle_core::Result<()> {
             // [kv_heads, batch, d] → [batch·kv_heads, 1, d], in the pool's type.
             let rows = new
@@ -91,7 +92,6 @@ impl Transformer {
         };
         scatter(&pool_k, k)?;
         scatter(&pool_v, v)?;
-        let sparse = batch[0].state.caps.sparse_attention;
         for (s, step) in batch.iter_mut().zip(steps) {
             s.state
                 .cache
@@ -388,15 +388,24 @@ impl Transformer {
     }
 
     /// The tensors a pooled step needs that depend only on the batch's cache lengths before the
-    /// append (`lens`): where each sequence's new entry goes (`[batch·kv_heads, 1, head_dim]`, for the
-    /// scatter) and, when the lengths differ, the mask of each sequence's padding (`[batch, 1, 1, n]`,
-    /// 0 or −∞, n the longest plus one). Built from host vectors (a copy to the device each), for the
-    /// first layer of a step and kept for the next layers while their lengths are the same (most of a
-    /// step's: only policies that compress layers differently, or at different steps, change them).
-    fn pool_inputs(&self, lens: &[usize]) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+    /// append (`lens`): where each sequence's new entry goes (`at`, `[batch·kv_heads, 1, 1]`, and
+    /// `index`, the same `[batch·kv_heads, 1, head_dim]` for the scatter) and, when the lengths
+    /// differ and the step attends to every entry (`masked`: not a sparse selection, which masks its
+    /// own padding), the mask of each sequence's padding (`[batch, 1, 1, n]`, 0 or −∞, n the longest
+    /// plus one). Built from host vectors (a copy to the device each), for the first layer of a step
+    /// and kept for the next layers while their lengths are the same (most of a step's: only
+    /// policies that compress layers differently, or at different steps, change them).
+    pub(super) fn pool_inputs(
+        &self,
+        lens: &[usize],
+        masked: bool,
+    ) -> candle_core::Result<PoolTensors> {
         let mut memo = self.pool_inputs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = memo.as_ref().filter(|m| m.lens == lens) {
-            return Ok((m.index.clone(), m.mask.clone()));
+        if let Some(m) = memo
+            .as_ref()
+            .filter(|m| m.lens == lens && m.masked == masked)
+        {
+            return Ok(m.tensors.clone());
         }
         let (hkv, d) = (self.config.num_kv_heads, self.config.head_dim);
         let b = lens.len();
@@ -404,11 +413,10 @@ impl Transformer {
             .iter()
             .flat_map(|&n| std::iter::repeat_n(n as u32, hkv))
             .collect();
-        let index = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?
-            .broadcast_as((b * hkv, 1, d))?
-            .contiguous()?;
+        let at = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?;
+        let index = at.broadcast_as((b * hkv, 1, d))?.contiguous()?;
         let n = lens.iter().max().copied().unwrap_or(0) + 1;
-        let mask = match lens.iter().any(|&m| m + 1 != n) {
+        let mask = match masked && lens.iter().any(|&m| m + 1 != n) {
             false => None,
             true => {
                 let mask: Vec<f32> = lens
@@ -420,12 +428,13 @@ impl Transformer {
                 Some(Tensor::from_vec(mask, (b, 1, 1, n), &self.device)?)
             }
         };
+        let tensors = PoolTensors { at, index, mask };
         *memo = Some(PoolInputs {
             lens: lens.to_vec(),
-            index: index.clone(),
-            mask: mask.clone(),
+            masked,
+            tensors: tensors.clone(),
         });
-        Ok((index, mask))
+        Ok(tensors)
     }
 
     /// Extends every sequence's query window of layer `l` by its query of this step (`q_rows`:
@@ -492,9 +501,17 @@ impl Transformer {
 
 static NEXT_WINDOWS: AtomicU64 = AtomicU64::new(1);
 
-/// [`Transformer::pool_inputs`]'s last tensors and the lengths they were built for.
+/// [`Transformer::pool_inputs`]'s last tensors and what they were built for.
 pub(super) struct PoolInputs {
     lens: Vec<usize>,
-    index: Tensor,
-    mask: Option<Tensor>,
+    masked: bool,
+    tensors: PoolTensors,
+}
+
+/// A pooled step's scatter indices and padding mask ([`Transformer::pool_inputs`]).
+#[derive(Clone)]
+pub(super) struct PoolTensors {
+    pub at: Tensor,
+    pub index: Tensor,
+    pub mask: Option<Tensor>,
 }

@@ -300,16 +300,16 @@ def speed_compressed(c):
     """R-KV, SnapKV and H2O at B = 1,024 at the largest batch of the speed shapes, beside the full cache
     in the same call (after transformers' step: the first H100 run spent its deadline here). Their rate
     over full's is their per-step cost: at these lengths R-KV and SnapKV hold about as many entries as
-    full, and H2O evicts one entry per layer and step. Then H2O again with its calls after every layer
-    (`KVBENCH_POLICY_PER_LAYER`, kvbench before they waited for the end of the step): one wait for the
-    device per layer and step against one per step. Then R-KV and H2O with each sequence's compression
-    scored and gathered on its own (`KVBENCH_COMPRESS_EACH`, kvbench before a pooled batch's were done
-    together): R-KV compresses once in the 128 tokens, H2O evicts at every step."""
+    full, and H2O evicts one entry per layer and step. Then H2O again with its scores on the host
+    (`KVBENCH_HOST_SCORES`, kvbench before a pooled batch kept them on the device): every layer's attention
+    rows copied at every step against only the evicted entries' indices. Then R-KV and H2O with each
+    sequence's compression scored and gathered on its own (`KVBENCH_COMPRESS_EACH`, kvbench before a pooled
+    batch's were done together): R-KV compresses once in the 128 tokens, H2O evicts at every step."""
     s = speed_shapes(c)
     res = {"shapes": s}
     # (file name, policies, environment, suffix of their rates' names)
     runs = [("compressed", "full,rkv,snapkv,h2o", None, ""),
-            ("h2o_per_layer", "h2o", {"KVBENCH_POLICY_PER_LAYER": "1"}, "_per_layer"),
+            ("h2o_host_scores", "h2o", {"KVBENCH_HOST_SCORES": "1"}, "_host_scores"),
             ("each", "rkv,h2o", {"KVBENCH_COMPRESS_EACH": "1"}, "_each")]
     rate = {}
     for name, policies, env, suffix in runs:

@@ -222,6 +222,42 @@ fn h2o_accumulating_in_the_pool_keeps_what_each_sequence_keeps_alone() {
     }
 }
 
+/// Caches that store a head per query head (`gqa=per-query-head`, LazyEviction's default) pool as
+/// one entry per KV head does: each KV head's new entry written to its group's query heads, each
+/// query head attending over its own. The same logits and kept entries as one sequence at a time,
+/// with the batch's gathers moved member by member and for the pool.
+#[test]
+fn per_query_head_caches_pool_and_keep_what_each_sequence_keeps_alone() {
+    let (mut pooled, per_sequence) = pooled_and_per_sequence();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
+    let (prompts, tokens) = batch_inputs(&mut rng);
+    let specs = [
+        ("lazy", vec!["window=8"]),
+        ("h2o", vec!["gqa=per-query-head"]),
+        ("snapkv", vec!["buffer=8", "gqa=per-query-head"]),
+        ("rkv", vec!["buffer=8", "gqa=per-query-head"]),
+    ];
+    for ((name, args), together) in specs.iter().flat_map(|s| [(s, false), (s, true)]) {
+        pooled.transformer.set_batch_compressions(together);
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let spec = kvbench::policy::PolicySpec::from_args(name, 24.0, &args).unwrap();
+        let label = format!("{name} {args:?}, together {together}");
+        let run = |m| batch_run(m, &spec, &prompts, &tokens, (1, 30), KvType::F32);
+        let ((a, sa), (b, sb)) = (run(&pooled), run(&per_sequence));
+        assert_same_batch_logits(&label, &a, &b);
+        for (i, (x, y)) in sa.iter().zip(&sb).enumerate() {
+            for l in 0..x.cache.num_layers() {
+                let (cx, cy) = (x.cache.layer(l), y.cache.layer(l));
+                assert_eq!(cx.kv_heads(), pooled.transformer.config.num_heads);
+                assert!(cx.in_pool() && !cy.in_pool(), "{label}: {i}, {l}: pooled");
+                for h in 0..cx.kv_heads() {
+                    assert_eq!(cx.positions(h), cy.positions(h), "{label}: {i}, {l}, {h}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_sparse_attention_batch_pooled_attends_as_each_sequence_alone() {
     // RocketKV's per-step selections gathered from the pool at once: a 5-token prompt attends to

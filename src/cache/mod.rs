@@ -134,6 +134,12 @@ impl LayerCache {
         Ok(copy)
     }
 
+    /// Whether the buffers are views of a pool shared with other sequences' caches of the layer
+    /// ([`pool`]): a decoding batch on the path a GPU takes.
+    pub fn in_pool(&self) -> bool {
+        self.pool.is_some()
+    }
+
     /// Number of entries each KV head holds.
     pub fn len(&self) -> usize {
         self.len

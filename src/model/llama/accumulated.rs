@@ -51,7 +51,7 @@ impl Transformer {
         rules: &[Accumulation],
         batch: &mut [SeqInput<'_>],
     ) -> candle_core::Result<Tensor> {
-        let hkv = self.config.num_kv_heads;
+        let hkv = Self::pool_heads(batch);
         let rows = batch.len() * hkv;
         let n = probs.dim(2)?;
         let mut handed: Vec<Vec<Vec<f32>>> = batch
@@ -64,8 +64,8 @@ impl Transformer {
         let scores = pool::pooled_scores(&mut Self::layer_caches(batch, l), |i| {
             std::mem::take(&mut handed[i])
         })?;
-        let at = self.pool_inputs(lens, true)?.at;
-        let (old, col) = self.accumulate_inputs(lens, rules, n)?;
+        let at = self.pool_inputs(lens, hkv, true)?.at;
+        let (old, col) = self.accumulate_inputs(lens, hkv, rules, n)?;
         // This step's entries start at zero (their slot may hold an evicted entry's score).
         scores.scatter_set(
             &at,
@@ -90,10 +90,10 @@ impl Transformer {
     fn accumulate_inputs(
         &self,
         lens: &[usize],
+        hkv: usize,
         rules: &[Accumulation],
         n: usize,
     ) -> candle_core::Result<(Tensor, Tensor)> {
-        let hkv = self.config.num_kv_heads;
         let old: Vec<u32> = (0..lens.len() * hkv)
             .map(|r| {
                 let (held, rule) = (lens[r / hkv] + 1, rules[r / hkv]);

@@ -22,23 +22,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Transformer {
     /// Whether a decoding step of `batch` may attend through the pool: more than one sequence, one
-    /// new token each, every cache plain rows of one type with one entry per KV head (no
-    /// per-query-head storage, no block or KIVI storage), and sparse attention for all or none.
+    /// new token each, every cache plain rows of one type (no block or KIVI storage) with the same
+    /// heads (one entry per KV head, or per query head: `gqa=per-query-head` storage), and sparse
+    /// attention for all or none (and then, one entry per KV head).
     pub(super) fn can_batch_attention(&self, batch: &[SeqInput<'_>]) -> bool {
+        let heads = Self::pool_heads(batch);
         self.batched_attention
             && !self.cpu_loop()
             && batch.len() > 1
+            && (heads == self.config.num_kv_heads || heads == self.config.num_heads)
             && batch.iter().all(|s| {
                 s.tokens.len() == 1
                     && s.state.seen > 0
                     && s.state.cache.num_layers() > 0
-                    && s.state.cache.layer(0).kv_heads() == self.config.num_kv_heads
+                    && s.state.cache.layer(0).kv_heads() == heads
             })
             // Sparse attention (RocketKV's selection) pools when the whole batch selects and none
             // reads the probabilities (whose entries would be the selection's, not the cache's).
             && match batch.iter().filter(|s| s.state.caps.sparse_attention).count() {
                 0 => true,
-                all if all == batch.len() => batch.iter().all(|s| !s.state.caps.attention_probs),
+                all if all == batch.len() => {
+                    heads == self.config.num_kv_heads
+                        && batch.iter().all(|s| !s.state.caps.attention_probs)
+                }
                 _ => false,
             }
             && {
@@ -54,9 +60,21 @@ impl Transformer {
             })
     }
 
+    /// The heads each cache of `batch` holds (its first's): the model's KV heads, or its query heads
+    /// under per-query-head storage. 0 for an empty batch.
+    pub(super) fn pool_heads(batch: &[SeqInput<'_>]) -> usize {
+        batch
+            .first()
+            .filter(|s| s.state.cache.num_layers() > 0)
+            .map_or(0, |s| s.state.cache.layer(0).kv_heads())
+    }
+
     /// Layer `l`'s attention for a decoding batch through its pool. `q` is `[heads, batch, d]`,
     /// `k` and `v` `[kv_heads, batch, d]` (after RoPE); returns `[batch, heads·d]`. The calls of
-    /// policies that read the probabilities wait for the end of the step (`deferred`).
+    /// policies that read the probabilities wait for the end of the step (`deferred`). Caches that
+    /// store a head per query head (`gqa=per-query-head`) pool as well: each KV head's new entry is
+    /// written to its group's query heads, and each query head attends over its own (a group of
+    /// one).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attend_batch(
         &self,
@@ -69,7 +87,9 @@ impl Transformer {
         deferred: &mut Vec<Deferred>,
     ) -> candle_core::Result<Tensor> {
         let cfg = &self.config;
-        let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (hq, d) = (cfg.num_heads, cfg.head_dim);
+        // The caches' heads, and the query heads attending over each.
+        let hkv = Self::pool_heads(batch);
         let (b, g) = (batch.len(), hq / hkv);
         let scale = 1.0 / (d as f64).sqrt();
         // 1. The pool (built or grown when needed) and every sequence's new entry in its slot.
@@ -80,9 +100,17 @@ impl Transformer {
             (pool_k, pool_v, lens)
         };
         let sparse = batch[0].state.caps.sparse_attention;
-        let PoolTensors { index, mask, .. } = self.pool_inputs(&lens, !sparse)?;
+        let PoolTensors { index, mask, .. } = self.pool_inputs(&lens, hkv, !sparse)?;
         let scatter = |pool: &Tensor, new: &Tensor| -> candle_core::Result<()> {
-            // [kv_heads, batch, d] → [batch·kv_heads, 1, d], in the pool's type.
+            // [kv_heads, batch, d] → [batch·heads, 1, d], in the pool's type (each KV head's row
+            // repeated for its query heads under per-query-head storage: head `r` is KV head r / g).
+            let new = match new.dim(0)? {
+                kv if kv == hkv => new.clone(),
+                kv => new
+                    .unsqueeze(1)?
+                    .broadcast_as((kv, hkv / kv, b, d))?
+                    .reshape((hkv, b, d))?,
+            };
             let rows = new
                 .transpose(0, 1)?
                 .to_dtype(pool.dtype())?
@@ -129,7 +157,9 @@ impl Transformer {
         //    its own slot and probabilities, in parallel: a compression event's scoring can run on
         //    the host, and a batch's sequences one after another took minutes.
         let window_extended = self.extend_windows(l, &q3.reshape((b, hq, 1, d))?, batch)?;
-        let scores = match self.batch_compressions && window_extended {
+        // Window scores for the batch at once over one entry per KV head (per-query-head storage:
+        // each policy scores its own, as one sequence at a time).
+        let scores = match self.batch_compressions && window_extended && hkv == cfg.num_kv_heads {
             true => self.batch_scores(l, &pool_k, &lens, batch, steps)?,
             false => vec![None; b],
         };
@@ -398,16 +428,15 @@ impl Transformer {
     pub(super) fn pool_inputs(
         &self,
         lens: &[usize],
+        heads: usize,
         masked: bool,
     ) -> candle_core::Result<PoolTensors> {
         let mut memo = self.pool_inputs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = memo
-            .as_ref()
-            .filter(|m| m.lens == lens && m.masked == masked)
-        {
+        let same = |m: &&PoolInputs| m.lens == lens && m.heads == heads && m.masked == masked;
+        if let Some(m) = memo.as_ref().filter(same) {
             return Ok(m.tensors.clone());
         }
-        let (hkv, d) = (self.config.num_kv_heads, self.config.head_dim);
+        let (hkv, d) = (heads, self.config.head_dim);
         let b = lens.len();
         let at: Vec<u32> = lens
             .iter()
@@ -431,6 +460,7 @@ impl Transformer {
         let tensors = PoolTensors { at, index, mask };
         *memo = Some(PoolInputs {
             lens: lens.to_vec(),
+            heads,
             masked,
             tensors: tensors.clone(),
         });
@@ -504,6 +534,7 @@ static NEXT_WINDOWS: AtomicU64 = AtomicU64::new(1);
 /// [`Transformer::pool_inputs`]'s last tensors and what they were built for.
 pub(super) struct PoolInputs {
     lens: Vec<usize>,
+    heads: usize,
     masked: bool,
     tensors: PoolTensors,
 }

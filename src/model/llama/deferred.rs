@@ -76,7 +76,8 @@ impl Transformer {
         if !self.device.is_cpu() {
             self.device.synchronize()?;
         }
-        let hkv = self.config.num_kv_heads;
+        // The caches' heads (per query head under per-query-head storage).
+        let hkv = Self::pool_heads(batch);
         // Every accumulating layer's evictions (`[batch·kv_heads]` u32 a layer) in one copy, its
         // time shared among those layers.
         let started = std::time::Instant::now();

@@ -59,22 +59,11 @@ fn batch_teacher_forced(
     tokens: &[Vec<u32>],
     drop: (usize, usize),
 ) -> Vec<Vec<Vec<f32>>> {
-    batch_teacher_forced_kv(m, spec, prompts, tokens, drop, KvType::F32)
+    batch_run(m, spec, prompts, tokens, drop, KvType::F32).0
 }
 
-/// [`batch_teacher_forced`] with the caches stored as `kv`.
-fn batch_teacher_forced_kv(
-    m: &kvbench::model::Model,
-    spec: &kvbench::policy::PolicySpec,
-    prompts: &[Vec<u32>],
-    tokens: &[Vec<u32>],
-    drop: (usize, usize),
-    kv: KvType,
-) -> Vec<Vec<Vec<f32>>> {
-    batch_run(m, spec, prompts, tokens, drop, kv).0
-}
-
-/// [`batch_teacher_forced_kv`]'s logits, and every sequence's state at the end.
+/// [`batch_teacher_forced`]'s logits with the caches stored as `kv`, and every sequence's state at
+/// the end.
 fn batch_run(
     m: &kvbench::model::Model,
     spec: &kvbench::policy::PolicySpec,
@@ -275,7 +264,7 @@ fn a_sparse_attention_batch_pooled_attends_as_each_sequence_alone() {
         .collect();
     let spec = kvbench::policy::PolicySpec::new("rocket", 24.0, Default::default()).unwrap();
     for kv in [KvType::F32, KvType::F16, KvType::BF16] {
-        let run = |m| batch_teacher_forced_kv(m, &spec, &prompts, &tokens, (2, 25), kv);
+        let run = |m| batch_run(m, &spec, &prompts, &tokens, (2, 25), kv).0;
         assert_same_batch_logits(&format!("rocket, {kv}"), &run(&pooled), &run(&per_sequence));
     }
 }
@@ -470,8 +459,7 @@ fn bf16_activations_follow_f32_activations_to_bf16_precision() {
             format!("{name}: bf16 against f32 activations"),
         );
         // The same sequences pooled and one at a time, one leaving the batch part-way.
-        let batch =
-            |m| batch_teacher_forced_kv(m, &spec, &prompts, &batch_tokens, (1, 30), KvType::BF16);
+        let batch = |m| batch_run(m, &spec, &prompts, &batch_tokens, (1, 30), KvType::BF16).0;
         let (pooled, apart) = (batch(&narrow), batch(&narrow_apart));
         for (i, (x, y)) in pooled.iter().zip(&apart).enumerate() {
             check(x, y, by_position, format!("{name}: sequence {i} pooled"));

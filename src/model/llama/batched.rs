@@ -418,8 +418,8 @@ impl Transformer {
     }
 
     /// The tensors a pooled step needs that depend only on the batch's cache lengths before the
-    /// append (`lens`): where each sequence's new entry goes (`at`, `[batch·kv_heads, 1, 1]`, and
-    /// `index`, the same `[batch·kv_heads, 1, head_dim]` for the scatter) and, when the lengths
+    /// append (`lens`) and their `heads`: where each sequence's new entry goes (`at`, `[batch·heads,
+    /// 1, 1]`, and `index`, the same `[batch·heads, 1, head_dim]` for the scatter) and, when the lengths
     /// differ and the step attends to every entry (`masked`: not a sparse selection, which masks its
     /// own padding), the mask of each sequence's padding (`[batch, 1, 1, n]`, 0 or −∞, n the longest
     /// plus one). Built from host vectors (a copy to the device each), for the first layer of a step

@@ -297,10 +297,11 @@ def speed_kvbench(c):
 
 
 def speed_compressed(c):
-    """R-KV, SnapKV and H2O at B = 1,024 at the largest batch of the speed shapes, beside the full cache
-    in the same call (after transformers' step: the first H100 run spent its deadline here). Their rate
-    over full's is their per-step cost: at these lengths R-KV and SnapKV hold about as many entries as
-    full, and H2O evicts one entry per layer and step. Then H2O again with its scores on the host
+    """R-KV, SnapKV, H2O and LazyEviction at B = 1,024 at the largest batch of the speed shapes, beside the
+    full cache in the same call (after transformers' step: the first H100 run spent its deadline here).
+    Their rate over full's is their per-step cost: at these lengths R-KV and SnapKV hold about as many
+    entries as full, H2O evicts one entry per layer and step, and LazyEviction (keys per query head: seven
+    times the cache, pooled) reads every query head's attention row at every step. Then H2O again with its scores on the host
     (`KVBENCH_HOST_SCORES`, kvbench before a pooled batch kept them on the device): every layer's attention
     rows copied at every step against only the evicted entries' indices. Then R-KV and H2O with each
     sequence's compression scored and gathered on its own (`KVBENCH_COMPRESS_EACH`, kvbench before a pooled
@@ -308,7 +309,7 @@ def speed_compressed(c):
     s = speed_shapes(c)
     res = {"shapes": s}
     # (file name, policies, environment, suffix of their rates' names)
-    runs = [("compressed", "full,rkv,snapkv,h2o", None, ""),
+    runs = [("compressed", "full,rkv,snapkv,h2o,lazy", None, ""),
             ("h2o_host_scores", "h2o", {"KVBENCH_HOST_SCORES": "1"}, "_host_scores"),
             ("each", "rkv,h2o", {"KVBENCH_COMPRESS_EACH": "1"}, "_each")]
     rate = {}

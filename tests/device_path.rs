@@ -165,6 +165,7 @@ fn h2o_accumulating_in_the_pool_keeps_what_each_sequence_keeps_alone() {
     let specs = [
         vec![],
         vec!["gqa=mean-prob".to_string()],
+        vec!["gqa=per-query-head".to_string()],
         vec!["heavy_ratio=0.25".to_string()],
     ];
     for (args, together) in specs.iter().flat_map(|a| [(a, false), (a, true)]) {

@@ -196,9 +196,9 @@ impl Policy for H2o {
     }
 
     fn accumulation(&self, step: &StepInfo<'_>) -> Option<super::Accumulation> {
-        // Per query head the cache holds a head per query head and no group to sum: left on the
-        // host path, as the prefill (many rows a step) is.
-        if step.is_prefill || step.tokens.len() != 1 || self.config.gqa == GqaAgg::PerQueryHead {
+        // A decoding step's one row (prefill's many stay on the host). Under per-query-head storage
+        // each cache head is a query head, a group of one.
+        if step.is_prefill || step.tokens.len() != 1 {
             return None;
         }
         let (heavy, recent) = self.config.split(step.seen_after());

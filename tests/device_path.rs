@@ -149,30 +149,47 @@ fn a_batch_attending_through_pooled_caches_gives_each_sequence_its_own_logits() 
     }
 }
 
-/// H2O in a pooled batch on the path a GPU takes keeps its accumulated attention in the pool and
-/// has its evictions chosen there (`Policy::accumulation`); one sequence at a time it keeps them
-/// itself on the host. Both must keep the same entries with the same scores: on a random model's
-/// near-uniform attention a wrong score (an evicted entry's left in a new one's slot, a sequence's
-/// scores not handed over, a tie broken the other way) barely moves the logits, so the entries
-/// and the scores are compared. One batch shrinks to a single sequence part-way, which attends alone
-/// from then on and takes its scores back from the cache. The pool's gathers move member by member
-/// (the CPU's default) and for the pool at once (a GPU's).
+/// H2O and LazyEviction in a pooled batch on the path a GPU takes keep their per-entry scores in
+/// the pool (H2O's accumulated attention, LazyEviction's `TS` and `MRI`) and update them there
+/// (`Policy::accumulation`; H2O's evictions chosen there too); one sequence at a time they keep them
+/// themselves on the host. Both must keep the same entries with the same scores: on a random
+/// model's near-uniform attention a wrong score (an evicted entry's left in a new one's slot, a
+/// sequence's scores not handed over, a tie broken the other way) barely moves the logits, so the
+/// entries and the scores are compared. LazyEviction's threshold is set near the attention's mean,
+/// so that about half the entries count as important at each step. One batch shrinks to a single
+/// sequence part-way, which attends alone from then on and takes its scores back from the cache.
+/// The pool's gathers move member by member (the CPU's default) and for the pool at once (a GPU's).
 #[test]
-fn h2o_accumulating_in_the_pool_keeps_what_each_sequence_keeps_alone() {
+fn scores_kept_in_the_pool_keep_what_each_sequence_keeps_alone() {
     let (mut pooled, per_sequence) = pooled_and_per_sequence();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
     let (prompts, tokens) = batch_inputs(&mut rng);
-    let specs = [
-        vec![],
-        vec!["gqa=mean-prob".to_string()],
-        vec!["gqa=per-query-head".to_string()],
-        vec!["heavy_ratio=0.25".to_string()],
+    let specs: [(&str, &[&str]); 7] = [
+        ("h2o", &[]),
+        ("h2o", &["gqa=mean-prob"]),
+        ("h2o", &["gqa=per-query-head"]),
+        ("h2o", &["heavy_ratio=0.25"]),
+        ("lazy", &["window=8", "alpha=0.035"]),
+        (
+            "lazy",
+            &["window=8", "alpha=0.035", "init=paper", "order=positional"],
+        ),
+        ("lazy", &["window=8", "alpha=0.1", "gqa=mean-prob"]),
     ];
-    for (args, together) in specs.iter().flat_map(|a| [(a, false), (a, true)]) {
+    // What `take_accumulated` is told of the step: nothing it reads when it holds every entry.
+    let step = kvbench::policy::StepInfo {
+        seen_before: 0,
+        tokens: &[0],
+        generated: 1,
+        prompt_len: 0,
+        is_prefill: false,
+    };
+    for ((name, args), together) in specs.iter().flat_map(|s| [(s, false), (s, true)]) {
         pooled.transformer.set_batch_compressions(together);
-        let spec = kvbench::policy::PolicySpec::from_args("h2o", 24.0, args).unwrap();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let spec = kvbench::policy::PolicySpec::from_args(name, 24.0, &args).unwrap();
         for (batch, drop) in [(3, (1, 30)), (2, (0, 40))] {
-            let label = format!("h2o {args:?}, batch {batch}, together {together}");
+            let label = format!("{name} {args:?}, batch {batch}, together {together}");
             let run = |m| {
                 batch_run(
                     m,
@@ -184,6 +201,7 @@ fn h2o_accumulating_in_the_pool_keeps_what_each_sequence_keeps_alone() {
                 )
             };
             let ((_, mut a), (_, mut b)) = (run(&pooled), run(&per_sequence));
+            let mut evicted = false;
             for (i, (x, y)) in a.iter_mut().zip(b.iter_mut()).enumerate() {
                 // Pooled sequences hold their scores in the cache (one that left the batch, as it
                 // left it); the one that decoded its last steps alone holds them itself.
@@ -192,14 +210,16 @@ fn h2o_accumulating_in_the_pool_keeps_what_each_sequence_keeps_alone() {
                     let (cx, cy) = (x.cache.layer(l), y.cache.layer(l));
                     assert_eq!(cx.has_scores(), !alone, "{label}: sequence {i}, layer {l}");
                     assert!(!cy.has_scores());
+                    evicted |= cx.compressions() > 1;
                     for h in 0..cx.kv_heads() {
                         assert_eq!(cx.positions(h), cy.positions(h), "{label}: {i}, {l}, {h}");
                     }
+                    let (heads, n) = (cx.kv_heads(), cx.len());
                     let sx = match cx.has_scores() {
                         true => cx.read_scores().unwrap(),
-                        false => x.policy.take_accumulated(l),
+                        false => x.policy.take_accumulated(&step, l, heads, n),
                     };
-                    let sy = y.policy.take_accumulated(l);
+                    let sy = y.policy.take_accumulated(&step, l, heads, n);
                     assert_eq!(sx.len(), sy.len(), "{label}: sequence {i}, layer {l}");
                     for (p, q) in sx.iter().zip(&sy) {
                         assert!(!p.is_empty());
@@ -208,6 +228,7 @@ fn h2o_accumulating_in_the_pool_keeps_what_each_sequence_keeps_alone() {
                     }
                 }
             }
+            assert!(evicted, "{label}: nothing was evicted while decoding");
         }
     }
 }

@@ -31,7 +31,7 @@ pub struct LayerCache {
     v: Tensor,
     kivi: Option<kivi::KiviStore>,
     /// Scores a policy keeps per entry in the cache rather than in itself (H2O's accumulated
-    /// attention in a decoding batch on a device, see [`scores`]): `[kv_heads, capacity, 1]` f32,
+    /// attention in a decoding batch on a device, see [`scores`]): `[kv_heads, capacity, width]` f32,
     /// appended (zero), moved by gathers, grown and pooled with the keys and values. `None` while the
     /// policy keeps them itself (and always under KIVI).
     scores: Option<Tensor>,
@@ -526,7 +526,7 @@ impl LayerCache {
         gather(&self.k, wk)?;
         gather(&self.v, wv)?;
         match &self.scores {
-            Some(s) => gather(s, 1),
+            Some(s) => gather(s, s.dim(2)?),
             None => Ok(()),
         }
     }

@@ -24,7 +24,7 @@ pub struct PoolSlot {
     /// `[slots·kv_heads, capacity, width]` keys and values; the member's own buffers are views of them.
     keys: Tensor,
     values: Tensor,
-    /// `[slots·kv_heads, capacity, 1]`: the members' per-entry scores ([`LayerCache::scores`]), made
+    /// `[slots·kv_heads, capacity, width]`: the members' per-entry scores ([`LayerCache::scores`]), made
     /// when a member has some ([`pooled_scores`]).
     scores: Option<Tensor>,
 }
@@ -135,9 +135,9 @@ fn rebuild(caches: &mut [&mut LayerCache], needed: usize) -> Result<(Tensor, Ten
     }
     let keys = Tensor::zeros((n * heads, cap, wk), dk, &device)?;
     let values = Tensor::zeros((n * heads, cap, wv), dv, &device)?;
-    let scores = match caches.iter().any(|c| c.scores.is_some()) {
-        true => Some(Tensor::zeros((n * heads, cap, 1), DType::F32, &device)?),
-        false => None,
+    let scores = match caches.iter().map(|c| c.score_width()).max().unwrap_or(0) {
+        0 => None,
+        w => Some(Tensor::zeros((n * heads, cap, w), DType::F32, &device)?),
     };
     let id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
     for (i, c) in caches.iter_mut().enumerate() {
@@ -155,6 +155,9 @@ fn rebuild(caches: &mut [&mut LayerCache], needed: usize) -> Result<(Tensor, Ten
         c.v = v;
         // A member without scores keeps none (its slot's rows stay unused until it has some).
         if let (Some(to), Some(from)) = (&s, &c.scores) {
+            if to.dim(2)? != from.dim(2)? {
+                candle_core::bail!("pool: members keep scores of different widths");
+            }
             copy(to, from)?;
             c.scores = s;
         }
@@ -215,7 +218,10 @@ pub fn settle_gathers(caches: &mut [&mut LayerCache]) -> Result<Vec<usize>> {
     }
     let p = caches[0].pool.as_ref().expect("checked above");
     let index = Tensor::from_vec(rows, n * heads * m, p.keys.device())?;
-    let scores = p.scores.as_ref().map(|s| (s, 1));
+    let scores = match &p.scores {
+        Some(s) => Some((s, s.dim(2)?)),
+        None => None,
+    };
     for (buf, w) in [(&p.keys, wk), (&p.values, wv)].into_iter().chain(scores) {
         let kept = buf.reshape((n * slot_rows, w))?.index_select(&index, 0)?;
         buf.slice_set(&kept.reshape((n * heads, m, w))?, 1, 0)?;
@@ -223,12 +229,14 @@ pub fn settle_gathers(caches: &mut [&mut LayerCache]) -> Result<Vec<usize>> {
     Ok(moved)
 }
 
-/// The pool's per-entry scores, `[slots·kv_heads, capacity, 1]`, for `caches`, the members of one
-/// pool in slot order ([`pooled`] first): made (zero) if the pool has none yet, and each member
-/// without scores given its slot's rows, holding `handed[i]` (one vector per head, at most its
-/// entries, the rest zero: see [`LayerCache::take_scores`]). Members that have scores keep theirs.
+/// The pool's per-entry scores, `[slots·kv_heads, capacity, width]`, for `caches`, the members of
+/// one pool in slot order ([`pooled`] first): made (zero) if the pool has none yet, and each member
+/// without scores given its slot's rows, holding `handed(i)` (one vector per head, at most its
+/// entries' scores, the rest zero: see [`LayerCache::take_scores`]). Members that have scores keep
+/// theirs.
 pub fn pooled_scores(
     caches: &mut [&mut LayerCache],
+    width: usize,
     mut handed: impl FnMut(usize) -> Vec<Vec<f32>>,
 ) -> Result<Tensor> {
     let n = caches.len();
@@ -243,10 +251,14 @@ pub fn pooled_scores(
         candle_core::bail!("pooled_scores: {n} caches that are not one pool's slots in order");
     }
     let scores = match &p.scores {
-        Some(s) => s.clone(),
+        Some(s) if s.dim(2)? == width => s.clone(),
+        Some(s) => candle_core::bail!(
+            "pooled_scores: the pool keeps {} scores an entry, not {width}",
+            s.dim(2)?
+        ),
         None => {
             let (rows, cap, _) = p.keys.dims3()?;
-            let s = Tensor::zeros((rows, cap, 1), DType::F32, p.keys.device())?;
+            let s = Tensor::zeros((rows, cap, width), DType::F32, p.keys.device())?;
             for c in caches.iter_mut() {
                 if let Some(slot) = c.pool.as_mut() {
                     slot.scores = Some(s.clone());

@@ -19,22 +19,24 @@ impl LayerCache {
         self.scores.is_some()
     }
 
-    /// Bytes of the per-entry scores held (f32 per entry and head; zero when none).
-    pub fn score_bytes(&self) -> usize {
-        match self.scores {
-            Some(_) => self.kv_heads * self.len * 4,
-            None => 0,
-        }
+    /// Scores per entry and head (1 for H2O's sum; 0 when the cache holds none).
+    pub fn score_width(&self) -> usize {
+        self.scores.as_ref().map_or(0, |s| s.dim(2).unwrap_or(0))
     }
 
-    /// The scores of every head's entries, `[kv_heads][len]`, copied to the host (an error when
-    /// the cache holds none).
+    /// Bytes of the per-entry scores held (f32 each; zero when none).
+    pub fn score_bytes(&self) -> usize {
+        self.kv_heads * self.len * self.score_width() * 4
+    }
+
+    /// The scores of every head's entries, `[kv_heads][len · width]` (an entry's `width` together),
+    /// copied to the host (an error when the cache holds none).
     pub fn read_scores(&self) -> Result<Vec<Vec<f32>>> {
         self.assert_settled();
         let Some(s) = &self.scores else {
             candle_core::bail!("read_scores: the cache holds no scores");
         };
-        let held = s.narrow(1, 0, self.len)?.squeeze(2)?;
+        let held = s.narrow(1, 0, self.len)?.flatten_from(1)?;
         held.to_dtype(DType::F32)?.to_vec2::<f32>()
     }
 
@@ -49,29 +51,29 @@ impl LayerCache {
         Ok(Some(scores))
     }
 
-    /// Writes `acc` (per head, at most `len` scores; the rest of the entries zero) into the scores
-    /// buffer, which must exist.
+    /// Writes `acc` (per head, at most `len · width` scores, an entry's together; the rest zero)
+    /// into the scores buffer, which must exist.
     pub(super) fn write_scores(&self, acc: &[Vec<f32>]) -> Result<()> {
         let Some(s) = &self.scores else {
             candle_core::bail!("write_scores: the cache holds no scores buffer");
         };
-        if self.len == 0 {
+        let row = self.len * s.dim(2)?;
+        if row == 0 {
             return Ok(());
         }
-        if acc.len() > self.kv_heads || acc.iter().any(|a| a.len() > self.len) {
+        if acc.len() > self.kv_heads || acc.iter().any(|a| a.len() > row) {
             candle_core::bail!(
-                "write_scores: {} heads of up to {} scores for {} heads of {} entries",
+                "write_scores: {} heads of up to {} scores for {} heads of {row}",
                 acc.len(),
                 acc.iter().map(Vec::len).max().unwrap_or(0),
                 self.kv_heads,
-                self.len
             );
         }
-        let mut flat = vec![0f32; self.kv_heads * self.len];
-        for (row, a) in flat.chunks_exact_mut(self.len).zip(acc) {
-            row[..a.len()].copy_from_slice(a);
+        let mut flat = vec![0f32; self.kv_heads * row];
+        for (to, a) in flat.chunks_exact_mut(row).zip(acc) {
+            to[..a.len()].copy_from_slice(a);
         }
-        let rows = Tensor::from_vec(flat, (self.kv_heads, self.len, 1), s.device())?;
+        let rows = Tensor::from_vec(flat, (self.kv_heads, self.len, s.dim(2)?), s.device())?;
         s.slice_set(&rows, 1, 0)
     }
 
@@ -79,7 +81,7 @@ impl LayerCache {
     pub(super) fn zero_scores(&self, from: usize, t: usize) -> Result<()> {
         match &self.scores {
             Some(s) => s.slice_set(
-                &Tensor::zeros((self.kv_heads, t, 1), DType::F32, s.device())?,
+                &Tensor::zeros((self.kv_heads, t, s.dim(2)?), DType::F32, s.device())?,
                 1,
                 from,
             ),

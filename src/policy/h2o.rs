@@ -202,14 +202,20 @@ impl Policy for H2o {
             return None;
         }
         let (heavy, recent) = self.config.split(step.seen_after());
-        Some(super::Accumulation {
+        Some(super::Accumulation::Sum {
             norm: self.norm(self.group?),
             keep: heavy + recent,
             recent,
         })
     }
 
-    fn take_accumulated(&mut self, layer: usize) -> Vec<Vec<f32>> {
+    fn take_accumulated(
+        &mut self,
+        _step: &StepInfo<'_>,
+        layer: usize,
+        _heads: usize,
+        _n: usize,
+    ) -> Vec<Vec<f32>> {
         self.acc
             .get_mut(layer)
             .map(std::mem::take)

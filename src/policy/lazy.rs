@@ -124,14 +124,38 @@ impl Tracker {
         self.ts = kept.iter().map(|&j| self.ts[j]).collect();
         self.mri = kept.iter().map(|&j| self.mri[j]).collect();
     }
+
+    /// The first `m` entries as a cache keeps them ([`super::Accumulation::Recurrence`]): `(TS,
+    /// MRI)` of each as f32 (exact: step counters stay below 2²⁴ there), padded with new entries'
+    /// `(start, 0)`.
+    pub fn to_scores(&self, m: usize, start: u64) -> Vec<f32> {
+        (0..m)
+            .flat_map(|j| match j < self.ts.len() {
+                true => [self.ts[j] as f32, self.mri[j] as f32],
+                false => [start as f32, 0.0],
+            })
+            .collect()
+    }
+
+    /// The bookkeeping of the first `m` entries of `scores` ([`Self::to_scores`]'s layout).
+    pub fn from_scores(scores: &[f32], m: usize) -> Self {
+        let pairs = scores.chunks_exact(2).take(m);
+        Self {
+            ts: pairs.clone().map(|p| p[0] as u64).collect(),
+            mri: pairs.map(|p| p[1] as u64).collect(),
+        }
+    }
 }
 
 #[derive(Clone)]
 pub struct LazyEviction {
     config: Config,
     alpha: f32,
-    /// Per layer, per cache head.
+    /// Per layer, per cache head (empty for a layer whose cache holds them:
+    /// [`Policy::accumulation`]).
     trackers: Vec<Vec<Tracker>>,
+    /// Query heads per cache head, once the first call told it.
+    group: Option<usize>,
 }
 
 impl LazyEviction {
@@ -141,7 +165,47 @@ impl LazyEviction {
             config,
             alpha,
             trackers: Vec::new(),
+            group: None,
         }
+    }
+
+    /// A new entry's `TS` at step `t`.
+    fn start(&self, t: u64) -> u64 {
+        match self.config.init {
+            LazyInit::Code => t - 1,
+            LazyInit::Paper => t,
+        }
+    }
+
+    /// The eviction at step `t` once the cache holds `n` entries (none between evictions or within
+    /// `Cap`): per head, the kept entries, its trackers gathered alike.
+    fn evict(
+        &self,
+        trackers: &mut [Tracker],
+        t: u64,
+        seen: usize,
+        n: usize,
+    ) -> Option<Vec<Vec<usize>>> {
+        let c = &self.config;
+        let cap = c.cap(seen);
+        if n <= cap || !t.is_multiple_of(c.window as u64) {
+            return None;
+        }
+        let old = n - c.window;
+        Some(
+            trackers
+                .iter_mut()
+                .map(|tr| {
+                    let mut top = super::score::top_k(&tr.scores(t, old), cap - c.window);
+                    if c.order == KeptOrder::Positional {
+                        top.sort_unstable();
+                    }
+                    top.extend(old..n);
+                    tr.gather(&top);
+                    top
+                })
+                .collect(),
+        )
     }
 }
 
@@ -176,13 +240,38 @@ impl Policy for LazyEviction {
         if step.is_prefill {
             return Ok(());
         }
-        let ((heads, g, _, n), p) = super::host_probs(view, "lazy")?;
         let t = step.generated as u64;
+        if view.accumulated.is_some() {
+            // The engine updated the bookkeeping the cache holds: read only to evict.
+            let (n, heads) = (cache.len(), cache.kv_heads());
+            if n <= self.config.cap(step.seen_after())
+                || !t.is_multiple_of(self.config.window as u64)
+            {
+                return Ok(());
+            }
+            let held = cache.read_scores()?;
+            let mut trackers: Vec<Tracker> = (0..heads)
+                .map(|h| Tracker::from_scores(&held[h], n))
+                .collect();
+            return match self.evict(&mut trackers, t, step.seen_after(), n) {
+                Some(kept) => cache.gather(&kept),
+                None => Ok(()),
+            };
+        }
+        // Bookkeeping the cache held (a device batch's) comes back first, but for this step's new
+        // entries, which the cache started at zero.
+        if let Some(held) = cache.take_scores()? {
+            let m = cache.len() - step.tokens.len();
+            *layer_slot(&mut self.trackers, view.layer) =
+                held.iter().map(|h| Tracker::from_scores(h, m)).collect();
+        }
+        let ((heads, g, _, n), p) = super::host_probs(view, "lazy")?;
         let (alpha, init) = (self.alpha, self.config.init);
-        let trackers = layer_slot(&mut self.trackers, view.layer);
-        trackers.resize(heads, Tracker::default());
         // The group's size: `g`, unless the engine summed each group already (`group_sum_probs`).
         let group = view.queries.dim(0)? / heads;
+        self.group = Some(group);
+        let trackers = layer_slot(&mut self.trackers, view.layer);
+        trackers.resize(heads, Tracker::default());
         for (h, tr) in trackers.iter_mut().enumerate() {
             // Mean over the group (a group of one under per-query-head storage): the sum in the
             // group's order (the engine's own, when it gives one), over the group's size.
@@ -193,25 +282,44 @@ impl Policy for LazyEviction {
             mean.iter_mut().for_each(|m| *m /= group as f32);
             tr.observe(t, &mean, alpha, init);
         }
-        let c = &self.config;
-        let cap = c.cap(step.seen_after());
-        if n <= cap || !t.is_multiple_of(c.window as u64) {
-            return Ok(());
+        let mut trackers = std::mem::take(&mut self.trackers[view.layer]);
+        let kept = self.evict(&mut trackers, t, step.seen_after(), n);
+        self.trackers[view.layer] = trackers;
+        match kept {
+            Some(kept) => cache.gather(&kept),
+            None => Ok(()),
         }
-        let old = n - c.window;
-        let kept: Vec<Vec<usize>> = trackers
-            .iter_mut()
-            .map(|tr| {
-                let mut top = super::score::top_k(&tr.scores(t, old), cap - c.window);
-                if c.order == KeptOrder::Positional {
-                    top.sort_unstable();
-                }
-                top.extend(old..n);
-                tr.gather(&top);
-                top
-            })
-            .collect();
-        cache.gather(&kept)
+    }
+
+    fn accumulation(&self, step: &StepInfo<'_>) -> Option<super::Accumulation> {
+        // A decoding step (none at prefill), while the counters are exact in f32.
+        let t = step.generated as u64;
+        if step.is_prefill || step.tokens.len() != 1 || t >= 1 << 24 {
+            return None;
+        }
+        Some(super::Accumulation::Recurrence {
+            group: self.group?,
+            alpha: self.alpha,
+            t: t as u32,
+            start: self.start(t) as u32,
+        })
+    }
+
+    fn take_accumulated(
+        &mut self,
+        step: &StepInfo<'_>,
+        layer: usize,
+        heads: usize,
+        n: usize,
+    ) -> Vec<Vec<f32>> {
+        let start = self.start(step.generated as u64);
+        let mut trackers = self
+            .trackers
+            .get_mut(layer)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        trackers.resize(heads, Tracker::default());
+        trackers.iter().map(|tr| tr.to_scores(n, start)).collect()
     }
 
     fn state_bytes(&self) -> usize {

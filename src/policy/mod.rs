@@ -97,22 +97,62 @@ pub struct AttentionView<'a> {
     /// The scores of the compression this call makes, when the engine computed them for a batch at
     /// once on the device ([`Policy::score_request`]); `None`: the policy scores for itself.
     pub scores: Option<&'a WindowScores>,
-    /// Set when the engine accumulated this step's attention into the scores the cache holds, by
-    /// [`Policy::accumulation`]'s rule: per cache head, the entry that rule evicts (read only when
-    /// the cache holds exactly one entry more than the rule keeps). `probs` is then `None`.
+    /// Set when the engine applied this step's attention to the scores the cache holds, by
+    /// [`Policy::accumulation`]'s rule: under [`Accumulation::Sum`], per cache head, the entry that
+    /// rule evicts (read only when the cache holds exactly one entry more than the rule keeps).
+    /// `probs` is then `None`.
     pub accumulated: Option<&'a [u32]>,
 }
 
-/// How the engine may keep a policy's per-entry scores in the cache and choose its evictions where
-/// the attention is ([`Policy::accumulation`]): add each cache head's attention probabilities (its
-/// group's sum) times `norm` to its entries' scores, then, when the cache holds `keep + 1` entries,
-/// evict per head the entry of least score among all but the `recent` newest (ties: the newest of
-/// them; NaN below everything), as [`score::top_k`] keeping the others would.
+/// How the engine may keep a policy's per-entry scores in the cache and update them where the
+/// attention is ([`Policy::accumulation`]). Each cache head's attention row is its query group's
+/// sum (one query head's under per-query-head storage).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Accumulation {
-    pub norm: f32,
-    pub keep: usize,
-    pub recent: usize,
+pub enum Accumulation {
+    /// One score per entry (H2O): add the row times `norm`; then, when the cache holds `keep + 1`
+    /// entries, evict per head the entry of least score among all but the `recent` newest (ties:
+    /// the newest of them; NaN below everything), as [`score::top_k`] keeping the others would.
+    Sum {
+        norm: f32,
+        keep: usize,
+        recent: usize,
+    },
+    /// Two per entry (LazyEviction's `TS`, `MRI`; f32, exact integers below 2²⁴ steps): where the
+    /// row over `group` is at least `alpha`, `MRI ← max(MRI, t − TS)` and `TS ← t`; a new entry
+    /// starts at (`start`, 0). The policy decides its evictions from them on the host.
+    Recurrence {
+        group: usize,
+        alpha: f32,
+        t: u32,
+        start: u32,
+    },
+}
+
+impl Accumulation {
+    /// Scores per entry.
+    pub fn width(&self) -> usize {
+        match self {
+            Accumulation::Sum { .. } => 1,
+            Accumulation::Recurrence { .. } => 2,
+        }
+    }
+
+    /// Whether two sequences' rules can be applied by one set of operations: the same kind, norm,
+    /// group and threshold (the step counters and budgets are per row).
+    pub fn batches_with(&self, other: &Accumulation) -> bool {
+        match (self, other) {
+            (Accumulation::Sum { norm: a, .. }, Accumulation::Sum { norm: b, .. }) => a == b,
+            (
+                Accumulation::Recurrence {
+                    group: g, alpha: a, ..
+                },
+                Accumulation::Recurrence {
+                    group: h, alpha: b, ..
+                },
+            ) => g == h && a == b,
+            _ => false,
+        }
+    }
 }
 
 /// What an observation-window compression scores ([`device_score::window_scores`] and, for R-KV,
@@ -191,10 +231,17 @@ pub trait Policy: Send {
         None
     }
 
-    /// Hands layer `layer`'s per-entry scores (one vector per cache head, in storage order) over to
-    /// the cache, keeping none: called before the engine first accumulates into the cache
-    /// ([`Policy::accumulation`]).
-    fn take_accumulated(&mut self, _layer: usize) -> Vec<Vec<f32>> {
+    /// Hands layer `layer`'s per-entry scores over to the cache, keeping none: one vector per cache
+    /// head (`heads`) of the first `n` entries' scores in storage order (an entry's
+    /// [`Accumulation::width`] together; missing ones are zero), `n` counting this `step`'s new
+    /// entry. Called before the engine first accumulates into the cache ([`Policy::accumulation`]).
+    fn take_accumulated(
+        &mut self,
+        _step: &StepInfo<'_>,
+        _layer: usize,
+        _heads: usize,
+        _n: usize,
+    ) -> Vec<Vec<f32>> {
         Vec::new()
     }
 

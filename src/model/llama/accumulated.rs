@@ -18,10 +18,10 @@ use crate::policy::{accumulate, Accumulation, StepInfo};
 use candle_core::{DType, Tensor};
 
 impl Transformer {
-    /// Every sequence's accumulation rule at this step, when all accumulate and with one `norm`
-    /// (one multiplication for the batch); `None`: the policies read their probabilities, as they
-    /// also do under `KVBENCH_HOST_SCORES` (any value: kvbench before, to measure the difference on
-    /// a GPU, which the check does).
+    /// Every sequence's accumulation rule at this step, when all accumulate by rules one set of
+    /// operations applies ([`Accumulation::batches_with`]); `None`: the policies read their
+    /// probabilities, as they also do under `KVBENCH_HOST_SCORES` (any value: kvbench before, to
+    /// measure the difference on a GPU, which the check does).
     pub(super) fn batch_accumulation(
         batch: &[SeqInput<'_>],
         steps: &[StepInfo],
@@ -35,52 +35,91 @@ impl Transformer {
             .zip(steps)
             .map(|(s, step)| s.state.policy.accumulation(step))
             .collect::<Option<_>>()?;
-        let norm = rules.first()?.norm;
-        rules.iter().all(|r| r.norm == norm).then_some(rules)
+        let first = *rules.first()?;
+        rules
+            .iter()
+            .all(|r| r.batches_with(&first))
+            .then_some(rules)
     }
 
-    /// Layer `l` of a pooled batch: adds `probs` (`[batch·kv_heads, group, n]`, f32, padding zero)
-    /// to the pool's scores under `rules` (each sequence's; `lens` its entries before this step's)
-    /// and returns each row's eviction, `[batch·kv_heads]` u32, still on the device. A sequence
-    /// whose cache holds no scores yet hands its policy's over first.
+    /// Layer `l` of a pooled batch: applies `probs` (`[batch·heads, group, n]`, f32, padding zero)
+    /// to the pool's scores under `rules` (each sequence's, all of one kind; `lens` its entries
+    /// before this step's) and returns each row's eviction (`[batch·heads]` u32, still on the
+    /// device; zero under [`Accumulation::Recurrence`], whose policy decides on the host). A
+    /// sequence whose cache holds no scores yet hands its policy's over first.
     pub(super) fn accumulate_pooled(
         &self,
         l: usize,
         probs: &Tensor,
         lens: &[usize],
         rules: &[Accumulation],
-        batch: &mut [SeqInput<'_>],
+        (batch, steps): (&mut [SeqInput<'_>], &[StepInfo]),
     ) -> candle_core::Result<Tensor> {
-        let hkv = Self::pool_heads(batch);
-        let rows = batch.len() * hkv;
+        let heads = Self::pool_heads(batch);
+        let rows = batch.len() * heads;
         let n = probs.dim(2)?;
+        let width = rules[0].width();
         let mut handed: Vec<Vec<Vec<f32>>> = batch
             .iter_mut()
-            .map(|s| match s.state.cache.layer(l).has_scores() {
-                true => Vec::new(),
-                false => s.state.policy.take_accumulated(l),
-            })
+            .zip(steps)
+            .zip(lens)
+            .map(
+                |((s, step), &len)| match s.state.cache.layer(l).has_scores() {
+                    true => Vec::new(),
+                    false => s.state.policy.take_accumulated(step, l, heads, len + 1),
+                },
+            )
             .collect();
-        let scores = pool::pooled_scores(&mut Self::layer_caches(batch, l), |i| {
+        let scores = pool::pooled_scores(&mut Self::layer_caches(batch, l), width, |i| {
             std::mem::take(&mut handed[i])
         })?;
-        let at = self.pool_inputs(lens, hkv, true)?.at;
-        let (old, col) = self.accumulate_inputs(lens, hkv, rules, n)?;
-        // This step's entries start at zero (their slot may hold an evicted entry's score).
-        scores.scatter_set(
-            &at,
-            &Tensor::zeros((rows, 1, 1), DType::F32, &self.device)?,
-            1,
-        )?;
-        let sums = super::probs_for_policy(probs.clone(), true)?.reshape((rows, n, 1))?;
-        let norm = rules[0].norm;
-        let sums = match norm == 1.0 {
-            true => sums,
-            false => (sums * f64::from(norm))?,
-        };
-        let updated = (scores.narrow(1, 0, n)? + sums)?;
-        scores.slice_set(&updated, 1, 0)?;
-        accumulate::least_scored(&updated.squeeze(2)?, &old, &col)
+        // This step's entries start from the rule's first scores (their slot may hold an evicted
+        // entry's).
+        let at = self.pool_inputs(lens, heads, true)?.at;
+        let at = at.broadcast_as((rows, 1, width))?.contiguous()?;
+        let first: Vec<f32> = (0..rows)
+            .flat_map(|r| match rules[r / heads] {
+                Accumulation::Sum { .. } => vec![0.0],
+                Accumulation::Recurrence { start, .. } => vec![start as f32, 0.0],
+            })
+            .collect();
+        let first = Tensor::from_vec(first, (rows, 1, width), &self.device)?;
+        scores.scatter_set(&at, &first, 1)?;
+        // Each head's row: its group's sum (a group of one is as it is).
+        let sums = super::probs_for_policy(probs.clone(), true)?.reshape((rows, n))?;
+        let held = scores.narrow(1, 0, n)?;
+        match rules[0] {
+            Accumulation::Sum { norm, .. } => {
+                let sums = match norm == 1.0 {
+                    true => sums,
+                    false => (sums * f64::from(norm))?,
+                };
+                let updated = (held.squeeze(2)? + sums)?;
+                scores.slice_set(&updated.unsqueeze(2)?, 1, 0)?;
+                let (old, col) = self.accumulate_inputs(lens, heads, rules, n)?;
+                accumulate::least_scored(&updated, &old, &col)
+            }
+            Accumulation::Recurrence { group, alpha, .. } => {
+                let dev = &self.device;
+                // The group's mean, divided as the host divides (not multiplied by an inverse).
+                let mean = sums.broadcast_div(&Tensor::new(group as f32, dev)?)?;
+                let important = mean.broadcast_ge(&Tensor::new(alpha, dev)?)?;
+                let t: Vec<f32> = (0..rows)
+                    .map(|r| match rules[r / heads] {
+                        Accumulation::Recurrence { t, .. } => t as f32,
+                        Accumulation::Sum { .. } => 0.0,
+                    })
+                    .collect();
+                let t = Tensor::from_vec(t, (rows, 1), dev)?.broadcast_as((rows, n))?;
+                let ts = held.narrow(2, 0, 1)?.squeeze(2)?;
+                let mri = held.narrow(2, 1, 1)?.squeeze(2)?;
+                let gap = (&t - &ts)?;
+                let mri = important.where_cond(&mri.maximum(&gap)?, &mri)?;
+                let ts = important.where_cond(&t.contiguous()?, &ts)?;
+                scores.slice_set(&Tensor::stack(&[ts, mri], 2)?, 1, 0)?;
+                Tensor::zeros(rows, DType::U32, dev)
+            }
+        }
     }
 
     /// The step's eviction candidates and columns, kept from layer to layer (each is a copy to the
@@ -96,10 +135,10 @@ impl Transformer {
     ) -> candle_core::Result<(Tensor, Tensor)> {
         let old: Vec<u32> = (0..lens.len() * hkv)
             .map(|r| {
-                let (held, rule) = (lens[r / hkv] + 1, rules[r / hkv]);
-                match held > rule.keep {
-                    true => (held - rule.recent) as u32,
-                    false => 0,
+                let held = lens[r / hkv] + 1;
+                match rules[r / hkv] {
+                    Accumulation::Sum { keep, recent, .. } if held > keep => (held - recent) as u32,
+                    _ => 0,
                 }
             })
             .collect();

@@ -196,7 +196,7 @@ impl Transformer {
                 // Accumulated where the probabilities are: only the evictions will be copied.
                 Some(rules) => DeferredProbs::Accumulated {
                     q: q.clone(),
-                    evictions: self.accumulate_pooled(l, &probs, &lens, &rules, batch)?,
+                    evictions: self.accumulate_pooled(l, &probs, &lens, &rules, (batch, steps))?,
                 },
                 None => {
                     // Summed over each group when every reader reads only that (one operation for

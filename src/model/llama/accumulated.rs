@@ -76,15 +76,12 @@ impl Transformer {
         // This step's entries start from the rule's first scores (their slot may hold an evicted
         // entry's).
         let at = self.pool_inputs(lens, heads, true)?.at;
-        let at = at.broadcast_as((rows, 1, width))?.contiguous()?;
-        let first: Vec<f32> = (0..rows)
-            .flat_map(|r| match rules[r / heads] {
-                Accumulation::Sum { .. } => vec![0.0],
-                Accumulation::Recurrence { start, .. } => vec![start as f32, 0.0],
-            })
-            .collect();
-        let first = Tensor::from_vec(first, (rows, 1, width), &self.device)?;
-        scores.scatter_set(&at, &first, 1)?;
+        let at = match width {
+            1 => at,
+            w => at.broadcast_as((rows, 1, w))?.contiguous()?,
+        };
+        let inputs = self.accumulate_inputs(lens, heads, rules, n)?;
+        scores.scatter_set(&at, &inputs.first, 1)?;
         // Each head's row: its group's sum (a group of one is as it is).
         let sums = super::probs_for_policy(probs.clone(), true)?.reshape((rows, n))?;
         let held = scores.narrow(1, 0, n)?;
@@ -96,21 +93,14 @@ impl Transformer {
                 };
                 let updated = (held.squeeze(2)? + sums)?;
                 scores.slice_set(&updated.unsqueeze(2)?, 1, 0)?;
-                let (old, col) = self.accumulate_inputs(lens, heads, rules, n)?;
-                accumulate::least_scored(&updated, &old, &col)
+                accumulate::least_scored(&updated, &inputs.old, &inputs.col)
             }
             Accumulation::Recurrence { group, alpha, .. } => {
                 let dev = &self.device;
                 // The group's mean, divided as the host divides (not multiplied by an inverse).
                 let mean = sums.broadcast_div(&Tensor::new(group as f32, dev)?)?;
                 let important = mean.broadcast_ge(&Tensor::new(alpha, dev)?)?;
-                let t: Vec<f32> = (0..rows)
-                    .map(|r| match rules[r / heads] {
-                        Accumulation::Recurrence { t, .. } => t as f32,
-                        Accumulation::Sum { .. } => 0.0,
-                    })
-                    .collect();
-                let t = Tensor::from_vec(t, (rows, 1), dev)?.broadcast_as((rows, n))?;
+                let t = inputs.t.broadcast_as((rows, n))?;
                 let ts = held.narrow(2, 0, 1)?.squeeze(2)?;
                 let mri = held.narrow(2, 1, 1)?.squeeze(2)?;
                 let gap = (&t - &ts)?;
@@ -122,50 +112,78 @@ impl Transformer {
         }
     }
 
-    /// The step's eviction candidates and columns, kept from layer to layer (each is a copy to the
-    /// device): per row of the pool, the entries its eviction may take (`[rows, 1]`, [`Accumulation`]'s
-    /// rule: all but the recent ones when the cache holds more than it keeps, else none), and the
-    /// columns `0..n` (`[1, n]`).
+    /// The tensors a step's rules give, kept from layer to layer while the rules, lengths and heads
+    /// are the same (each is a copy to the device): per row of the pool, its new entry's first
+    /// scores (`[rows, 1, width]`), and under [`Accumulation::Sum`] the entries its eviction may
+    /// take (`[rows, 1]`: all but the recent ones when the cache holds more than it keeps, else
+    /// none) and the columns `0..n` (`[1, n]`), under [`Accumulation::Recurrence`] its step `t`
+    /// (`[rows, 1]`).
     fn accumulate_inputs(
         &self,
         lens: &[usize],
-        hkv: usize,
+        heads: usize,
         rules: &[Accumulation],
         n: usize,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
-        let old: Vec<u32> = (0..lens.len() * hkv)
-            .map(|r| {
-                let held = lens[r / hkv] + 1;
-                match rules[r / hkv] {
-                    Accumulation::Sum { keep, recent, .. } if held > keep => (held - recent) as u32,
-                    _ => 0,
-                }
-            })
-            .collect();
+    ) -> candle_core::Result<StepTensors> {
         let mut memo = self
             .accumulate_inputs
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = memo.as_ref().filter(|m| m.old == old && m.n == n) {
-            return Ok((m.old_t.clone(), m.col_t.clone()));
+        let same = |m: &&Inputs| m.lens == lens && m.heads == heads && m.rules == rules && m.n == n;
+        if let Some(m) = memo.as_ref().filter(same) {
+            return Ok(m.tensors.clone());
         }
-        let dev = &self.device;
-        let inputs = Inputs {
-            old_t: Tensor::from_slice(&old, (old.len(), 1), dev)?,
-            col_t: Tensor::arange(0u32, n as u32, dev)?.reshape((1, n))?,
-            old,
-            n,
+        let rows = lens.len() * heads;
+        let per_row = |f: &dyn Fn(usize, &Accumulation) -> Vec<f32>| -> Vec<f32> {
+            (0..rows)
+                .flat_map(|r| f(lens[r / heads] + 1, &rules[r / heads]))
+                .collect()
         };
-        let out = (inputs.old_t.clone(), inputs.col_t.clone());
-        *memo = Some(inputs);
-        Ok(out)
+        let dev = &self.device;
+        let width = rules.first().map_or(1, Accumulation::width);
+        let first = per_row(&|_, rule| match *rule {
+            Accumulation::Sum { .. } => vec![0.0],
+            Accumulation::Recurrence { start, .. } => vec![start as f32, 0.0],
+        });
+        // Exact in f32: entry counts and steps below 2²⁴ (`Accumulation::Recurrence`'s bound).
+        let second = per_row(&|held, rule| match *rule {
+            Accumulation::Sum { keep, recent, .. } if held > keep => vec![(held - recent) as f32],
+            Accumulation::Sum { .. } => vec![0.0],
+            Accumulation::Recurrence { t, .. } => vec![t as f32],
+        });
+        let second = Tensor::from_vec(second, (rows, 1), dev)?;
+        let tensors = StepTensors {
+            first: Tensor::from_vec(first, (rows, 1, width), dev)?,
+            old: second.to_dtype(DType::U32)?,
+            t: second,
+            col: Tensor::arange(0u32, n as u32, dev)?.reshape((1, n))?,
+        };
+        *memo = Some(Inputs {
+            lens: lens.to_vec(),
+            heads,
+            rules: rules.to_vec(),
+            n,
+            tensors: tensors.clone(),
+        });
+        Ok(tensors)
     }
 }
 
-/// [`Transformer::accumulate_inputs`]'s last tensors and the values they hold.
+/// [`Transformer::accumulate_inputs`]'s last tensors and what they were built for.
 pub(super) struct Inputs {
-    old: Vec<u32>,
+    lens: Vec<usize>,
+    heads: usize,
+    rules: Vec<Accumulation>,
     n: usize,
-    old_t: Tensor,
-    col_t: Tensor,
+    tensors: StepTensors,
+}
+
+/// A step's tensors of [`Transformer::accumulate_inputs`]: `old` and `t` are one per row (u32 and
+/// f32), read by `Sum` and `Recurrence` respectively.
+#[derive(Clone)]
+struct StepTensors {
+    first: Tensor,
+    old: Tensor,
+    t: Tensor,
+    col: Tensor,
 }

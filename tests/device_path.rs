@@ -72,12 +72,27 @@ fn batch_run(
     drop: (usize, usize),
     kv: KvType,
 ) -> (Vec<Vec<Vec<f32>>>, Vec<kvbench::model::state::SeqState>) {
+    let specs = vec![spec; prompts.len()];
+    let active = |i: usize, step: usize| i != drop.0 || step < drop.1;
+    batch_run_with(m, &specs, prompts, tokens, &active, kv)
+}
+
+/// [`batch_run`] with a policy per sequence, sequence `i` fed at step `s` when `active(i, s)` (every
+/// prompt is prefilled first).
+fn batch_run_with(
+    m: &kvbench::model::Model,
+    specs: &[&kvbench::policy::PolicySpec],
+    prompts: &[Vec<u32>],
+    tokens: &[Vec<u32>],
+    active: &dyn Fn(usize, usize) -> bool,
+    kv: KvType,
+) -> (Vec<Vec<Vec<f32>>>, Vec<kvbench::model::state::SeqState>) {
     use kvbench::model::SeqInput;
     let steps = tokens[0].len();
-    let ctx = m.policy_context(spec, steps);
-    let mut states: Vec<_> = prompts
+    let mut states: Vec<_> = specs
         .iter()
-        .map(|_| {
+        .map(|spec| {
+            let ctx = m.policy_context(spec, steps);
             m.transformer
                 .new_state_with(spec.build(&ctx).unwrap(), kv)
                 .unwrap()
@@ -93,9 +108,7 @@ fn batch_run(
         .map(|s| tokens.iter().map(|t| [t[s]]).collect())
         .collect();
     for (step, column) in columns.iter().enumerate() {
-        let active: Vec<usize> = (0..prompts.len())
-            .filter(|&i| i != drop.0 || step < drop.1)
-            .collect();
+        let active: Vec<usize> = (0..prompts.len()).filter(|&i| active(i, step)).collect();
         let inputs: &mut Vec<SeqInput<'_>> = &mut states
             .iter_mut()
             .zip(column)
@@ -263,6 +276,60 @@ fn per_query_head_caches_pool_and_keep_what_each_sequence_keeps_alone() {
                 assert!(cx.in_pool() && !cy.in_pool(), "{label}: {i}, {l}: pooled");
                 for h in 0..cx.kv_heads() {
                     assert_eq!(cx.positions(h), cy.positions(h), "{label}: {i}, {l}, {h}");
+                }
+            }
+        }
+    }
+}
+
+/// A batch whose policies cannot all accumulate in the pool (a full-cache sequence joins two H2O
+/// or two LazyEviction ones part-way) reads its probabilities on the host: the sequences whose
+/// scores the pool held take them back, all but the step's new entry, whose slot the pooled step
+/// did not set. The same kept entries, scores and logits as each sequence alone.
+#[test]
+fn a_batch_that_stops_accumulating_takes_its_scores_back() {
+    let (pooled, per_sequence) = pooled_and_per_sequence();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
+    let (prompts, tokens) = batch_inputs(&mut rng);
+    let full = kvbench::policy::PolicySpec::from_args("full", 1.0, &[]).unwrap();
+    let step = kvbench::policy::StepInfo {
+        seen_before: 0,
+        tokens: &[0],
+        generated: 1,
+        prompt_len: 0,
+        is_prefill: false,
+    };
+    for (name, args) in [("h2o", vec![]), ("lazy", vec!["window=8", "alpha=0.035"])] {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let spec = kvbench::policy::PolicySpec::from_args(name, 24.0, &args).unwrap();
+        // The full-cache sequence (the last) joins at step 20.
+        let joins = |i: usize, s: usize| i < 2 || s >= 20;
+        let run = |m| {
+            batch_run_with(
+                m,
+                &[&spec, &spec, &full],
+                &prompts,
+                &tokens,
+                &joins,
+                KvType::F32,
+            )
+        };
+        let ((a, mut sa), (b, mut sb)) = (run(&pooled), run(&per_sequence));
+        assert_same_batch_logits(name, &a, &b);
+        for (i, (x, y)) in sa.iter_mut().zip(sb.iter_mut()).take(2).enumerate() {
+            for l in 0..x.cache.num_layers() {
+                let (cx, cy) = (x.cache.layer(l), y.cache.layer(l));
+                // Decided on the host since the full-cache sequence joined.
+                assert!(cx.in_pool() && !cx.has_scores(), "{name}: {i}, {l}");
+                for h in 0..cx.kv_heads() {
+                    assert_eq!(cx.positions(h), cy.positions(h), "{name}: {i}, {l}, {h}");
+                }
+                let (heads, n) = (cx.kv_heads(), cx.len());
+                let sx = x.policy.take_accumulated(&step, l, heads, n);
+                let sy = y.policy.take_accumulated(&step, l, heads, n);
+                for (p, q) in sx.iter().zip(&sy) {
+                    let worst = common::max_abs_diff(p, q);
+                    assert!(worst < 1e-5, "{name}: {i}, {l}: scores differ by {worst}");
                 }
             }
         }

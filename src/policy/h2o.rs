@@ -151,8 +151,12 @@ impl Policy for H2o {
         if let Some(evict) = view.accumulated {
             return self.trim_accumulated(step, evict, cache);
         }
-        // Scores the cache held (a device batch's, `accumulation`) come back here first.
-        if let Some(held) = cache.take_scores()? {
+        // Scores the cache held (a device batch's, `accumulation`) come back here first, but for
+        // this step's new entries, which start at zero below (a pooled step that did not
+        // accumulate left their slots as they were).
+        if let Some(mut held) = cache.take_scores()? {
+            let m = cache.len() - step.tokens.len();
+            held.iter_mut().for_each(|h| h.truncate(m));
             *layer_slot(&mut self.acc, view.layer) = held;
         }
         let ((heads, g, t, n), p) = super::host_probs(view, "h2o")?;

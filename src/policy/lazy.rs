@@ -259,7 +259,8 @@ impl Policy for LazyEviction {
             };
         }
         // Bookkeeping the cache held (a device batch's) comes back first, but for this step's new
-        // entries, which the cache started at zero.
+        // entries, which start at (start, 0) below (the cache's slots for them hold zero, or, after
+        // a pooled step that did not accumulate, what they held before).
         if let Some(held) = cache.take_scores()? {
             let m = cache.len() - step.tokens.len();
             *layer_slot(&mut self.trackers, view.layer) =

@@ -189,14 +189,6 @@ fn scores_kept_in_the_pool_keep_what_each_sequence_keeps_alone() {
         ),
         ("lazy", &["window=8", "alpha=0.1", "gqa=mean-prob"]),
     ];
-    // What `take_accumulated` is told of the step: nothing it reads when it holds every entry.
-    let step = kvbench::policy::StepInfo {
-        seen_before: 0,
-        tokens: &[0],
-        generated: 1,
-        prompt_len: 0,
-        is_prefill: false,
-    };
     for ((name, args), together) in specs.iter().flat_map(|s| [(s, false), (s, true)]) {
         pooled.transformer.set_batch_compressions(together);
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
@@ -227,12 +219,11 @@ fn scores_kept_in_the_pool_keep_what_each_sequence_keeps_alone() {
                     for h in 0..cx.kv_heads() {
                         assert_eq!(cx.positions(h), cy.positions(h), "{label}: {i}, {l}, {h}");
                     }
-                    let (heads, n) = (cx.kv_heads(), cx.len());
                     let sx = match cx.has_scores() {
                         true => cx.read_scores().unwrap(),
-                        false => x.policy.take_accumulated(&step, l, heads, n),
+                        false => policy_scores(x, l),
                     };
-                    let sy = y.policy.take_accumulated(&step, l, heads, n);
+                    let sy = policy_scores(y, l);
                     assert_eq!(sx.len(), sy.len(), "{label}: sequence {i}, layer {l}");
                     for (p, q) in sx.iter().zip(&sy) {
                         assert!(!p.is_empty());
@@ -282,6 +273,21 @@ fn per_query_head_caches_pool_and_keep_what_each_sequence_keeps_alone() {
     }
 }
 
+/// The per-entry scores a sequence's policy holds for layer `l`, one vector per head over all its
+/// cache's entries, taken from it (`Policy::take_accumulated`, told a step it does not read when it
+/// holds every entry).
+fn policy_scores(st: &mut kvbench::model::state::SeqState, l: usize) -> Vec<Vec<f32>> {
+    let step = kvbench::policy::StepInfo {
+        seen_before: 0,
+        tokens: &[0],
+        generated: 1,
+        prompt_len: 0,
+        is_prefill: false,
+    };
+    let (heads, n) = (st.cache.layer(l).kv_heads(), st.cache.layer(l).len());
+    st.policy.take_accumulated(&step, l, heads, n)
+}
+
 /// A batch whose policies cannot all accumulate in the pool (a full-cache sequence joins two H2O
 /// or two LazyEviction ones part-way) reads its probabilities on the host: the sequences whose
 /// scores the pool held take them back, all but the step's new entry, whose slot the pooled step
@@ -292,13 +298,6 @@ fn a_batch_that_stops_accumulating_takes_its_scores_back() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
     let (prompts, tokens) = batch_inputs(&mut rng);
     let full = kvbench::policy::PolicySpec::from_args("full", 1.0, &[]).unwrap();
-    let step = kvbench::policy::StepInfo {
-        seen_before: 0,
-        tokens: &[0],
-        generated: 1,
-        prompt_len: 0,
-        is_prefill: false,
-    };
     for (name, args) in [("h2o", vec![]), ("lazy", vec!["window=8", "alpha=0.035"])] {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         let spec = kvbench::policy::PolicySpec::from_args(name, 24.0, &args).unwrap();
@@ -324,9 +323,7 @@ fn a_batch_that_stops_accumulating_takes_its_scores_back() {
                 for h in 0..cx.kv_heads() {
                     assert_eq!(cx.positions(h), cy.positions(h), "{name}: {i}, {l}, {h}");
                 }
-                let (heads, n) = (cx.kv_heads(), cx.len());
-                let sx = x.policy.take_accumulated(&step, l, heads, n);
-                let sy = y.policy.take_accumulated(&step, l, heads, n);
+                let (sx, sy) = (policy_scores(x, l), policy_scores(y, l));
                 for (p, q) in sx.iter().zip(&sy) {
                     let worst = common::max_abs_diff(p, q);
                     assert!(worst < 1e-5, "{name}: {i}, {l}: scores differ by {worst}");

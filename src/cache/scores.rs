@@ -3,10 +3,11 @@
 //! Why it exists: H2O accumulates, for every entry, the attention it received, and evicts the least
 //! at every step. Held by the policy on the host, a decoding batch on a GPU copied every layer's
 //! attention row of every sequence to the host at every step (at R1-Distill-Qwen-7B's shapes and
-//! B = 1,024, about 460 KB a sequence and step). Held here, in a buffer laid out as the keys are
-//! (`[kv_heads, capacity, 1]`, f32), the scores are added to where the probabilities are, grown,
-//! pooled and gathered with the entries by the same operations, and only the chosen entries' indices
-//! travel ([`crate::policy::Policy::accumulation`]). A policy that decides on the host takes them back
+//! B = 1,024, about 460 KB a sequence and step; LazyEviction's `TS` and `MRI` likewise). Held here,
+//! in a buffer laid out as the keys are (`[kv_heads, capacity, width]`, f32: one score an entry for
+//! H2O, two for LazyEviction), the scores are updated where the probabilities are, grown, pooled
+//! and gathered with the entries by the same operations, and only what a decision needs travels
+//! ([`crate::policy::Policy::accumulation`]). A policy that decides on the host takes them back
 //! ([`LayerCache::take_scores`]). The bytes are the policy's side state, not the cache's
 //! ([`LayerCache::score_bytes`]).
 

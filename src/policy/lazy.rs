@@ -75,6 +75,14 @@ impl Config {
     }
 }
 
+/// A new entry's `TS` at step `t`: `t − 1` as the released code starts it, `t` as the paper does.
+fn entry_start(init: LazyInit, t: u64) -> u64 {
+    match init {
+        LazyInit::Code => t - 1,
+        LazyInit::Paper => t,
+    }
+}
+
 /// Recurrence bookkeeping of one cache head: `TS` and `MRI` per entry, in storage order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tracker {
@@ -86,10 +94,7 @@ impl Tracker {
     /// Step `t`: registers entries beyond those tracked (the cache now holds `probs.len()`), then
     /// records which entries are important (`p ≥ alpha`).
     pub fn observe(&mut self, t: u64, probs: &[f32], alpha: f32, init: LazyInit) {
-        let start = match init {
-            LazyInit::Code => t - 1,
-            LazyInit::Paper => t,
-        };
+        let start = entry_start(init, t);
         self.ts.resize(probs.len(), start);
         self.mri.resize(probs.len(), 0);
         for (j, &p) in probs.iter().enumerate() {
@@ -169,12 +174,10 @@ impl LazyEviction {
         }
     }
 
-    /// A new entry's `TS` at step `t`.
-    fn start(&self, t: u64) -> u64 {
-        match self.config.init {
-            LazyInit::Code => t - 1,
-            LazyInit::Paper => t,
-        }
+    /// Whether step `t` evicts, once `seen` tokens were fed and the cache holds `n` entries: every
+    /// `W` steps, above `Cap`.
+    fn evicts(&self, t: u64, seen: usize, n: usize) -> bool {
+        n > self.config.cap(seen) && t.is_multiple_of(self.config.window as u64)
     }
 
     /// The eviction at step `t` once the cache holds `n` entries (none between evictions or within
@@ -186,11 +189,11 @@ impl LazyEviction {
         seen: usize,
         n: usize,
     ) -> Option<Vec<Vec<usize>>> {
-        let c = &self.config;
-        let cap = c.cap(seen);
-        if n <= cap || !t.is_multiple_of(c.window as u64) {
+        if !self.evicts(t, seen, n) {
             return None;
         }
+        let c = &self.config;
+        let cap = c.cap(seen);
         let old = n - c.window;
         Some(
             trackers
@@ -244,9 +247,7 @@ impl Policy for LazyEviction {
         if view.accumulated.is_some() {
             // The engine updated the bookkeeping the cache holds: read only to evict.
             let (n, heads) = (cache.len(), cache.kv_heads());
-            if n <= self.config.cap(step.seen_after())
-                || !t.is_multiple_of(self.config.window as u64)
-            {
+            if !self.evicts(t, step.seen_after(), n) {
                 return Ok(());
             }
             let held = cache.read_scores()?;
@@ -302,7 +303,7 @@ impl Policy for LazyEviction {
             group: self.group?,
             alpha: self.alpha,
             t: t as u32,
-            start: self.start(t) as u32,
+            start: entry_start(self.config.init, t) as u32,
         })
     }
 
@@ -313,7 +314,7 @@ impl Policy for LazyEviction {
         heads: usize,
         n: usize,
     ) -> Vec<Vec<f32>> {
-        let start = self.start(step.generated as u64);
+        let start = entry_start(self.config.init, step.generated as u64);
         let mut trackers = self
             .trackers
             .get_mut(layer)

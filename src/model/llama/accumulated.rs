@@ -45,7 +45,7 @@ impl Transformer {
     /// Layer `l` of a pooled batch: applies `probs` (`[batch·heads, group, n]`, f32, padding zero)
     /// to the pool's scores under `rules` (each sequence's, all of one kind; `lens` its entries
     /// before this step's) and returns each row's eviction (`[batch·heads]` u32, still on the
-    /// device; zero under [`Accumulation::Recurrence`], whose policy decides on the host). A
+    /// device; none under [`Accumulation::Recurrence`], whose policy decides on the host). A
     /// sequence whose cache holds no scores yet hands its policy's over first.
     pub(super) fn accumulate_pooled(
         &self,
@@ -54,7 +54,7 @@ impl Transformer {
         lens: &[usize],
         rules: &[Accumulation],
         (batch, steps): (&mut [SeqInput<'_>], &[StepInfo]),
-    ) -> candle_core::Result<Tensor> {
+    ) -> candle_core::Result<Option<Tensor>> {
         let heads = Self::pool_heads(batch);
         let rows = batch.len() * heads;
         let n = probs.dim(2)?;
@@ -75,13 +75,8 @@ impl Transformer {
         })?;
         // This step's entries start from the rule's first scores (their slot may hold an evicted
         // entry's).
-        let at = self.pool_inputs(lens, heads, true)?.at;
-        let at = match width {
-            1 => at,
-            w => at.broadcast_as((rows, 1, w))?.contiguous()?,
-        };
         let inputs = self.accumulate_inputs(lens, heads, rules, n)?;
-        scores.scatter_set(&at, &inputs.first, 1)?;
+        scores.scatter_set(&inputs.at, &inputs.first, 1)?;
         // Each head's row: its group's sum (a group of one is as it is).
         let sums = super::probs_for_policy(probs.clone(), true)?.reshape((rows, n))?;
         let held = scores.narrow(1, 0, n)?;
@@ -93,7 +88,7 @@ impl Transformer {
                 };
                 let updated = (held.squeeze(2)? + sums)?;
                 scores.slice_set(&updated.unsqueeze(2)?, 1, 0)?;
-                accumulate::least_scored(&updated, &inputs.old, &inputs.col)
+                accumulate::least_scored(&updated, &inputs.old, &inputs.col).map(Some)
             }
             Accumulation::Recurrence { group, alpha, .. } => {
                 let dev = &self.device;
@@ -107,14 +102,14 @@ impl Transformer {
                 let mri = important.where_cond(&mri.maximum(&gap)?, &mri)?;
                 let ts = important.where_cond(&t.contiguous()?, &ts)?;
                 scores.slice_set(&Tensor::stack(&[ts, mri], 2)?, 1, 0)?;
-                Tensor::zeros(rows, DType::U32, dev)
+                Ok(None)
             }
         }
     }
 
     /// The tensors a step's rules give, kept from layer to layer while the rules, lengths and heads
-    /// are the same (each is a copy to the device): per row of the pool, its new entry's first
-    /// scores (`[rows, 1, width]`), and under [`Accumulation::Sum`] the entries its eviction may
+    /// are the same (each is a copy to the device): per row of the pool, its new entry's slot and
+    /// first scores (`[rows, 1, width]` each), and under [`Accumulation::Sum`] the entries its eviction may
     /// take (`[rows, 1]`: all but the recent ones when the cache holds more than it keeps, else
     /// none) and the columns `0..n` (`[1, n]`), under [`Accumulation::Recurrence`] its step `t`
     /// (`[rows, 1]`).
@@ -152,7 +147,11 @@ impl Transformer {
             Accumulation::Recurrence { t, .. } => vec![t as f32],
         });
         let second = Tensor::from_vec(second, (rows, 1), dev)?;
+        let at: Vec<u32> = (0..rows * width)
+            .map(|k| lens[k / (width * heads)] as u32)
+            .collect();
         let tensors = StepTensors {
+            at: Tensor::from_vec(at, (rows, 1, width), dev)?,
             first: Tensor::from_vec(first, (rows, 1, width), dev)?,
             old: second.to_dtype(DType::U32)?,
             t: second,
@@ -182,6 +181,7 @@ pub(super) struct Inputs {
 /// f32), read by `Sum` and `Recurrence` respectively.
 #[derive(Clone)]
 struct StepTensors {
+    at: Tensor,
     first: Tensor,
     old: Tensor,
     t: Tensor,

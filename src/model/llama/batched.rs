@@ -100,7 +100,7 @@ impl Transformer {
             (pool_k, pool_v, lens)
         };
         let sparse = batch[0].state.caps.sparse_attention;
-        let PoolTensors { index, mask, .. } = self.pool_inputs(&lens, hkv, !sparse)?;
+        let PoolTensors { index, mask } = self.pool_inputs(&lens, hkv, !sparse)?;
         let scatter = |pool: &Tensor, new: &Tensor| -> candle_core::Result<()> {
             // [kv_heads, batch, d] → [batch·heads, 1, d], in the pool's type (each KV head's row
             // repeated for its query heads under per-query-head storage: head `r` is KV head r / g).
@@ -418,14 +418,14 @@ impl Transformer {
     }
 
     /// The tensors a pooled step needs that depend only on the batch's cache lengths before the
-    /// append (`lens`) and their `heads`: where each sequence's new entry goes (`at`, `[batch·heads,
-    /// 1, 1]`, and `index`, the same `[batch·heads, 1, head_dim]` for the scatter) and, when the lengths
+    /// append (`lens`) and their `heads`: where each sequence's new entry goes (`[batch·heads, 1,
+    /// head_dim]`, for the scatter) and, when the lengths
     /// differ and the step attends to every entry (`masked`: not a sparse selection, which masks its
     /// own padding), the mask of each sequence's padding (`[batch, 1, 1, n]`, 0 or −∞, n the longest
     /// plus one). Built from host vectors (a copy to the device each), for the first layer of a step
     /// and kept for the next layers while their lengths are the same (most of a step's: only
     /// policies that compress layers differently, or at different steps, change them).
-    pub(super) fn pool_inputs(
+    fn pool_inputs(
         &self,
         lens: &[usize],
         heads: usize,
@@ -442,8 +442,9 @@ impl Transformer {
             .iter()
             .flat_map(|&n| std::iter::repeat_n(n as u32, hkv))
             .collect();
-        let at = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?;
-        let index = at.broadcast_as((b * hkv, 1, d))?.contiguous()?;
+        let index = Tensor::from_vec(at, (b * hkv, 1, 1), &self.device)?
+            .broadcast_as((b * hkv, 1, d))?
+            .contiguous()?;
         let n = lens.iter().max().copied().unwrap_or(0) + 1;
         let mask = match masked && lens.iter().any(|&m| m + 1 != n) {
             false => None,
@@ -457,7 +458,7 @@ impl Transformer {
                 Some(Tensor::from_vec(mask, (b, 1, 1, n), &self.device)?)
             }
         };
-        let tensors = PoolTensors { at, index, mask };
+        let tensors = PoolTensors { index, mask };
         *memo = Some(PoolInputs {
             lens: lens.to_vec(),
             heads,
@@ -541,8 +542,7 @@ pub(super) struct PoolInputs {
 
 /// A pooled step's scatter indices and padding mask ([`Transformer::pool_inputs`]).
 #[derive(Clone)]
-pub(super) struct PoolTensors {
-    pub at: Tensor,
-    pub index: Tensor,
-    pub mask: Option<Tensor>,
+struct PoolTensors {
+    index: Tensor,
+    mask: Option<Tensor>,
 }

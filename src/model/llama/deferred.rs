@@ -44,8 +44,12 @@ pub(super) enum DeferredProbs {
         readers: Vec<bool>,
     },
     /// A pooled layer whose policies accumulate in the cache ([`super::accumulated`]): every
-    /// sequence's queries `[heads, batch, d]` and its heads' evictions, `[batch·kv_heads]` u32.
-    Accumulated { q: Tensor, evictions: Tensor },
+    /// sequence's queries `[heads, batch, d]` and, where the engine chose them, its heads'
+    /// evictions, `[batch·kv_heads]` u32.
+    Accumulated {
+        q: Tensor,
+        evictions: Option<Tensor>,
+    },
 }
 
 impl Transformer {
@@ -84,7 +88,7 @@ impl Transformer {
         let evictions: Vec<&Tensor> = deferred
             .iter()
             .filter_map(|d| match &d.probs {
-                DeferredProbs::Accumulated { evictions, .. } => Some(evictions),
+                DeferredProbs::Accumulated { evictions, .. } => evictions.as_ref(),
                 _ => None,
             })
             .collect();
@@ -137,9 +141,14 @@ impl Transformer {
                     }
                     out
                 }
-                DeferredProbs::Accumulated { q, .. } => {
-                    copied = copy_share;
-                    let layer = accumulated.next().unwrap_or_default();
+                DeferredProbs::Accumulated { q, evictions } => {
+                    let layer = match evictions {
+                        Some(_) => {
+                            copied = copy_share;
+                            accumulated.next().unwrap_or_default()
+                        }
+                        None => &[],
+                    };
                     (0..batch.len())
                         .map(|i| {
                             let own = layer.get(i * hkv..(i + 1) * hkv).unwrap_or_default();

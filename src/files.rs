@@ -73,9 +73,22 @@ pub fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// The text of `path` (UTF-8), with [`read_bytes`]'s bounds; invalid UTF-8 names the line.
+/// The UTF-8 byte order mark some editors and Windows tools write at a file's start.
+const BOM: &str = "\u{feff}";
+
+/// `text` without a leading byte order mark: JSON parsers refuse one ("expected value at line 1
+/// column 1"), though the file is valid UTF-8 text.
+pub fn without_bom(text: &str) -> &str {
+    text.strip_prefix(BOM).unwrap_or(text)
+}
+
+/// The text of `path` (UTF-8, a leading byte order mark left out), with [`read_bytes`]'s bounds;
+/// invalid UTF-8 names the line.
 pub fn read_text(path: &Path, limit: u64) -> Result<String> {
-    let bytes = read_bytes(path, limit)?;
+    let mut bytes = read_bytes(path, limit)?;
+    if bytes.starts_with(BOM.as_bytes()) {
+        bytes.drain(..BOM.len());
+    }
     String::from_utf8(bytes).map_err(|e| {
         let valid = e.utf8_error().valid_up_to();
         let line = 1 + e.as_bytes()[..valid]
@@ -156,6 +169,8 @@ mod tests {
         std::fs::write(&big, b"a = 1\n\xff\n").unwrap();
         let err = read_text(&big, 4096).unwrap_err().to_string();
         assert!(err.contains("big.toml:2") && err.contains("UTF-8"), "{err}");
+        std::fs::write(&big, "\u{feff}a = 1\n\u{feff}").unwrap();
+        assert_eq!(read_text(&big, 4096).unwrap(), "a = 1\n\u{feff}");
         assert!(check_readable(&dir, DATA_LIMIT).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -176,6 +176,10 @@ fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
         hasher.update(&line);
         let text = std::str::from_utf8(&line)
             .map_err(|_| Error::Input(format!("{}:{n}: not UTF-8 text", path.display())))?;
+        let text = match n {
+            1 => crate::files::without_bom(text),
+            _ => text,
+        };
         if text.trim().is_empty() {
             continue;
         }
@@ -326,6 +330,16 @@ mod tests {
         let ps = load(&good, &Fields::default()).unwrap();
         assert_eq!(ps.len(), 10);
         assert_eq!(ps[3].answer, "3");
+        // A byte order mark (as Windows tools write one) is not part of the first row; CRLF ends are
+        // fine too.
+        let bom = dir.join("bom.jsonl");
+        std::fs::write(
+            &bom,
+            "\u{feff}{\"id\": \"a\", \"problem\": \"x\", \"answer\": 1}\r\n{\"id\": \"b\", \"problem\": \"y\", \"answer\": 2}\r\n",
+        )
+        .unwrap();
+        let ps = load(&bom, &Fields::default()).unwrap();
+        assert_eq!((ps[0].id.as_str(), ps[1].answer.as_str()), ("a", "2"));
         let bad = dir.join("bad.jsonl");
         std::fs::write(
             &bad,

@@ -28,7 +28,10 @@ Writes OUT/gpu_check.json after every step, so a run cut short keeps what it mea
    (so that it selects its entries every step) at batch 1 and the largest speed batch, its batch attending
    through the pool and, in a second run, one sequence at a time, beside the full cache.
 
-`--activations weights` runs speed_compressed and long_outputs with kvbench's activations in bf16 (the
+7. prefill_batch (not in the default steps): `run`'s prefill of the built-in problems at the speed shapes,
+   several sequences a pass against one a pass (`KVBENCH_PREFILL_EACH`).
+
+`--activations weights` runs speed_compressed, long_outputs and prefill_batch with kvbench's activations in bf16 (the
 default, f32, converts a bf16 cache to f32 at every layer, which costs the full cache more than R-KV's).
 
 Each step has a time allowance; what would run past the deadline is recorded as skipped. Scratch
@@ -358,6 +361,35 @@ def speed_sparse(c):
     return res
 
 
+def prefill_batch(c):
+    """`run`'s prefill of a benchmark's prompts (the built-in problems, a few hundred tokens each, at the
+    speed shapes) several sequences a pass (up to 8,192 prompt tokens) against one a pass
+    (`KVBENCH_PREFILL_EACH`, kvbench before), two new tokens each. Two batches of 30 per process: the
+    second's figures are kept (the first pays for loading the device's kernels, once a process, which one
+    pass would carry alone). Prefill tokens/s over each sequence's share of its pass; time to first token
+    as each sequence saw it."""
+    s = speed_shapes(c)
+    res = {"shapes": s}
+    for name, env in [("batched", None), ("each", {"KVBENCH_PREFILL_EACH": "1"})]:
+        out = c.scratch / f"prefill_{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        c.kv("run", "--model", s["model"], "--device", c.args.device, "--policy", "full", "--no-baseline",
+             "--limit", 30, "--samples", 2, "--batch-size", 30, "--max-new-tokens", 2, "--ignore-eos",
+             "--activations", c.args.activations, "--out", out, env=env)
+        records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line]
+        second = [r["metrics"] for r in records[len(records) // 2:]]
+        tokens = sum(m["prompt_tokens"] for m in second)
+        cost = sum(m.get("prefill_share_secs") or m["prefill_secs"] for m in second)
+        ttft = sorted(m["prefill_secs"] for m in second)
+        res[name] = {"sequences": len(second), "prompt_tokens": tokens,
+                     "prefill_tokens_per_s": tokens / max(cost, 1e-9),
+                     "ttft_median_s": ttft[len(ttft) // 2]}
+        c.save()
+    if res["each"]["prefill_tokens_per_s"]:
+        res["batched_over_each"] = res["batched"]["prefill_tokens_per_s"] / res["each"]["prefill_tokens_per_s"]
+    return res
+
+
 def speed_batch1(c):
     """Batch-1 decoding with the cache in bf16 (the GPU default) and in f32, f32 activations, the rest
     as the speed step (a bf16 cache is converted to the f32 queries' type at every step); then bf16
@@ -576,6 +608,7 @@ def main():
         "long_outputs": (150, long_outputs),
         "speed_batch1": (90, speed_batch1),
         "speed_sparse": (100, speed_sparse),
+        "prefill_batch": (80, prefill_batch),
     }
     steps = args.steps.split(",")
     unknown = [name for name in steps if name not in plan]

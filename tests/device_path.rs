@@ -475,6 +475,83 @@ fn copies_of_one_prefill_decode_as_sequences_prefilled_apart() {
     }
 }
 
+#[test]
+fn prefill_passes_of_several_sequences_give_what_each_alone_gives() {
+    // `generate_batch` with prompts of four lengths prefilled in passes of several sequences (what a
+    // GPU does: 29 + 40 tokens, then 35 + 52, at 90 a pass; all four at once at 4,096) against one
+    // sequence a pass, under every policy (those that compress at prefill do so here: the prompts
+    // pass their budgets), on the CPU's loop and through pooled caches. Each sequence samples with
+    // its own seed at temperature 1: a logit changed by another sequence of its pass, a policy
+    // acting on another's cache or on the pass's tokens would change its tokens.
+    use kvbench::generate::{generate_batch, Request, SamplingParams};
+    kvbench::init_threads(None).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
+    let prompts: Vec<Vec<u32>> = [29, 40, 35, 52]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..4096)).collect())
+        .collect();
+    for generic in [false, true] {
+        let mut m = tiny_random(generic);
+        for spec in common::compressing_specs() {
+            let name = format!("{} (generic {generic})", spec.name());
+            let ctx = m.policy_context(&spec, 24);
+            let requests = || -> Vec<Request> {
+                prompts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, prompt)| Request {
+                        prompt: prompt.clone(),
+                        sampling: SamplingParams {
+                            temperature: 1.0,
+                            top_p: 1.0,
+                            seed: 200 + i as u64,
+                        },
+                        max_new_tokens: 24,
+                        policy: spec.build(&ctx).unwrap(),
+                        trace: false,
+                        kv_type: None,
+                    })
+                    .collect()
+            };
+            let mut run = |tokens: usize| {
+                m.transformer.set_prefill_batch_tokens(tokens);
+                generate_batch(&m.transformer, requests(), &[], &mut |_, _| {}).unwrap()
+            };
+            let alone = run(0);
+            for passes in [90, 4096] {
+                let together = run(passes);
+                for (i, (a, b)) in together.iter().zip(&alone).enumerate() {
+                    let at = format!("{name}, {passes} tokens a pass: sequence {i}");
+                    assert_eq!(a.tokens, b.tokens, "{at}: tokens");
+                    assert_eq!(a.prompt_tokens, prompts[i].len(), "{at}");
+                    assert_eq!(a.cache.final_entries, b.cache.final_entries, "{at}");
+                    assert_eq!(a.cache.compressions, b.cache.compressions, "{at}");
+                    assert_eq!(a.kv_bytes_peak, b.kv_bytes_peak, "{at}");
+                    assert_eq!(a.kv_bytes_mean, b.kv_bytes_mean, "{at}");
+                    assert_eq!(a.decode_bytes_read, b.decode_bytes_read, "{at}");
+                }
+                // A pass's sequences share its time, and their shares add up to it.
+                let pairs: &[&[usize]] = match passes {
+                    90 => &[&[0, 1], &[2, 3]],
+                    _ => &[&[0, 1, 2, 3]],
+                };
+                for pass in pairs {
+                    let time = together[pass[0]].prefill_time;
+                    assert!(
+                        pass.iter().all(|&i| together[i].prefill_time == time),
+                        "{name}"
+                    );
+                    let shares: std::time::Duration =
+                        pass.iter().map(|&i| together[i].prefill_share).sum();
+                    let gap = shares.abs_diff(time);
+                    assert!(gap < std::time::Duration::from_micros(5), "{name}: {gap:?}");
+                }
+            }
+            assert!(alone.iter().all(|g| g.prefill_share == g.prefill_time));
+        }
+    }
+}
+
 /// `--activations weights`: a bf16 model's activations kept in bf16 between operations (scores and
 /// softmax in f32), as transformers keeps them on a GPU, through the generic path with a bf16 cache.
 /// bf16 holds 8 significant bits, so the logits (about 1 in size here) follow f32 activations' to a

@@ -233,7 +233,7 @@ fn print_speed(records: &[&SampleRecord], wall: f64) {
     let ttft: Vec<f64> = m.iter().map(|x| x.prefill_secs).collect();
     println!(
         "prefill {:.1} tokens/s, time to first token {:.3} s (median), decode {:.1} tokens/s (batches of up to {}), {} generated tokens; this process ran {:.1} s",
-        sum(&|x| x.prompt_tokens as f64) / sum(&|x| x.prefill_secs).max(1e-9),
+        sum(&|x| x.prompt_tokens as f64) / sum(&|x| x.prefill_cost_secs()).max(1e-9),
         metrics::median(&ttft).unwrap_or(0.0),
         decode_tokens as f64 / sum(&|x| x.decode_share_secs).max(1e-9),
         m.iter().map(|x| x.batch).max().unwrap_or(0),
@@ -303,7 +303,7 @@ fn print_kv(records: &[&SampleRecord], spec: &PolicySpec) {
     println!(
         "policy time: {:.2} s at prefill ({:.1}% of prefill time), {:.2} s while decoding ({:.1}% of decode time)",
         pre,
-        100.0 * pre / sum(&|x| x.prefill_secs).max(1e-9),
+        100.0 * pre / sum(&|x| x.prefill_cost_secs()).max(1e-9),
         dec,
         100.0 * dec / sum(&|x| x.decode_secs).max(1e-9)
     );

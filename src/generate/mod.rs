@@ -1,5 +1,6 @@
-//! Generation: prefill each sequence, then decode all of them together, one token per sequence per
-//! step, until each meets an end-of-sequence token or its token limit.
+//! Generation: prefill the sequences (one a pass on the CPU, several a pass elsewhere), then decode
+//! all of them together, one token per sequence per step, until each meets an end-of-sequence token
+//! or its token limit.
 //!
 //! Batching is across sequences with their own caches and lengths: the projections and MLP of all
 //! active sequences run as one matrix product; attention runs per sequence on the CPU and for the
@@ -45,8 +46,14 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     pub finish: FinishReason,
     pub prompt_tokens: usize,
-    /// Wall time of this sequence's prefill.
+    /// Wall time of the pass that prefilled this sequence (with others, off the CPU: see
+    /// [`Transformer::set_prefill_batch_tokens`]); its first token is drawn right after.
     pub prefill_time: Duration,
+    /// This sequence's share of that pass by prompt tokens (its whole time when it went alone): the
+    /// shares of a pass add up to its wall time, so prompt tokens over summed shares is the
+    /// throughput.
+    #[serde(default)]
+    pub prefill_share: Duration,
     /// Wall time from the end of prefill to this sequence's last token (shared with the batch).
     pub decode_time: Duration,
     /// Time spent inside the policy's hooks, all of it and at prefill (the rest is decode's).
@@ -137,6 +144,7 @@ fn generate(
         finish: Option<FinishReason>,
         next: u32,
         prefill_time: Duration,
+        prefill_share: Duration,
         policy_prefill_time: Duration,
         decode_start: Instant,
         decode_time: Duration,
@@ -147,59 +155,34 @@ fn generate(
         step_secs: Vec<f32>,
         side_peak: usize,
     }
-    let mut seqs: Vec<Active> = Vec::with_capacity(requests.len());
     let mut device_memory = crate::device::PeakMemory::default();
-    // A shared prefill's logits and time; its state is the first sequence's, untouched until
-    // decoding starts, so the copies fork from it.
-    let mut shared: Option<(Vec<f32>, Duration)> = None;
-    for (i, req) in requests.into_iter().enumerate() {
-        let kv_type = req.kv_type.unwrap_or(model.kv_type());
-        let mut sampler = Sampler::new(req.sampling);
-        let forked = match (&shared, seqs.first()) {
-            (Some((logits, time)), Some(first)) => first
-                .state
-                .fork()?
-                .map(|state| (state, logits.clone(), *time)),
-            _ => None,
-        };
-        let (mut state, logits, prefill_time) = match forked {
-            Some(copy) => copy,
-            None => {
-                let mut state = model.new_state_with(req.policy, kv_type)?;
-                if req.trace {
-                    state.trace = Some(Vec::new());
-                }
-                let start = Instant::now();
-                let logits = model.forward(&mut [SeqInput {
-                    tokens: &req.prompt,
-                    state: &mut state,
-                }])?;
-                // The copy to the host waits for the device: the time is the work's, not its
-                // queueing.
-                let logits = logits.squeeze(0)?.to_vec1::<f32>()?;
-                let prefill_time = start.elapsed();
-                if share_prefill && i == 0 {
-                    shared = Some((logits.clone(), prefill_time));
-                }
-                (state, logits, prefill_time)
-            }
-        };
-        if req.trace && state.trace.is_none() {
-            state.trace = Some(Vec::new());
-        }
-        device_memory.sample(model.device());
+    let prefilled = prefill_all(model, requests, share_prefill, &mut device_memory)?;
+    let mut seqs: Vec<Active> = Vec::with_capacity(prefilled.len());
+    for (i, pre) in prefilled.into_iter().enumerate() {
+        let Prefilled {
+            state,
+            logits,
+            time: prefill_time,
+            share: prefill_share,
+            sampling,
+            max_new_tokens,
+        } = pre;
+        let mut sampler = Sampler::new(sampling);
         let next = sampler.sample(&logits)?;
         let held = state.cache.bytes();
-        let full_held = model.config.kv_bytes(kv_type, state.cache.seen());
+        let full_held = model
+            .config
+            .kv_bytes(state.cache.kv_type(), state.cache.seen());
         let policy_prefill_time = state.policy_time;
         let mut a = Active {
             state,
             sampler,
             out: Vec::new(),
-            max_new: req.max_new_tokens,
+            max_new: max_new_tokens,
             finish: None,
             next,
             prefill_time,
+            prefill_share,
             policy_prefill_time,
             decode_start: Instant::now(),
             decode_time: Duration::ZERO,
@@ -344,6 +327,7 @@ fn generate(
                 tokens: s.out,
                 finish: s.finish.unwrap_or(FinishReason::Length),
                 prefill_time: s.prefill_time,
+                prefill_share: s.prefill_share,
                 decode_time: s.decode_time,
                 policy_time: s.state.policy_time,
                 policy_prefill_time: s.policy_prefill_time,
@@ -359,6 +343,166 @@ fn generate(
                 policy_state_bytes_peak: s.side_peak,
                 trace: s.state.trace.take(),
                 device_memory_peak: device_memory.peak_bytes,
+            }
+        })
+        .collect())
+}
+
+/// A sequence after its prefill: its state, the logits of its last prompt token, the wall time of
+/// the pass that prefilled it and its share of that pass, and its request's decoding settings.
+struct Prefilled {
+    state: SeqState,
+    logits: Vec<f32>,
+    time: Duration,
+    share: Duration,
+    sampling: SamplingParams,
+    max_new_tokens: usize,
+}
+
+/// A request waiting for its prefill.
+struct Pending {
+    prompt: Vec<u32>,
+    policy: Option<Box<dyn Policy>>,
+    kv_type: crate::cache::KvType,
+    trace: bool,
+    sampling: SamplingParams,
+    max_new_tokens: usize,
+}
+
+/// Every request's state after its prefill, in order. With `share_prefill` the first request is
+/// prefilled and the others start from copies of its state (each prefilled where its policy cannot
+/// be forked); the rest go in passes of several sequences, in order, up to the model's
+/// [`Transformer::prefill_batch_tokens`] prompt tokens a pass (one a pass where that is 0, as on the
+/// CPU). A pass of several sequences gives each the logits and cache it would have alone: the
+/// products take every token at once, attention and the policies run per sequence.
+fn prefill_all(
+    model: &Transformer,
+    requests: Vec<Request>,
+    share_prefill: bool,
+    device_memory: &mut crate::device::PeakMemory,
+) -> Result<Vec<Prefilled>> {
+    let mut pending: Vec<Pending> = requests
+        .into_iter()
+        .map(|r| Pending {
+            kv_type: r.kv_type.unwrap_or(model.kv_type()),
+            prompt: r.prompt,
+            policy: Some(r.policy),
+            trace: r.trace,
+            sampling: r.sampling,
+            max_new_tokens: r.max_new_tokens,
+        })
+        .collect();
+    let mut done: Vec<Option<Prefilled>> = pending.iter().map(|_| None).collect();
+    let mut pass = |members: &[usize],
+                    pending: &mut [Pending],
+                    done: &mut [Option<Prefilled>]|
+     -> Result<()> {
+        for (&i, p) in members
+            .iter()
+            .zip(prefill_pass(model, members, pending, device_memory)?)
+        {
+            done[i] = Some(p);
+        }
+        Ok(())
+    };
+    // Copies of the first request start from its state where its policy forks.
+    if share_prefill && !pending.is_empty() {
+        pass(&[0], &mut pending, &mut done)?;
+        for i in 1..pending.len() {
+            let first = done[0].as_ref().expect("just prefilled");
+            let Some(mut state) = first.state.fork()? else {
+                break;
+            };
+            if pending[i].trace && state.trace.is_none() {
+                state.trace = Some(Vec::new());
+            }
+            let copy = Prefilled {
+                state,
+                logits: first.logits.clone(),
+                time: first.time,
+                share: first.share,
+                sampling: pending[i].sampling,
+                max_new_tokens: pending[i].max_new_tokens,
+            };
+            done[i] = Some(copy);
+        }
+    }
+    // The rest in passes of up to the model's prompt tokens (at least one sequence each), each
+    // within the widths the engine accepts.
+    let limit = model.prefill_batch_tokens();
+    let fits = |tokens: usize| model.config.check_pass_elements(tokens, false).is_ok();
+    let (mut group, mut tokens) = (Vec::new(), 0);
+    for i in 0..pending.len() {
+        if done[i].is_some() {
+            continue;
+        }
+        let more = tokens + pending[i].prompt.len();
+        if !group.is_empty() && (more > limit || !fits(more)) {
+            pass(&group, &mut pending, &mut done)?;
+            (group, tokens) = (Vec::new(), 0);
+        }
+        tokens += pending[i].prompt.len();
+        group.push(i);
+    }
+    if !group.is_empty() {
+        pass(&group, &mut pending, &mut done)?;
+    }
+    Ok(done
+        .into_iter()
+        .map(|d| d.expect("every request is prefilled or copied"))
+        .collect())
+}
+
+/// One pass prefilling the requests `members` (indices into `pending`) together: each one's
+/// [`Prefilled`], in order, with the pass's wall time and each one's share of it by prompt tokens.
+fn prefill_pass(
+    model: &Transformer,
+    members: &[usize],
+    pending: &mut [Pending],
+    device_memory: &mut crate::device::PeakMemory,
+) -> Result<Vec<Prefilled>> {
+    let mut states = members
+        .iter()
+        .map(|&i| {
+            let p = &mut pending[i];
+            let policy = p.policy.take().expect("each request is prefilled once");
+            let mut state = model.new_state_with(policy, p.kv_type)?;
+            if p.trace {
+                state.trace = Some(Vec::new());
+            }
+            Ok(state)
+        })
+        .collect::<Result<Vec<SeqState>>>()?;
+    let start = Instant::now();
+    let logits = {
+        let mut inputs: Vec<SeqInput<'_>> = members
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(&i, state)| SeqInput {
+                tokens: &pending[i].prompt,
+                state,
+            })
+            .collect();
+        model.forward(&mut inputs)?
+    };
+    // The copy to the host waits for the device: the time is the work's, not its queueing.
+    let logits = logits.to_vec2::<f32>()?;
+    let time = start.elapsed();
+    device_memory.sample(model.device());
+    let tokens: usize = members.iter().map(|&i| pending[i].prompt.len()).sum();
+    Ok(members
+        .iter()
+        .zip(states)
+        .zip(logits)
+        .map(|((&i, state), logits)| {
+            let p = &pending[i];
+            Prefilled {
+                state,
+                logits,
+                time,
+                share: time.mul_f64(p.prompt.len() as f64 / tokens.max(1) as f64),
+                sampling: p.sampling,
+                max_new_tokens: p.max_new_tokens,
             }
         })
         .collect())

@@ -38,6 +38,12 @@ struct Block {
 /// The GGUF tensor of per-pair RoPE frequency factors (llama.cpp's Llama 3.1 scaling).
 const ROPE_FREQS: &str = "rope_freqs.weight";
 
+/// The most prompt tokens prefilled in one pass off the CPU by default
+/// ([`Transformer::set_prefill_batch_tokens`]): a pass's widest activations (the MLP's gate and up
+/// projections) then hold at most about 1.2 GB in f32 at R1-Distill-Qwen-7B's shapes, while a
+/// reasoning benchmark's prompts (a few hundred tokens) go a dozen or more a pass.
+pub const PREFILL_BATCH_TOKENS: usize = 8192;
+
 /// A loaded decoder: weights and shape. Immutable; all per-sequence state is in [`SeqState`].
 pub struct Transformer {
     pub config: ModelConfig,
@@ -61,6 +67,9 @@ pub struct Transformer {
     batch_compressions: bool,
     /// The most bytes of f32 scores one KV head's chunk of a prefill holds (`dense`).
     prefill_score_bytes: usize,
+    /// The most prompt tokens [`crate::generate`] prefills in one pass of several sequences; 0: one
+    /// sequence a pass ([`Self::set_prefill_batch_tokens`]).
+    prefill_batch_tokens: usize,
     /// How each sequence's cache stores keys and values.
     kv_type: crate::cache::KvType,
     /// The pooled path's scatter index and padding mask, kept from layer to layer of a step.
@@ -230,6 +239,14 @@ impl Transformer {
             batch_compressions: !device.is_cpu()
                 && std::env::var_os("KVBENCH_COMPRESS_EACH").is_none(),
             prefill_score_bytes: dense::PREFILL_SCORE_BYTES,
+            // `KVBENCH_PREFILL_EACH` (any value): one sequence a pass, as before, to measure the
+            // difference on a GPU.
+            prefill_batch_tokens: match device.is_cpu()
+                || std::env::var_os("KVBENCH_PREFILL_EACH").is_some()
+            {
+                true => 0,
+                false => PREFILL_BATCH_TOKENS,
+            },
             kv_type: crate::cache::KvType::F32,
             pool_inputs: std::sync::Mutex::new(None),
             accumulate_inputs: std::sync::Mutex::new(None),
@@ -311,6 +328,20 @@ impl Transformer {
     /// entries it sees. Smaller, for tests of the chunks or a tighter memory bound.
     pub fn set_prefill_score_bytes(&mut self, bytes: usize) {
         self.prefill_score_bytes = bytes.max(1);
+    }
+
+    /// The most prompt tokens prefilled in one pass of several sequences (a prompt longer than that
+    /// goes alone); 0 or 1: one sequence a pass. Off the CPU [`PREFILL_BATCH_TOKENS`] by default: each
+    /// pass reads every weight and launches every operation once, and a short prompt alone fills
+    /// little of a GPU. On the CPU 0: its products cost the same per token either way, and each
+    /// sequence's time to first token stays its own prefill's.
+    pub fn set_prefill_batch_tokens(&mut self, tokens: usize) {
+        self.prefill_batch_tokens = tokens;
+    }
+
+    /// See [`Self::set_prefill_batch_tokens`].
+    pub fn prefill_batch_tokens(&self) -> usize {
+        self.prefill_batch_tokens
     }
 
     /// Whether a decoding batch off the CPU loop attends for all its sequences at once, through

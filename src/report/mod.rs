@@ -545,7 +545,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
             m.policy_prefill_secs.map(|pre| {
                 (
                     pre,
-                    m.prefill_secs,
+                    m.prefill_cost_secs(),
                     (m.policy_secs - pre).max(0.0),
                     m.decode_secs,
                 )
@@ -646,7 +646,7 @@ fn row(rs: &[&SampleRecord], speed_machine: Option<&str>) -> Row {
         end_to_end_s: (!speed.is_empty()).then(|| {
             speed
                 .iter()
-                .map(|m| m.prefill_secs + m.decode_share_secs)
+                .map(|m| m.prefill_cost_secs() + m.decode_share_secs)
                 .sum()
         }),
         ttft_s: crate::metrics::median(&ttfts),
@@ -727,6 +727,7 @@ pub(crate) mod tests {
             metrics: metrics.then(|| SampleMetrics {
                 prompt_tokens: 10,
                 prefill_secs: 1.0,
+                prefill_share_secs: None,
                 decode_secs: 4.0,
                 decode_share_secs: 4.0,
                 batch: 1,
@@ -821,6 +822,30 @@ pub(crate) mod tests {
         assert_eq!(full.policy_decode_share, Some(0.25));
         let table = table::markdown(&s);
         assert!(table.contains("| 50.0 / 25.0 |"), "{table}");
+    }
+
+    /// Samples prefilled in one pass (off the CPU) each record the pass's time, their time to first
+    /// token, and their share of it: the row's end-to-end time and the policy's prefill share count
+    /// the shares, so that the pass is counted once, not once per sample.
+    #[test]
+    fn a_shared_prefill_pass_counts_once_in_end_to_end_time() {
+        let mut records = vec![
+            record("full", "a", true, 100, true),
+            record("full", "b", true, 100, true),
+        ];
+        for r in &mut records {
+            let m = r.metrics.as_mut().unwrap();
+            // A 1 s pass, shared half and half; each sample's policy took 0.25 s of it.
+            m.prefill_share_secs = Some(0.5);
+            m.policy_prefill_secs = Some(0.25);
+            m.policy_secs = 0.25 + 1.0;
+        }
+        let s = summarize(&records);
+        let full = &s.rows[0];
+        assert_eq!(full.ttft_s, Some(1.0));
+        // (0.5 + 4) per sample, not (1 + 4).
+        assert_eq!(full.end_to_end_s, Some(9.0));
+        assert_eq!(full.policy_prefill_share, Some(0.5));
     }
 
     /// Rows in 16-bit activations are rows of their own, compared with the full cache in f32

@@ -128,8 +128,14 @@ impl Engine {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampleMetrics {
     pub prompt_tokens: usize,
-    /// Prefill wall time; the first token is sampled right after it (time to first token).
+    /// Prefill wall time; the first token is sampled right after it (time to first token). Where
+    /// several sequences were prefilled in one pass (off the CPU), that pass's time.
     pub prefill_secs: f64,
+    /// This sequence's share of that pass by prompt tokens, where it was prefilled with others (the
+    /// shares of a pass add up to its wall time); absent when it went alone (the share is then
+    /// `prefill_secs`: see [`SampleMetrics::prefill_cost_secs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_share_secs: Option<f64>,
     /// From the end of prefill to this sequence's last token.
     pub decode_secs: f64,
     /// This sequence's share of its batch's decode wall time (by tokens): the shares of a batch add
@@ -177,6 +183,14 @@ pub struct SampleMetrics {
     /// processes on the device), on a GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_memory_peak_bytes: Option<u64>,
+}
+
+impl SampleMetrics {
+    /// The prefill time this sample accounts for: its share of a pass shared with others, else the
+    /// pass's whole time. Summed over samples, the prefill's wall time.
+    pub fn prefill_cost_secs(&self) -> f64 {
+        self.prefill_share_secs.unwrap_or(self.prefill_secs)
+    }
 }
 
 impl SampleRecord {

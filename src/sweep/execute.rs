@@ -266,6 +266,8 @@ fn record(
         metrics: Some(SampleMetrics {
             prompt_tokens: g.prompt_tokens,
             prefill_secs: g.prefill_time.as_secs_f64(),
+            prefill_share_secs: (g.prefill_share != g.prefill_time)
+                .then_some(g.prefill_share.as_secs_f64()),
             decode_secs: g.decode_time.as_secs_f64(),
             decode_share_secs,
             batch,

@@ -161,14 +161,12 @@ fn generate(
     for (i, pre) in prefilled.into_iter().enumerate() {
         let Prefilled {
             state,
-            logits,
+            sampler,
+            next,
             time: prefill_time,
             share: prefill_share,
-            sampling,
             max_new_tokens,
         } = pre;
-        let mut sampler = Sampler::new(sampling);
-        let next = sampler.sample(&logits)?;
         let held = state.cache.bytes();
         let full_held = model
             .config
@@ -348,14 +346,15 @@ fn generate(
         .collect())
 }
 
-/// A sequence after its prefill: its state, the logits of its last prompt token, the wall time of
-/// the pass that prefilled it and its share of that pass, and its request's decoding settings.
+/// A sequence after its prefill: its state, its sampler and the first token it drew (from the logits
+/// of its last prompt token, dropped then: a batch's logits are 600 KB a sequence at a 152K
+/// vocabulary), the wall time of the pass that prefilled it and its share of that pass.
 struct Prefilled {
     state: SeqState,
-    logits: Vec<f32>,
+    sampler: Sampler,
+    next: u32,
     time: Duration,
     share: Duration,
-    sampling: SamplingParams,
     max_new_tokens: usize,
 }
 
@@ -395,19 +394,20 @@ fn prefill_all(
     let mut done: Vec<Option<Prefilled>> = pending.iter().map(|_| None).collect();
     let mut pass = |members: &[usize],
                     pending: &mut [Pending],
-                    done: &mut [Option<Prefilled>]|
-     -> Result<()> {
-        for (&i, p) in members
-            .iter()
-            .zip(prefill_pass(model, members, pending, device_memory)?)
-        {
+                    done: &mut [Option<Prefilled>],
+                    keep_logits: bool|
+     -> Result<Option<Vec<f32>>> {
+        let (prefilled, logits) =
+            prefill_pass(model, members, pending, device_memory, keep_logits)?;
+        for (&i, p) in members.iter().zip(prefilled) {
             done[i] = Some(p);
         }
-        Ok(())
+        Ok(logits)
     };
-    // Copies of the first request start from its state where its policy forks.
+    // Copies of the first request start from its state where its policy forks, each drawing from
+    // its logits with its own sampler.
     if share_prefill && !pending.is_empty() {
-        pass(&[0], &mut pending, &mut done)?;
+        let logits = pass(&[0], &mut pending, &mut done, true)?.expect("logits kept");
         for i in 1..pending.len() {
             let first = done[0].as_ref().expect("just prefilled");
             let Some(mut state) = first.state.fork()? else {
@@ -416,12 +416,14 @@ fn prefill_all(
             if pending[i].trace && state.trace.is_none() {
                 state.trace = Some(Vec::new());
             }
+            let mut sampler = Sampler::new(pending[i].sampling);
+            let next = sampler.sample(&logits)?;
             let copy = Prefilled {
                 state,
-                logits: first.logits.clone(),
+                sampler,
+                next,
                 time: first.time,
                 share: first.share,
-                sampling: pending[i].sampling,
                 max_new_tokens: pending[i].max_new_tokens,
             };
             done[i] = Some(copy);
@@ -438,14 +440,14 @@ fn prefill_all(
         }
         let more = tokens + pending[i].prompt.len();
         if !group.is_empty() && (more > limit || !fits(more)) {
-            pass(&group, &mut pending, &mut done)?;
+            pass(&group, &mut pending, &mut done, false)?;
             (group, tokens) = (Vec::new(), 0);
         }
         tokens += pending[i].prompt.len();
         group.push(i);
     }
     if !group.is_empty() {
-        pass(&group, &mut pending, &mut done)?;
+        pass(&group, &mut pending, &mut done, false)?;
     }
     Ok(done
         .into_iter()
@@ -454,13 +456,15 @@ fn prefill_all(
 }
 
 /// One pass prefilling the requests `members` (indices into `pending`) together: each one's
-/// [`Prefilled`], in order, with the pass's wall time and each one's share of it by prompt tokens.
+/// [`Prefilled`], in order, with the pass's wall time and each one's share of it by prompt tokens;
+/// with `keep_logits`, the first one's logits too.
 fn prefill_pass(
     model: &Transformer,
     members: &[usize],
     pending: &mut [Pending],
     device_memory: &mut crate::device::PeakMemory,
-) -> Result<Vec<Prefilled>> {
+    keep_logits: bool,
+) -> Result<(Vec<Prefilled>, Option<Vec<f32>>)> {
     let mut states = members
         .iter()
         .map(|&i| {
@@ -490,20 +494,23 @@ fn prefill_pass(
     let time = start.elapsed();
     device_memory.sample(model.device());
     let tokens: usize = members.iter().map(|&i| pending[i].prompt.len()).sum();
-    Ok(members
-        .iter()
-        .zip(states)
-        .zip(logits)
-        .map(|((&i, state), logits)| {
-            let p = &pending[i];
-            Prefilled {
-                state,
-                logits,
-                time,
-                share: time.mul_f64(p.prompt.len() as f64 / tokens.max(1) as f64),
-                sampling: p.sampling,
-                max_new_tokens: p.max_new_tokens,
-            }
-        })
-        .collect())
+    let mut kept = None;
+    let mut prefilled = Vec::with_capacity(members.len());
+    for (k, ((&i, state), logits)) in members.iter().zip(states).zip(logits).enumerate() {
+        let p = &pending[i];
+        let mut sampler = Sampler::new(p.sampling);
+        let next = sampler.sample(&logits)?;
+        if keep_logits && k == 0 {
+            kept = Some(logits);
+        }
+        prefilled.push(Prefilled {
+            state,
+            sampler,
+            next,
+            time,
+            share: time.mul_f64(p.prompt.len() as f64 / tokens.max(1) as f64),
+            max_new_tokens: p.max_new_tokens,
+        });
+    }
+    Ok((prefilled, kept))
 }

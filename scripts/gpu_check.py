@@ -154,6 +154,16 @@ def env(c):
         except Exception as e:
             info[mod] = f"missing: {e}"
     info["kvbench"] = c.kv("--version").strip()
+    info["kvbench_binary"] = c.args.kvbench
+    # The CUDA libraries the binary needs at start-up (none for scripts/build_cuda.sh's, which loads
+    # them when it opens the GPU; its -linked twin needs them).
+    try:
+        info["needed_cuda_libraries"] = [
+            l.split()[-1] for l in subprocess.run(["objdump", "-p", c.args.kvbench], capture_output=True,
+                                                  text=True).stdout.splitlines()
+            if "NEEDED" in l and re.search(r"libcu|libnv", l)]
+    except OSError as e:
+        info["needed_cuda_libraries"] = f"unknown: {e}"
     ldd = subprocess.run(["ldd", c.args.kvbench], capture_output=True, text=True).stdout
     info["missing_libraries"] = [l.strip() for l in ldd.splitlines() if "not found" in l]
     info["cpu"] = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo"], capture_output=True, text=True).stdout.strip()

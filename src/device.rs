@@ -123,8 +123,77 @@ impl DeviceSpec {
     }
 }
 
+/// The CUDA libraries the `cuda` build calls into, in the order they are loaded, each with a function
+/// it exports and what it is. `scripts/build_cuda.sh` leaves them out of the binary's needed
+/// libraries (and links the CUDA runtime in), with lazy binding, so that the binary starts on any
+/// machine (the CPU path, `--version`, a clear error) and loads them only when a GPU is asked for:
+/// without them the system loader refused to start it at all (exit 127, no kvbench message). A
+/// binary linked against them as usual (a build on a machine with a CUDA toolkit) has them loaded
+/// already, and nothing is loaded twice.
+#[cfg(all(feature = "cuda", target_os = "linux", target_env = "gnu"))]
+const CUDA_LIBRARIES: [(&str, &str, &str); 4] = [
+    ("libcuda.so.1", "cuInit", "the NVIDIA driver's library"),
+    ("libcublasLt.so.13", "cublasLtCreate", "CUDA 13's cuBLASLt"),
+    ("libcublas.so.13", "cublasCreate_v2", "CUDA 13's cuBLAS"),
+    (
+        "libcurand.so.10",
+        "curandCreateGenerator",
+        "CUDA 13's cuRAND",
+    ),
+];
+
+/// Loads [`CUDA_LIBRARIES`] into the process's global scope (once), where a function of each is not
+/// found there already: the error names the library that could not be loaded and why.
+#[cfg(all(feature = "cuda", target_os = "linux", target_env = "gnu"))]
+fn load_cuda_libraries(setting: &str) -> Result<()> {
+    static LOADED: std::sync::OnceLock<std::result::Result<(), String>> =
+        std::sync::OnceLock::new();
+    let loaded = LOADED.get_or_init(|| {
+        for (library, function, what) in CUDA_LIBRARIES {
+            let function = std::ffi::CString::new(function).expect("no NUL in a function name");
+            // SAFETY: dlsym with a NUL-terminated name on the default scope only looks the name up.
+            if !unsafe { libc::dlsym(libc::RTLD_DEFAULT, function.as_ptr()) }.is_null() {
+                continue;
+            }
+            let name = std::ffi::CString::new(library).expect("no NUL in a library name");
+            // SAFETY: loading a CUDA library runs its initialisers, which are the vendor's and
+            // expected in any CUDA process; the handle is kept for the process's life.
+            let handle =
+                unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+            if handle.is_null() {
+                // SAFETY: dlerror returns the calling thread's last error as a C string, or null.
+                let why = unsafe {
+                    let e = libc::dlerror();
+                    match e.is_null() {
+                        true => "not found".to_string(),
+                        false => std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned(),
+                    }
+                };
+                let help = match library {
+                    "libcuda.so.1" => "no NVIDIA driver here; check `nvidia-smi`",
+                    _ => "put CUDA 13's libraries on LD_LIBRARY_PATH (a PyTorch cu130 install's nvidia/cu13/lib, or the wheels' lib/ that scripts/build_cuda.sh prints)",
+                };
+                return Err(format!(
+                    "cannot load {library}, {what} ({why}): {help}"
+                ));
+            }
+        }
+        Ok(())
+    });
+    loaded
+        .clone()
+        .map_err(|why| Error::Input(format!("{setting}: {why}")))
+}
+
+/// Elsewhere the libraries are the binary's needed ones, as linked.
+#[cfg(all(feature = "cuda", not(all(target_os = "linux", target_env = "gnu"))))]
+fn load_cuda_libraries(_: &str) -> Result<()> {
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 fn open_cuda(n: usize, setting: &str) -> Result<Device> {
+    load_cuda_libraries(setting)?;
     let device = Device::new_cuda(n).map_err(|e| {
         Error::Input(format!(
             "{setting}: no usable CUDA device ({}): check `nvidia-smi`, the driver and CUDA_VISIBLE_DEVICES",

@@ -71,15 +71,24 @@ impl Transformer {
                 crate::cache::pool::KERNEL_ELEMENTS
             );
         }
-        if t == 1 {
-            // One token: all heads in one set of operations (fewer launches off the CPU).
-            let probs = self.softmax_scores(q, keys, 1, None)?;
+        // One token, or off the CPU's own path a prefill whose scores for every head fit the bound
+        // one head's chunk has: all heads in one set of operations, the same per head as below (on
+        // a GPU a prefill's attention was seven launches per KV head and layer: at a batch of short
+        // prompts prefilled together, thousands a pass).
+        let all_heads = t == 1
+            || ((!self.device.is_cpu() || self.generic_attention)
+                && [hkv, g, t, n, std::mem::size_of::<f32>()]
+                    .iter()
+                    .try_fold(1usize, |a, &x| a.checked_mul(x))
+                    .is_some_and(|bytes| bytes <= self.prefill_score_bytes));
+        if all_heads {
+            let probs = self.softmax_scores(q, keys, t, Some(&mut None))?;
             let y = matmul(&probs.to_dtype(values.dtype())?, values)?;
             let probs = match kept {
                 KeptProbs::None => None,
-                KeptProbs::Each => Some(probs.reshape((hkv, g, 1, n))?),
+                KeptProbs::Each => Some(probs.reshape((hkv, g, t, n))?),
                 KeptProbs::GroupSum => Some(super::probs_for_policy(
-                    probs.reshape((hkv, g, 1, n))?,
+                    probs.reshape((hkv, g, t, n))?,
                     true,
                 )?),
             };
@@ -88,7 +97,7 @@ impl Transformer {
         // Several new tokens (a prefill): one KV head's group at a time, in chunks of tokens. A
         // head's scores are `[g·t, n]` floats, and all heads' at once (with the scaled, masked and
         // softmaxed copies alive together) were most of SmolLM2's transient memory at a 512-token
-        // prompt. Each head's rows go through the same operations, so the same bits.
+        // prompt on the CPU. Each head's rows go through the same operations, so the same bits.
         let m = prefill_chunk(g, t, n, self.prefill_score_bytes);
         let mut ys = Vec::with_capacity(t.div_ceil(m));
         let mut all_probs = Vec::new();
@@ -281,7 +290,9 @@ mod tests {
                 0.0
             );
             let summed = each.sum_keepdim(1).unwrap();
-            for bytes in [usize::MAX, g * n * 4 * 2, 1] {
+            // Every head at once (off the CPU's own path, while all heads' scores fit), one head's
+            // whole prompt at a time (the same bits), chunks of two tokens, of one.
+            for bytes in [usize::MAX, g * t * n * 4, g * n * 4 * 2, 1] {
                 tr.set_prefill_score_bytes(bytes);
                 let (y2, group) = tr
                     .attend_dense(&q, &k, &v, (g, t), KeptProbs::GroupSum)
@@ -289,7 +300,7 @@ mod tests {
                 let (y3, each3) = tr
                     .attend_dense(&q, &k, &v, (g, t), KeptProbs::Each)
                     .unwrap();
-                let tol = if bytes == usize::MAX { 0.0 } else { 1e-6 };
+                let tol = if bytes >= g * t * n * 4 { 0.0 } else { 1e-6 };
                 assert!(
                     max_diff(&y, &y2) <= tol && max_diff(&y, &y3) <= tol,
                     "{bytes}"

@@ -684,8 +684,13 @@ impl Transformer {
             let k_vec = k_host.as_deref().filter(|_| host_keys(s, t)).map(own);
             self.attend_sequence(l, (q, q_vec, k_vec), k, v, off, t, step, &mut *s.state)
         };
-        // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer.
-        let done: Vec<(Tensor, Option<(Tensor, Tensor)>)> = if batch.len() > 1 {
+        // A single sequence runs on this thread: handing it to the pool costs a wake-up per layer. So
+        // do the sequences of a prefill pass off the CPU: each one's attention holds up to 256 MiB of
+        // scores (and copies of them) on the device, alive for every thread at once in parallel,
+        // while the device runs their work one after another anyway.
+        let parallel =
+            batch.len() > 1 && (self.device.is_cpu() || spans.iter().all(|&(_, t)| t == 1));
+        let done: Vec<(Tensor, Option<(Tensor, Tensor)>)> = if parallel {
             batch
                 .par_iter_mut()
                 .zip(spans.par_iter())

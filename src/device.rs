@@ -27,12 +27,14 @@ impl FromStr for DeviceSpec {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let s = s.trim();
-        match s {
+        // The names in any case, as users type them (`CPU`, `CUDA:1`).
+        let lower = s.to_ascii_lowercase();
+        match lower.as_str() {
             "cpu" => return Ok(DeviceSpec::Cpu),
             "cuda" => return Ok(DeviceSpec::Cuda(0)),
             _ => {}
         }
-        match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+        match lower.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) if n < 1024 => Ok(DeviceSpec::Cuda(n)),
             _ => Err(format!(
                 "unknown device {s:?}: expected cpu, cuda or cuda:N (N the GPU's number, from 0)"
@@ -377,6 +379,8 @@ mod tests {
         assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
         assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
         assert_eq!("cuda:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(3));
+        assert_eq!(" CPU ".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!("CUDA:2".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(2));
         assert_eq!(DeviceSpec::Cuda(3).to_string(), "cuda:3");
         assert_eq!(DeviceSpec::Cuda(3).kind(), "cuda");
         for bad in [

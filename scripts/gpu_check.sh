@@ -5,9 +5,10 @@
 #   scripts/build_cuda.sh                      # here: builds target/cuda/kvbench(.xz)
 #   device run, carry target/cuda/kvbench.xz and kvbench-linked.xz:  scripts/gpu_check.sh
 #
-# Results: $OUT/gpu_check.json (and the perf JSON files beside it). The CUDA libraries kvbench links
-# (cuBLAS, cuRAND, NVRTC, the runtime) are taken from the machine's PyTorch installation, whose
-# CUDA 13 wheels carry them; the driver's libcuda.so.1 is the machine's own.
+# Results: $OUT/gpu_check.json (and the perf JSON files beside it). The CUDA libraries kvbench loads
+# when it opens the GPU (cuBLAS, cuBLASLt, cuRAND; the runtime is linked in) are taken from the
+# machine's PyTorch installation, whose CUDA 13 wheels carry them; the driver's libcuda.so.1 is the
+# machine's own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}

@@ -70,7 +70,9 @@ strip -o target/cuda/kvbench-linked "$bin"
 # 5. The CUDA libraries out of the needed ones (the list src/device.rs loads when a GPU is asked
 #    for): the entries, their symbols' versions, and the version needs naming them.
 cp target/cuda/kvbench-linked target/cuda/kvbench
-libs="libcuda.so.1 libcublasLt.so.13 libcublas.so.13 libcurand.so.10"
+# The list is read from src/device.rs's CUDA_LIBRARIES, its one home.
+libs=$(sed -n '/^const CUDA_LIBRARIES/,/^];/p' src/device.rs | grep -oE '"lib[A-Za-z0-9_]+\.so\.[0-9]+"' | tr -d '"' | tr '\n' ' ')
+[ "$(wc -w <<< "$libs")" -ge 1 ] || { echo "error: no CUDA_LIBRARIES list found in src/device.rs" >&2; exit 1; }
 needed=$(objdump -p target/cuda/kvbench | awk '/NEEDED/ {print $2}')
 pattern=$(echo $libs | sed 's/ /|/g; s/\./\\./g')
 versioned=$(readelf --dyn-syms -W target/cuda/kvbench | awk '{print $8}' | grep -E "@@?($pattern)\$" | sed 's/@.*//' | sort -u)

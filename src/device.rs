@@ -126,10 +126,11 @@ impl DeviceSpec {
 }
 
 /// The CUDA libraries the `cuda` build calls into, in the order they are loaded, each with a function
-/// it exports and what it is. `scripts/build_cuda.sh` leaves them out of the binary's needed
-/// libraries (and links the CUDA runtime in), with lazy binding, so that the binary starts on any
-/// machine (the CPU path, `--version`, a clear error) and loads them only when a GPU is asked for:
-/// without them the system loader refused to start it at all (exit 127, no kvbench message). A
+/// it exports and what it is. `scripts/build_cuda.sh` reads this list (its one home) and leaves them
+/// out of the binary's needed libraries (and links the CUDA runtime in), with lazy binding, so that
+/// the binary starts on any machine (the CPU path, `--version`, a clear error) and loads them only
+/// when a GPU is asked for: without them the system loader refused to start it at all (exit 127, no
+/// kvbench message). A
 /// binary linked against them as usual (a build on a machine with a CUDA toolkit) has them loaded
 /// already, and nothing is loaded twice.
 #[cfg(all(feature = "cuda", target_os = "linux", target_env = "gnu"))]

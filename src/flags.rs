@@ -136,7 +136,7 @@ impl ModelFlags {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RuntimeFlags {
     /// A tokenizer.json to use instead of the one in the model.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_file)]
     pub tokenizer: Option<PathBuf>,
     /// Compute threads, 1 to four per logical core (default: all logical cores).
     #[arg(long, value_parser = crate::parse_threads)]

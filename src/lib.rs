@@ -41,6 +41,17 @@ pub fn parse_positive(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
+/// Parses a flag naming a file to read (`--tokenizer`): it must be one, checked as the flags are
+/// parsed, before a model is fetched or loaded.
+pub fn parse_file(s: &str) -> std::result::Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(s);
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => Ok(path),
+        Ok(_) => Err("not a file".into()),
+        Err(e) => Err(format!("cannot read it: {e}")),
+    }
+}
+
 /// Parses `--threads`: a whole number from 1 to [`max_threads`].
 pub fn parse_threads(s: &str) -> std::result::Result<usize, String> {
     let max = max_threads();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{kvbench, ok};
+use common::{kvbench, ok, NoFetch};
 use std::path::{Path, PathBuf};
 
 fn temp(name: &str) -> PathBuf {
@@ -89,6 +89,30 @@ fn cuda_on_a_build_without_it_fails_in_one_line_and_writes_nothing() {
         let out = kvbench(&[cmd, "--model", "random:tiny", "--device", "cuda"]);
         only_the_error(&out, "--device cuda:0:");
     }
+    // Refused before the model is resolved: a first run would fetch it (1.1 GB for the default
+    // model) only to stop at the device.
+    let no_fetch = NoFetch::under(&dir);
+    let uncached = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("random:tiny", NoFetch::MODEL);
+    std::fs::write(&cfg, uncached).unwrap();
+    let fresh = dir.join("fresh");
+    let model = ["--model", NoFetch::MODEL, "--device", "cuda"];
+    for args in [
+        [&["run"][..], &model[..]].concat(),
+        vec![
+            "sweep",
+            cfg.to_str().unwrap(),
+            "--out",
+            fresh.to_str().unwrap(),
+        ],
+        [&["perf"][..], &model[..]].concat(),
+        [&["forward"][..], &model[..]].concat(),
+    ] {
+        let err = no_fetch.refused(&args);
+        assert!(err.contains("without CUDA"), "{args:?}: {err}");
+    }
+    assert!(!fresh.exists());
     let out = kvbench(&["run", "--device", "gpu0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cuda:N"));

@@ -844,9 +844,25 @@ fn a_results_directory_that_cannot_be_made_names_the_option() {
         "{\"id\": \"p1\", \"problem\": \"1+1?\", \"answer\": \"2\"}\n",
     )
     .unwrap();
-    for (out, why) in [
-        (file.clone(), "exists and is not a directory"),
-        (file.join("sub"), "is not a directory"),
+    // A model not yet fetched: refused before it is resolved (a first run would download it only
+    // to stop at the directory).
+    let no_fetch = common::NoFetch::under(&dir);
+    for (out, why, model) in [
+        (
+            file.clone(),
+            "exists and is not a directory",
+            "random:smollm2-135m",
+        ),
+        (
+            file.join("sub"),
+            "is not a directory",
+            "random:smollm2-135m",
+        ),
+        (
+            file.join("sub"),
+            "is not a directory",
+            common::NoFetch::MODEL,
+        ),
     ] {
         for command in ["run", "sweep"] {
             let mut args = vec![command];
@@ -855,7 +871,7 @@ fn a_results_directory_that_cannot_be_made_names_the_option() {
             }
             args.extend([
                 "--model",
-                "random:smollm2-135m",
+                model,
                 "--data",
                 data.to_str().unwrap(),
                 "--limit",
@@ -865,9 +881,7 @@ fn a_results_directory_that_cannot_be_made_names_the_option() {
                 "--out",
                 out.to_str().unwrap(),
             ]);
-            let got = common::kvbench(&args);
-            let err = String::from_utf8_lossy(&got.stderr);
-            assert_eq!(got.status.code(), Some(2), "{args:?}: {err}");
+            let err = no_fetch.refused(&args);
             assert!(
                 err.contains("--out") && err.contains(why),
                 "{args:?}: {err}"
@@ -904,5 +918,34 @@ fn a_results_directory_that_cannot_be_made_names_the_option() {
         assert!(got.stdout.is_empty(), "{args:?}: printed before refusing");
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--tokenizer` names a file that must exist: refused as the flags are parsed, by every command that
+/// loads a model, before the model is fetched (an empty cache, a Python that cannot fetch).
+#[test]
+fn a_missing_tokenizer_file_is_refused_before_the_model_is_fetched() {
+    let dir = std::env::temp_dir().join(format!("kvbench-tok-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let no_fetch = common::NoFetch::under(&dir);
+    let (missing, a_dir) = (dir.join("no-such.json"), dir.to_str().unwrap().to_string());
+    for tokenizer in [missing.to_str().unwrap(), a_dir.as_str()] {
+        for command in [
+            vec!["run"],
+            vec!["sweep", "configs/smoke.toml"],
+            vec!["perf"],
+            vec!["scaling"],
+            vec!["fidelity", "--policy", "h2o"],
+            vec!["forward"],
+        ] {
+            let mut args = command.clone();
+            args.extend(["--model", common::NoFetch::MODEL, "--tokenizer", tokenizer]);
+            let err = no_fetch.refused(&args);
+            assert!(
+                err.contains("--tokenizer") && err.contains(tokenizer),
+                "{args:?}: {err}"
+            );
+        }
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

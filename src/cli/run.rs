@@ -14,9 +14,9 @@ use kvbench::report::{summarize, table};
 use kvbench::results::sample::{SampleMetrics, SampleRecord};
 use kvbench::sweep::config::{PolicyEntry, SweepConfig};
 use kvbench::sweep::options::StudyOptions;
-use kvbench::sweep::study::{execute_plan, plan, ExecFlags};
+use kvbench::sweep::study::{check_out, execute_plan, plan, ExecFlags};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
@@ -76,10 +76,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.trace {
         super::check_output_dir("--trace", path)?;
     }
-    let p = plan(config(&args)?)?;
-    // A device that cannot be used is refused before anything is printed or written.
-    let device = p.cfg.model.device();
+    let cfg = config(&args)?;
+    // A results directory that cannot be made and a device that cannot be used are refused before
+    // anything is fetched, printed or written (the plan resolves the model: a first run downloads
+    // it). The default directory's name needs the plan; its parent is checked here.
+    check_out(cfg.options.out.as_deref().unwrap_or(Path::new("results")))?;
+    let device = cfg.model.device();
     device.open(&device.as_flag())?;
+    let p = plan(cfg)?;
     // Default directory: named after the policy and the config hash, so that rerunning the same
     // command resumes (and reuses finished samples) and another command gets another directory.
     let out = p.cfg.options.out.clone().unwrap_or_else(|| {

@@ -9,7 +9,7 @@ use kvbench::report::{summarize, table};
 use kvbench::sweep::config::{Overrides, SweepConfig};
 use kvbench::sweep::options::StudyOptions;
 use kvbench::sweep::shard::Shard;
-use kvbench::sweep::study::{execute_plan, plan, ExecFlags};
+use kvbench::sweep::study::{check_out, execute_plan, plan, ExecFlags};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -69,6 +69,30 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             policy: args.policy.clone(),
         },
     )?;
+    // A device that cannot be used is refused before anything is fetched (the plan resolves the
+    // model: a first run downloads it), printed or written. A dry run needs none; an emitted script
+    // runs this binary on the cluster's GPUs, so the build must drive one, no GPU is needed here.
+    let device = cfg.model.device();
+    let setting = match args.model.device {
+        Some(_) => device.as_flag(),
+        None => device.as_config_key(&args.config),
+    };
+    if !args.dry_run {
+        let name = PathBuf::from("results").join(&cfg.name);
+        check_out(cfg.options.out.as_deref().unwrap_or(&name))?;
+    }
+    match (args.dry_run, args.emit) {
+        (true, _) => {}
+        (false, Some(Emit::Slurm)) => device.check_built(&format!(
+            "{setting}: the emitted script runs this kvbench ({})",
+            std::env::current_exe()
+                .unwrap_or_else(|_| PathBuf::from("kvbench"))
+                .display()
+        ))?,
+        (false, None) => {
+            device.open(&setting)?;
+        }
+    }
     let p = plan(cfg)?;
     let out = p
         .cfg
@@ -81,20 +105,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         println!("dry run: nothing was run");
         return Ok(ExitCode::SUCCESS);
     }
-    let device = p.cfg.model.device();
-    let setting = match args.model.device {
-        Some(_) => device.as_flag(),
-        None => device.as_config_key(&args.config),
-    };
     if let Some(Emit::Slurm) = args.emit {
-        // The script runs this binary on the cluster's GPUs: no GPU is needed here, but the build
-        // must drive one (refused before the directory is made).
-        device.check_built(&format!(
-            "{setting}: the emitted script runs this kvbench ({})",
-            std::env::current_exe()
-                .unwrap_or_else(|_| PathBuf::from("kvbench"))
-                .display()
-        ))?;
         // The directory keeps the resolved config that every array task runs.
         let dir = kvbench::sweep::study::open_out(&out, None)?;
         dir.bind(&p.manifest(), &p.config_toml())?;
@@ -115,9 +126,6 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         print!("{script}");
         return Ok(ExitCode::SUCCESS);
     }
-    // A device that cannot be used is refused before anything is printed or written (a dry run and
-    // an emitted script need none: they may be made on a machine without the GPU).
-    device.open(&setting)?;
     println!("{}", p.describe(&out));
     let done = execute_plan(
         &p,

@@ -82,6 +82,11 @@ pub fn run_greedy(
 /// Runs the kvbench binary with two compute threads. Commands that load a model get the model of the tests
 /// (`--model smollm2-135m`) unless they name one: the default model is the larger Qwen.
 pub fn kvbench(args: &[&str]) -> std::process::Output {
+    kvbench_with_env(args, &[])
+}
+
+/// [`kvbench`] with these environment variables set besides.
+pub fn kvbench_with_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
     let mut args: Vec<&str> = args.to_vec();
     let loads_a_model = matches!(
         args.first(),
@@ -97,8 +102,47 @@ pub fn kvbench(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
         .args(&args)
         .env("RAYON_NUM_THREADS", "2")
+        .envs(env.iter().copied())
         .output()
         .expect("run kvbench")
+}
+
+/// A model that is not fetched yet (a built-in one, in an empty cache) and a Python that cannot fetch
+/// anything: a command that would resolve the model says "fetching" and fails, and the cache shows
+/// whether it tried. For checks that bad input is refused before a model is downloaded.
+pub struct NoFetch {
+    pub cache: std::path::PathBuf,
+}
+
+impl NoFetch {
+    /// A built-in model this cache does not hold.
+    pub const MODEL: &'static str = "qwen2.5-coder-0.5b";
+
+    /// An empty cache directory `cache` under `dir`.
+    pub fn under(dir: &std::path::Path) -> Self {
+        let cache = dir.join("cache");
+        std::fs::create_dir_all(&cache).unwrap();
+        Self { cache }
+    }
+
+    /// Runs kvbench with `args` against this cache; asserts it exits 2 and never began a fetch.
+    /// Returns its standard error.
+    pub fn refused(&self, args: &[&str]) -> String {
+        let env = [
+            ("KVBENCH_CACHE", self.cache.as_os_str()),
+            (
+                "KVBENCH_PYTHON",
+                std::ffi::OsStr::new("/nonexistent/python3"),
+            ),
+        ];
+        let out = kvbench_with_env(args, &env);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("fetching"), "{args:?}: refused late: {err}");
+        let left = std::fs::read_dir(&self.cache).unwrap().count();
+        assert_eq!(left, 0, "{args:?}: the cache was written");
+        err
+    }
 }
 
 /// Asserts a successful exit (printing both streams otherwise) and returns stdout.

@@ -41,8 +41,8 @@ pub fn parse_positive(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
-/// Parses a flag naming a file to read (`--tokenizer`): it must be one, checked as the flags are
-/// parsed, before a model is fetched or loaded.
+/// Parses a flag naming a file to read (`--tokenizer`, `--token-file`): it must be one, checked as
+/// the flags are parsed, before a model is fetched or loaded.
 pub fn parse_file(s: &str) -> std::result::Result<std::path::PathBuf, String> {
     let path = std::path::PathBuf::from(s);
     match std::fs::metadata(&path) {

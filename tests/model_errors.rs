@@ -921,8 +921,9 @@ fn a_results_directory_that_cannot_be_made_names_the_option() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `--tokenizer` names a file that must exist: refused as the flags are parsed, by every command that
-/// loads a model, before the model is fetched (an empty cache, a Python that cannot fetch).
+/// `--tokenizer` (and `forward --token-file`) names a file that must exist: refused as the flags are
+/// parsed, by every command that loads a model, before the model is fetched (an empty cache, a
+/// Python that cannot fetch).
 #[test]
 fn a_missing_tokenizer_file_is_refused_before_the_model_is_fetched() {
     let dir = std::env::temp_dir().join(format!("kvbench-tok-{}", std::process::id()));
@@ -946,6 +947,63 @@ fn a_missing_tokenizer_file_is_refused_before_the_model_is_fetched() {
                 "{args:?}: {err}"
             );
         }
+        let args = [
+            "forward",
+            "--model",
+            common::NoFetch::MODEL,
+            "--token-file",
+            tokenizer,
+        ];
+        let err = no_fetch.refused(&args);
+        assert!(
+            err.contains("--token-file") && err.contains(tokenizer),
+            "{err}"
+        );
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A file to read that is not there is named with the flag that named it (exit 2): the bare i/o
+/// error said which file but not where it came from.
+#[test]
+fn a_missing_input_file_is_named_with_its_flag() {
+    let dir = std::env::temp_dir().join(format!("kvbench-missing-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("no-such.jsonl");
+    let m = missing.to_str().unwrap();
+    for (args, named) in [
+        (
+            vec!["run", "--model", "random:tiny", "--data", m],
+            "problems file",
+        ),
+        (
+            vec![
+                "sweep",
+                "configs/smoke.toml",
+                "--model",
+                "random:tiny",
+                "--data",
+                m,
+            ],
+            "problems file",
+        ),
+        (vec!["grade", "--cases", m], "--cases"),
+        (vec!["sweep", m], "sweep config"),
+        (vec!["regrade", m], "samples file"),
+    ] {
+        let out = common::kvbench(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{named} {m}")) && err.contains("No such file"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing written"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -32,7 +32,7 @@ pub struct ForwardArgs {
     #[arg(long, default_value_t = 0)]
     pub token_seed: u64,
     /// The prompt's token ids from a JSON file (an array of integers).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = kvbench::parse_file)]
     pub token_file: Option<PathBuf>,
     /// Greedy tokens to generate after the prompt under --policy; end-of-sequence tokens do not stop
     /// it (0: the logits only).
@@ -55,7 +55,8 @@ pub struct ForwardArgs {
 /// The prompt: from the file, or drawn from the seed.
 fn prompt(args: &ForwardArgs, vocab: usize) -> anyhow::Result<Vec<u32>> {
     if let Some(path) = &args.token_file {
-        let text = kvbench::files::read_text(path, kvbench::files::CONFIG_LIMIT)?;
+        let text = kvbench::files::read_text(path, kvbench::files::CONFIG_LIMIT)
+            .map_err(|e| e.naming(path, || format!("--token-file {}", path.display())))?;
         let ids: Vec<u64> = serde_json::from_str(&text).map_err(|e| {
             UsageError(format!(
                 "--token-file {}: expected a JSON array of token ids: {e}",

@@ -43,7 +43,11 @@ pub fn run(args: RegradeArgs) -> anyhow::Result<ExitCode> {
         Some(dir) => Some(kvbench::results::dir::lock_exclusive(&dir)?),
         None => None,
     };
-    let mut records = read_records(&args.samples)?;
+    let mut records = read_records(&args.samples).map_err(|e| {
+        e.naming(&args.samples, || {
+            format!("samples file {}", args.samples.display())
+        })
+    })?;
     if records.is_empty() {
         return Err(UsageError(format!(
             "{}: no sample records to regrade; nothing was written",

@@ -35,7 +35,18 @@ pub fn load_problems(o: &StudyOptions) -> Result<ProblemSet> {
         };
         // Only the rows the selection needs are read and held (a file may hold millions).
         let want = dataset::want(&o.ids, o.shuffle_seed, o.limit);
-        let d = dataset::resolve(o.dataset(), o.data.as_deref(), &fields, &want)?;
+        let d =
+            dataset::resolve(o.dataset(), o.data.as_deref(), &fields, &want).map_err(
+                |e| match o.data.as_deref() {
+                    Some(data) => e.naming(data, || {
+                        format!(
+                            "problems file {} (--data, or `data` in a sweep config)",
+                            data.display()
+                        )
+                    }),
+                    None => e,
+                },
+            )?;
         for w in &d.warnings {
             eprintln!("warning: {w}");
         }

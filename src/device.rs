@@ -130,9 +130,8 @@ impl DeviceSpec {
 /// out of the binary's needed libraries (and links the CUDA runtime in), with lazy binding, so that
 /// the binary starts on any machine (the CPU path, `--version`, a clear error) and loads them only
 /// when a GPU is asked for: without them the system loader refused to start it at all (exit 127, no
-/// kvbench message). A
-/// binary linked against them as usual (a build on a machine with a CUDA toolkit) has them loaded
-/// already, and nothing is loaded twice.
+/// kvbench message). A binary linked against them as usual (a build on a machine with a CUDA
+/// toolkit) has them loaded already, and nothing is loaded twice.
 #[cfg(all(feature = "cuda", target_os = "linux", target_env = "gnu"))]
 const CUDA_LIBRARIES: [(&str, &str, &str); 4] = [
     ("libcuda.so.1", "cuInit", "the NVIDIA driver's library"),

@@ -69,9 +69,10 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             policy: args.policy.clone(),
         },
     )?;
-    // A device that cannot be used is refused before anything is fetched (the plan resolves the
-    // model: a first run downloads it), printed or written. A dry run needs none; an emitted script
-    // runs this binary on the cluster's GPUs, so the build must drive one, no GPU is needed here.
+    // A results directory that cannot be made and a device that cannot be used are refused before
+    // anything is fetched (the plan resolves the model: a first run downloads it), printed or
+    // written. A dry run needs neither; an emitted script runs this binary on the cluster's GPUs, so
+    // the build must drive one, but no GPU is needed here.
     let device = cfg.model.device();
     let setting = match args.model.device {
         Some(_) => device.as_flag(),

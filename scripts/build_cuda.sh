@@ -60,7 +60,7 @@ gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$home/lib64/libcuda.so" "$home/li
 export CUDA_HOME="$home" CUDA_PATH="$home" CUDA_ROOT="$home"
 export PATH="$home/bin:$PATH"
 export LIBRARY_PATH="$home/lib64${LIBRARY_PATH:+:$LIBRARY_PATH}"
-echo "== building kvbench --features cuda for sm_${CUDA_COMPUTE_CAP} (about 17 minutes on 2 cores the first time)"
+echo "== building kvbench --features cuda for sm_${CUDA_COMPUTE_CAP} (about 15 minutes on 2 cores the first time)"
 # Partial RELRO: calls into shared libraries go through the PLT and bind at their first call, so the
 # CUDA libraries can be loaded after start-up (with full RELRO every symbol binds at start-up).
 export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C relro-level=partial"

@@ -83,10 +83,10 @@ impl Error {
     /// This error as `label: why` when it is an i/o error on `path` itself, `label` saying which
     /// file and the flag or config key that named it (`--cases x.jsonl`): the bare error said which
     /// file but not where it came from.
-    pub fn naming(self, path: &std::path::Path, label: impl FnOnce() -> String) -> Self {
+    pub fn naming(self, path: &std::path::Path, label: String) -> Self {
         match self {
             Error::Io { path: p, source } if p == path => {
-                Error::Input(format!("{}: {source}", label()))
+                Error::Input(format!("{label}: {source}"))
             }
             other => other,
         }

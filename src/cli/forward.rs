@@ -56,7 +56,7 @@ pub struct ForwardArgs {
 fn prompt(args: &ForwardArgs, vocab: usize) -> anyhow::Result<Vec<u32>> {
     if let Some(path) = &args.token_file {
         let text = kvbench::files::read_text(path, kvbench::files::CONFIG_LIMIT)
-            .map_err(|e| e.naming(path, || format!("--token-file {}", path.display())))?;
+            .map_err(|e| e.naming(path, format!("--token-file {}", path.display())))?;
         let ids: Vec<u64> = serde_json::from_str(&text).map_err(|e| {
             UsageError(format!(
                 "--token-file {}: expected a JSON array of token ids: {e}",

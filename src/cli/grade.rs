@@ -78,7 +78,7 @@ pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
         return Err(UsageError("give --pred and --gold, or --cases FILE".into()).into());
     };
     let text = kvbench::files::read_text(path, kvbench::files::DATA_LIMIT)
-        .map_err(|e| e.naming(path, || format!("--cases {}", path.display())))?;
+        .map_err(|e| e.naming(path, format!("--cases {}", path.display())))?;
     let mut graded = 0usize;
     for (i, line) in text
         .lines()

@@ -44,9 +44,10 @@ pub fn run(args: RegradeArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let mut records = read_records(&args.samples).map_err(|e| {
-        e.naming(&args.samples, || {
-            format!("samples file {}", args.samples.display())
-        })
+        e.naming(
+            &args.samples,
+            format!("samples file {}", args.samples.display()),
+        )
     })?;
     if records.is_empty() {
         return Err(UsageError(format!(

@@ -78,9 +78,13 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         Some(_) => device.as_flag(),
         None => device.as_config_key(&args.config),
     };
+    let out = cfg
+        .options
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("results").join(&cfg.name));
     if !args.dry_run {
-        let name = PathBuf::from("results").join(&cfg.name);
-        check_out(cfg.options.out.as_deref().unwrap_or(&name))?;
+        check_out(&out)?;
     }
     match (args.dry_run, args.emit) {
         (true, _) => {}
@@ -95,12 +99,6 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let p = plan(cfg)?;
-    let out = p
-        .cfg
-        .options
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("results").join(&p.cfg.name));
     if args.dry_run {
         println!("{}", p.describe(&out));
         println!("dry run: nothing was run");

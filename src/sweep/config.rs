@@ -251,7 +251,7 @@ impl SweepConfig {
     /// Reads a config file and applies the command line's overrides before its policies are parsed.
     pub fn load_with(path: &Path, over: &Overrides) -> Result<Self> {
         let text = crate::files::read_text(path, crate::files::CONFIG_LIMIT)
-            .map_err(|e| e.naming(path, || format!("sweep config {}", path.display())))?;
+            .map_err(|e| e.naming(path, format!("sweep config {}", path.display())))?;
         let bad = |e: String| Error::Input(format!("{}: {e}", path.display()));
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
         // A part's error names its key, not its line (the parts are tables cut from the file): the

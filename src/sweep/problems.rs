@@ -1,7 +1,7 @@
 //! The problems a study's options name: the built-in set, a dataset (hub or local file) or `data`,
 //! then the selection (`ids`, `shuffle_seed`, `limit`) and the length limit that goes with the data.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::eval::dataset;
 use crate::sweep::options::StudyOptions;
 
@@ -35,18 +35,17 @@ pub fn load_problems(o: &StudyOptions) -> Result<ProblemSet> {
         };
         // Only the rows the selection needs are read and held (a file may hold millions).
         let want = dataset::want(&o.ids, o.shuffle_seed, o.limit);
-        let d =
-            dataset::resolve(o.dataset(), o.data.as_deref(), &fields, &want).map_err(
-                |e| match o.data.as_deref() {
-                    Some(data) => e.naming(data, || {
-                        format!(
-                            "problems file {} (--data, or `data` in a sweep config)",
-                            data.display()
-                        )
-                    }),
-                    None => e,
-                },
-            )?;
+        let named = |e: Error| match o.data.as_deref() {
+            Some(data) => e.naming(
+                data,
+                format!(
+                    "problems file {} (--data, or `data` in a sweep config)",
+                    data.display()
+                ),
+            ),
+            None => e,
+        };
+        let d = dataset::resolve(o.dataset(), o.data.as_deref(), &fields, &want).map_err(named)?;
         for w in &d.warnings {
             eprintln!("warning: {w}");
         }

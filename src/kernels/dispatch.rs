@@ -152,9 +152,9 @@ pub fn has_gfni() -> bool {
     }
 }
 
-/// Whether k-quant matrices are repacked at load (`packed`): yes unless `KVBENCH_REPACK=0` (kept to
-/// measure the two layouts against each other; a malformed value is refused by the binary at start,
-/// see [`repack_from_env`]).
+/// Whether k-quant, Q4_0 and Q4_1 matrices are repacked at load (`packed`): yes unless
+/// `KVBENCH_REPACK=0` (kept to measure the two layouts against each other; a malformed value is
+/// refused by the binary at start, see [`repack_from_env`]).
 pub fn repack_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| repack_from_env().ok().flatten().unwrap_or(true))

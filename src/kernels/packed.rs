@@ -1,5 +1,5 @@
-//! k-quant rows repacked at load, four at a time, so that the multi-row kernels read them as they are
-//! (llama.cpp repacks its Q4_K the same way for the same reason).
+//! k-quant, Q4_0 and Q4_1 rows repacked at load, four at a time, so that the multi-row kernels read them
+//! as they are (llama.cpp repacks its Q4_K and Q4_0 for the same reason).
 //!
 //! Why it exists: the kernels for several activation rows multiply four weight rows at once, 8 weights
 //! of each per 32-byte vector. From the file's row-major blocks they had to build that interleaved form
@@ -14,6 +14,11 @@
 //! decode a repacked segment with the same instructions and get the four rows' weights interleaved in
 //! 8-weight chunks, ready for one `maddubs` against 8 broadcast activation bytes.
 //!
+//! Q4_0 and Q4_1 blocks the same way, block by block: the four rows' headers (`d`, and `m` for Q4_1),
+//! then their 16 bytes of nibbles as two 32-byte chunks, bytes 0–7 of each row in the first and 8–15 in
+//! the second, so that one load and a mask give weights 0–7 (8–15) of the four rows and a shift
+//! weights 16–23 (24–31), each against 8 broadcast activation bytes ([`super::x86::legacy4`]).
+//!
 //! A matrix's rows are repacked in whole groups; a last group of fewer than four rows stays as in the
 //! file. Nothing else in the model is laid out anew.
 
@@ -22,10 +27,14 @@ use super::format::BlockFormat;
 /// Rows repacked together.
 pub const GROUP_ROWS: usize = 4;
 
-/// Where a k-quant super-block keeps its header and its weights: `(header, data)` as byte ranges of the
-/// file's block (`None` for formats that are not repacked).
+/// Where a repacked format's block keeps its header and its weights: `(header, data)` as byte ranges of
+/// the file's block (`None` for formats that are not repacked).
 pub fn regions(format: BlockFormat) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
     match format {
+        // d; 16 bytes of nibbles.
+        BlockFormat::Q4_0 => Some((0..2, 2..18)),
+        // d, m; 16 bytes of nibbles.
+        BlockFormat::Q4_1 => Some((0..4, 4..20)),
         // d, dmin, 12 bytes of scales; then 128 bytes of nibbles.
         BlockFormat::Q4K => Some((0..16, 16..144)),
         // d, dmin, scales; 32 bytes of fifth bits, 128 of nibbles.
@@ -41,7 +50,7 @@ pub fn repacks(format: BlockFormat) -> bool {
     regions(format).is_some()
 }
 
-/// Repacks every whole group of four rows of `bytes` (`rows` rows of `row_bytes`, k-quant `format`) in
+/// Repacks every whole group of four rows of `bytes` (`rows` rows of `row_bytes`, a repacked `format`) in
 /// place, groups in parallel, each through one group's worth of scratch.
 pub fn pack(format: BlockFormat, bytes: &mut [u8], rows: usize, row_bytes: usize) {
     use rayon::prelude::*;
@@ -76,7 +85,7 @@ pub fn pack(format: BlockFormat, bytes: &mut [u8], rows: usize, row_bytes: usize
 /// Row `w` (0–3) of a repacked `group` (`GROUP_ROWS · row_bytes` bytes) as the file stored it, into
 /// `out` (`row_bytes`).
 pub fn unpack_row(format: BlockFormat, group: &[u8], w: usize, out: &mut [u8]) {
-    let (header, data) = regions(format).expect("only k-quants are repacked");
+    let (header, data) = regions(format).expect("a repacked format");
     let hl = header.len();
     let block = format.block_bytes();
     for (b, row_block) in out.chunks_exact_mut(block).enumerate() {
@@ -110,7 +119,13 @@ mod tests {
 
     #[test]
     fn repacking_is_a_permutation_that_unpacking_undoes() {
-        for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K] {
+        for format in [
+            BlockFormat::Q4K,
+            BlockFormat::Q5K,
+            BlockFormat::Q6K,
+            BlockFormat::Q4_0,
+            BlockFormat::Q4_1,
+        ] {
             let (rows, k) = (9, 512);
             let row_bytes = format.row_bytes(k).unwrap();
             let file: Vec<u8> = (0..rows * row_bytes)
@@ -132,6 +147,31 @@ mod tests {
             }
             unpack(format, &mut packed, rows, row_bytes);
             assert_eq!(packed, file);
+        }
+    }
+
+    #[test]
+    fn a_q4_block_holds_the_four_headers_then_each_rows_nibbles_in_two_chunks() {
+        let format = BlockFormat::Q4_1;
+        let row_bytes = format.row_bytes(64).unwrap();
+        let bytes: Vec<u8> = (0..4 * row_bytes).map(|i| i as u8).collect();
+        let mut packed = bytes.clone();
+        pack(format, &mut packed, 4, row_bytes);
+        // Block 1 of the group: 80 bytes from 80; row w's block 1 starts at w · 40 + 20.
+        let block = &packed[80..160];
+        for w in 0..4 {
+            let file = &bytes[w * row_bytes + 20..][..20];
+            assert_eq!(block[4 * w..4 * w + 4], file[..4], "row {w}'s d and m");
+            assert_eq!(
+                block[16 + 8 * w..24 + 8 * w],
+                file[4..12],
+                "row {w}'s bytes 0–7"
+            );
+            assert_eq!(
+                block[48 + 8 * w..56 + 8 * w],
+                file[12..20],
+                "row {w}'s bytes 8–15"
+            );
         }
     }
 

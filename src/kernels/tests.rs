@@ -302,6 +302,95 @@ fn repacked_rows_give_the_bits_of_the_files_layout() {
     }
 }
 
+/// Q4_0 and Q4_1 rows repacked at load are read in place at every batch size (`x86::legacy4`): the
+/// file's weights exactly (same bytes, same dequantization), each product its exact integer sums put
+/// through the float steps block by block (a scalar model of them gives the same bits), the same bits on the AVX-512
+/// path, and results within the file layout's rounding; a last group of fewer than four rows stays as in
+/// the file (42 rows), or there is none (36).
+#[test]
+fn repacked_q4_rows_are_read_in_place_at_every_batch() {
+    if !needs(Kernel::Avx2, has_avx2()) {
+        return;
+    }
+    let k = 768;
+    for (format, n) in [BlockFormat::Q4_0, BlockFormat::Q4_1]
+        .into_iter()
+        .flat_map(|f| [(f, 42), (f, 36)])
+    {
+        let bytes = quantized(format, n, k, 60);
+        let file = QMatrix::with_layout(format, bytes.clone(), n, k, false).unwrap();
+        let packed = QMatrix::with_layout(format, bytes.clone(), n, k, true).unwrap();
+        assert!(packed.is_packed(0) && packed.is_packed(35) && !file.is_packed(0));
+        assert_eq!(packed.is_packed(n - 1), n % 4 == 0, "{format:?}, {n} rows");
+        assert_eq!(
+            packed.bytes(),
+            file.bytes(),
+            "{format:?}: repacking adds nothing"
+        );
+        assert_eq!(packed.dequantize(), file.dequantize(), "{format:?}");
+        let w = file.dequantize();
+        for m in [1, 2, 3, 4, 5, 8, 33, 70] {
+            let x = random(m * k, 61 + m as u64);
+            let (got, ran) = counting(|| packed.matmul_with(&x, m, Path::Avx2));
+            assert_ran(&ran, Kernel::Avx2, &format!("{format:?}, {m} rows"));
+            assert_eq!(
+                got,
+                packed.matmul_with(&x, m, Path::Avx512),
+                "{format:?}, {m} rows: the AVX-512 path"
+            );
+            let acts = acts::Acts::quantize(&x, m, k, 32);
+            let row_bytes = format.row_bytes(k).unwrap();
+            for r in 0..m {
+                // The repacked columns; a last group of two goes through the file layout's kernels.
+                for j in 0..n / 4 * 4 {
+                    let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
+                    let want = q4_block_steps(format, row, &acts, r);
+                    assert_eq!(
+                        got[r * n + j].to_bits(),
+                        want.to_bits(),
+                        "{format:?}, {m} rows: row {r}, column {j} ({} vs {want})",
+                        got[r * n + j]
+                    );
+                }
+            }
+            let old = file.matmul_with(&x, m, Path::Avx2);
+            for (a, b) in old.iter().zip(&got) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+                    "{format:?}: {a} vs {b}"
+                );
+            }
+            assert_within_activation_rounding(&w, &x, &got, n, k, 32);
+        }
+    }
+}
+
+/// What `x86::legacy4` computes for one Q4_0 or Q4_1 row (the file's bytes) and activation row `r`:
+/// per block, the exact sum `s = Σ q·xq` (q the stored nibble), then `total = fma(m, xs, fma(s·d, dx,
+/// total))` with the activations' scale `dx` and scaled sum `xs`, `m` Q4_1's minimum or −8·d (Q4_0:
+/// weights d·(q − 8)).
+fn q4_block_steps(format: BlockFormat, row: &[u8], x: &acts::Acts, r: usize) -> f32 {
+    let (xq, xd, xs) = (x.row(r), x.scales(r), x.row_scaled(r));
+    let block = format.block_bytes();
+    let header = if format == BlockFormat::Q4_1 { 4 } else { 2 };
+    let mut total = 0f32;
+    for (b, blk) in row.chunks_exact(block).enumerate() {
+        let d = unpacked::f16_at(blk, 0);
+        let m = if header == 4 {
+            unpacked::f16_at(blk, 2)
+        } else {
+            -8.0 * d
+        };
+        let mut s = 0i32;
+        for (t, &byte) in blk[header..].iter().enumerate() {
+            let (lo, hi) = (xq[32 * b + t] as i32, xq[32 * b + t + 16] as i32);
+            s += (byte & 0x0F) as i32 * lo + (byte >> 4) as i32 * hi;
+        }
+        total = m.mul_add(xs[b], (s as f32 * d).mul_add(xd[b], total));
+    }
+    total
+}
+
 /// A product computed on a decoding team (two threads claiming runs of tasks, see
 /// `parallel::for_each_range_init`) gives the bits of the same product on one thread, for every format,
 /// repacked or not, at batch 1 (tasks of 128 columns, several runs) and at batches 8 and 32 (tasks of 32).
@@ -378,13 +467,21 @@ fn stacked_parts_of_different_kernels_are_independent_of_the_batch() {
         (BlockFormat::Q4_0, 6),
         (BlockFormat::Q4_1, 3),
     ];
+    // Q4_1 and Q4_0 parts that start on a group of four are repacked (a last group of two as in the
+    // file), a Q4_1 part after an odd start is not.
+    let repacked = [
+        (BlockFormat::Q4_1, 8),
+        (BlockFormat::Q4_0, 6),
+        (BlockFormat::Q8_0, 6),
+        (BlockFormat::Q4_1, 5),
+    ];
     let kquants = [
         (BlockFormat::Q4K, 6),
         (BlockFormat::Q6K, 7),
         (BlockFormat::Q5K, 9),
     ];
-    for parts in [legacy, kquants] {
-        let (_, stacked) = stacked_parts(&parts, k, 20);
+    for parts in [&legacy[..], &repacked[..], &kquants[..]] {
+        let (_, stacked) = stacked_parts(parts, k, 20);
         let n = stacked.rows();
         let x = random(40 * k, 21);
         let all = stacked.matmul(&x, 40);

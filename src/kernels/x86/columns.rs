@@ -5,11 +5,12 @@
 //! registers ([`fused`]); larger ones decode [`NW`] weight rows once per tile and multiply them with
 //! several activation rows at a time ([`gemm`], [`gemm512`]). k-quant rows repacked at load are read
 //! in place ([`gemm::dot_packed`], [`k45_vnni`], [`gemm512::dot_packed_pair`]) while
-//! [`Plan::packed_in_place`], and interleaved per tile after. Columns a block of `NW` cannot take (a
+//! [`Plan::packed_in_place`], and interleaved per tile after; repacked Q4_0 and Q4_1 rows always in
+//! place ([`legacy4`]). Columns a block of `NW` cannot take (a
 //! task's last few, or stacked parts of different kinds) go one by one ([`prepared`]).
 
 use super::finish::NW;
-use super::{gemm, gemm512, k45_vnni, prepared};
+use super::{gemm, gemm512, k45_vnni, legacy4, prepared};
 use crate::kernels::acts::Acts;
 use crate::kernels::dispatch::Plan;
 use crate::kernels::matrix::QMatrix;
@@ -50,8 +51,10 @@ pub unsafe fn next(
     let slot = (j - start) / NW;
     // SAFETY (every call below): the caller's contract, and each callee's columns lie in `j .. end`.
     unsafe {
-        if w.packed_group(j).is_some() {
-            if plan.packed_in_place() {
+        if let Some((format, _)) = w.packed_group(j) {
+            // Repacked Q4_0 and Q4_1 groups are read in place at every batch size (one kernel, so
+            // that a row's bits do not depend on its batch); k-quant ones while the plan says so.
+            if plan.packed_in_place() || legacy4::takes(format) {
                 return packed_columns(w, x, rows, j, end, plan, out);
             }
         } else if plan.in_registers(w.format(j)) {
@@ -158,8 +161,8 @@ unsafe fn fused_columns(
 /// The kernel kind shared by rows `j .. j + NW`, if they share one and are either one repacked group
 /// or all as in the file.
 fn block_kind(w: &QMatrix, j: usize) -> Option<gemm::Kind> {
-    if w.packed_group(j).is_some() {
-        return Some(gemm::Kind::KQuant);
+    if let Some((format, _)) = w.packed_group(j) {
+        return format.is_k_quant().then_some(gemm::Kind::KQuant);
     }
     let kind = gemm::Kind::of(w.format(j));
     (0..gemm::NW)
@@ -190,7 +193,8 @@ unsafe fn packed_columns(
         let next = (j + 2 * gemm::NW <= end)
             .then(|| w.packed_group(j + gemm::NW))
             .flatten();
-        if let Some((_, second)) = next.filter(|n| n.0 == format && plan.pairs_packed(rows.len())) {
+        let pairs = format.is_k_quant() && plan.pairs_packed(rows.len());
+        if let Some((_, second)) = next.filter(|n| n.0 == format && pairs) {
             use gemm512::{Acc, KR, MAX_ROWS};
             let mut r = rows.start;
             while r < rows.end {
@@ -212,7 +216,9 @@ unsafe fn packed_columns(
         while r < rows.end {
             let take = (rows.end - r).min(gemm::KR);
             let mut acc = [[0f32; gemm::KR]; gemm::NW];
-            if plan.vnni && k45_vnni::takes(format) {
+            if legacy4::takes(format) {
+                legacy4::dot_packed(format, group, x, r, take, &mut acc);
+            } else if plan.vnni && k45_vnni::takes(format) {
                 // Q4_K and Q5_K: fewer instructions a super-block than `gemm`'s VNNI kernel.
                 k45_vnni::dot_packed(format, group, x, r, take, &mut acc);
             } else {

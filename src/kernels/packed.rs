@@ -1,5 +1,5 @@
-//! k-quant, Q4_0 and Q4_1 rows repacked at load, four at a time, so that the multi-row kernels read them
-//! as they are (llama.cpp repacks its Q4_K and Q4_0 for the same reason).
+//! k-quant, Q4_0, Q4_1, Q5_0 and Q5_1 rows repacked at load, four at a time, so that the multi-row
+//! kernels read them as they are (llama.cpp repacks its Q4_K and Q4_0 for the same reason).
 //!
 //! Why it exists: the kernels for several activation rows multiply four weight rows at once, 8 weights
 //! of each per 32-byte vector. From the file's row-major blocks they had to build that interleaved form
@@ -14,10 +14,11 @@
 //! decode a repacked segment with the same instructions and get the four rows' weights interleaved in
 //! 8-weight chunks, ready for one `maddubs` against 8 broadcast activation bytes.
 //!
-//! Q4_0 and Q4_1 blocks the same way, block by block: the four rows' headers (`d`, and `m` for Q4_1),
-//! then their 16 bytes of nibbles as two 32-byte chunks, bytes 0–7 of each row in the first and 8–15 in
-//! the second, so that one load and a mask give weights 0–7 (8–15) of the four rows and a shift
-//! weights 16–23 (24–31), each against 8 broadcast activation bytes ([`super::x86::legacy4`]).
+//! Q4_0, Q4_1, Q5_0 and Q5_1 blocks the same way, block by block: the four rows' headers (`d`, `m`
+//! for Q4_1 and Q5_1, the fifth bits for Q5_0 and Q5_1, as the file has them), then their 16 bytes of
+//! nibbles as two 32-byte chunks, bytes 0–7 of each row in the first and 8–15 in the second, so that one
+//! load and a mask give weights 0–7 (8–15) of the four rows and a shift weights 16–23 (24–31), each
+//! against 8 broadcast activation bytes ([`super::x86::legacy_packed`]).
 //!
 //! A matrix's rows are repacked in whole groups; a last group of fewer than four rows stays as in the
 //! file. Nothing else in the model is laid out anew.
@@ -35,6 +36,10 @@ pub fn regions(format: BlockFormat) -> Option<(std::ops::Range<usize>, std::ops:
         BlockFormat::Q4_0 => Some((0..2, 2..18)),
         // d, m; 16 bytes of nibbles.
         BlockFormat::Q4_1 => Some((0..4, 4..20)),
+        // d, 32 fifth bits; 16 bytes of nibbles.
+        BlockFormat::Q5_0 => Some((0..6, 6..22)),
+        // d, m, 32 fifth bits; 16 bytes of nibbles.
+        BlockFormat::Q5_1 => Some((0..8, 8..24)),
         // d, dmin, 12 bytes of scales; then 128 bytes of nibbles.
         BlockFormat::Q4K => Some((0..16, 16..144)),
         // d, dmin, scales; 32 bytes of fifth bits, 128 of nibbles.
@@ -125,6 +130,8 @@ mod tests {
             BlockFormat::Q6K,
             BlockFormat::Q4_0,
             BlockFormat::Q4_1,
+            BlockFormat::Q5_0,
+            BlockFormat::Q5_1,
         ] {
             let (rows, k) = (9, 512);
             let row_bytes = format.row_bytes(k).unwrap();

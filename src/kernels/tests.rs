@@ -302,21 +302,25 @@ fn repacked_rows_give_the_bits_of_the_files_layout() {
     }
 }
 
-/// Q4_0 and Q4_1 rows repacked at load are read in place at every batch size (`x86::legacy4`): the
+/// Q4_0, Q4_1, Q5_0 and Q5_1 rows repacked at load are read in place at every batch size
+/// (`x86::legacy_packed`): the
 /// file's weights exactly (same bytes, same dequantization), each product its exact integer sums put
 /// through the float steps block by block (a scalar model of them gives the same bits), the same bits on the AVX-512
 /// path, and results within the file layout's rounding; a last group of fewer than four rows stays as in
 /// the file (42 rows), or there is none (36).
 #[test]
-fn repacked_q4_rows_are_read_in_place_at_every_batch() {
+fn repacked_q4_and_q5_rows_are_read_in_place_at_every_batch() {
     if !needs(Kernel::Avx2, has_avx2()) {
         return;
     }
     let k = 768;
-    for (format, n) in [BlockFormat::Q4_0, BlockFormat::Q4_1]
-        .into_iter()
-        .flat_map(|f| [(f, 42), (f, 36)])
-    {
+    let formats = [
+        BlockFormat::Q4_0,
+        BlockFormat::Q4_1,
+        BlockFormat::Q5_0,
+        BlockFormat::Q5_1,
+    ];
+    for (format, n) in formats.into_iter().flat_map(|f| [(f, 42), (f, 36)]) {
         let bytes = quantized(format, n, k, 60);
         let file = QMatrix::with_layout(format, bytes.clone(), n, k, false).unwrap();
         let packed = QMatrix::with_layout(format, bytes.clone(), n, k, true).unwrap();
@@ -344,7 +348,7 @@ fn repacked_q4_rows_are_read_in_place_at_every_batch() {
                 // The repacked columns; a last group of two goes through the file layout's kernels.
                 for j in 0..n / 4 * 4 {
                     let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
-                    let want = q4_block_steps(format, row, &acts, r);
+                    let want = nibble_block_steps(format, row, &acts, r);
                     assert_eq!(
                         got[r * n + j].to_bits(),
                         want.to_bits(),
@@ -365,26 +369,34 @@ fn repacked_q4_rows_are_read_in_place_at_every_batch() {
     }
 }
 
-/// What `x86::legacy4` computes for one Q4_0 or Q4_1 row (the file's bytes) and activation row `r`:
-/// per block, the exact sum `s = Σ q·xq` (q the stored nibble), then `total = fma(m, xs, fma(s·d, dx,
-/// total))` with the activations' scale `dx` and scaled sum `xs`, `m` Q4_1's minimum or −8·d (Q4_0:
-/// weights d·(q − 8)).
-fn q4_block_steps(format: BlockFormat, row: &[u8], x: &acts::Acts, r: usize) -> f32 {
+/// What `x86::legacy_packed` computes for one Q4_0, Q4_1, Q5_0 or Q5_1 row (the file's bytes) and
+/// activation row `r`: per block, the exact sum `s = Σ q·xq` (q the stored value: nibble, and fifth
+/// bit), then `total = fma(m, xs, fma(s·d, dx, total))` with the activations' scale `dx` and scaled sum
+/// `xs`, `m` the block's minimum (Q4_1, Q5_1) or −8·d (Q4_0) or −16·d (Q5_0).
+fn nibble_block_steps(format: BlockFormat, row: &[u8], x: &acts::Acts, r: usize) -> f32 {
     let (xq, xd, xs) = (x.row(r), x.scales(r), x.row_scaled(r));
+    // Where the minimum and the fifth bits are, and the offset of formats without a minimum.
+    let (min_at, fifth_at, offset) = match format {
+        BlockFormat::Q4_0 => (None, None, -8.0),
+        BlockFormat::Q4_1 => (Some(2), None, 0.0),
+        BlockFormat::Q5_0 => (None, Some(2), -16.0),
+        BlockFormat::Q5_1 => (Some(2), Some(4), 0.0),
+        _ => unreachable!(),
+    };
     let block = format.block_bytes();
-    let header = if format == BlockFormat::Q4_1 { 4 } else { 2 };
     let mut total = 0f32;
     for (b, blk) in row.chunks_exact(block).enumerate() {
         let d = unpacked::f16_at(blk, 0);
-        let m = if header == 4 {
-            unpacked::f16_at(blk, 2)
-        } else {
-            -8.0 * d
-        };
+        let m = min_at.map_or(offset * d, |at| unpacked::f16_at(blk, at));
+        let high = fifth_at.map_or(0, |at| {
+            u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]])
+        });
+        let nibbles = &blk[block - 16..];
         let mut s = 0i32;
-        for (t, &byte) in blk[header..].iter().enumerate() {
+        for (t, &byte) in nibbles.iter().enumerate() {
+            let q = |nibble: u8, bit: usize| (nibble | (((high >> bit) & 1) << 4) as u8) as i32;
             let (lo, hi) = (xq[32 * b + t] as i32, xq[32 * b + t + 16] as i32);
-            s += (byte & 0x0F) as i32 * lo + (byte >> 4) as i32 * hi;
+            s += q(byte & 0x0F, t) * lo + q(byte >> 4, t + 16) * hi;
         }
         total = m.mul_add(xs[b], (s as f32 * d).mul_add(xd[b], total));
     }

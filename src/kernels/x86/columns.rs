@@ -5,12 +5,12 @@
 //! registers ([`fused`]); larger ones decode [`NW`] weight rows once per tile and multiply them with
 //! several activation rows at a time ([`gemm`], [`gemm512`]). k-quant rows repacked at load are read
 //! in place ([`gemm::dot_packed`], [`k45_vnni`], [`gemm512::dot_packed_pair`]) while
-//! [`Plan::packed_in_place`], and interleaved per tile after; repacked Q4_0 and Q4_1 rows always in
-//! place ([`legacy4`]). Columns a block of `NW` cannot take (a
+//! [`Plan::packed_in_place`], and interleaved per tile after; repacked Q4 and Q5 rows always in place
+//! ([`legacy_packed`]). Columns a block of `NW` cannot take (a
 //! task's last few, or stacked parts of different kinds) go one by one ([`prepared`]).
 
 use super::finish::NW;
-use super::{gemm, gemm512, k45_vnni, legacy4, prepared};
+use super::{gemm, gemm512, k45_vnni, legacy_packed, prepared};
 use crate::kernels::acts::Acts;
 use crate::kernels::dispatch::Plan;
 use crate::kernels::matrix::QMatrix;
@@ -52,9 +52,9 @@ pub unsafe fn next(
     // SAFETY (every call below): the caller's contract, and each callee's columns lie in `j .. end`.
     unsafe {
         if let Some((format, _)) = w.packed_group(j) {
-            // Repacked Q4_0 and Q4_1 groups are read in place at every batch size (one kernel, so
+            // Repacked Q4 and Q5 groups are read in place at every batch size (one kernel, so
             // that a row's bits do not depend on its batch); k-quant ones while the plan says so.
-            if plan.packed_in_place() || legacy4::takes(format) {
+            if plan.packed_in_place() || legacy_packed::takes(format) {
                 return packed_columns(w, x, rows, j, end, plan, out);
             }
         } else if plan.in_registers(w.format(j)) {
@@ -216,8 +216,8 @@ unsafe fn packed_columns(
         while r < rows.end {
             let take = (rows.end - r).min(gemm::KR);
             let mut acc = [[0f32; gemm::KR]; gemm::NW];
-            if legacy4::takes(format) {
-                legacy4::dot_packed(format, group, x, r, take, &mut acc);
+            if legacy_packed::takes(format) {
+                legacy_packed::dot_packed(format, group, x, r, take, &mut acc);
             } else if plan.vnni && k45_vnni::takes(format) {
                 // Q4_K and Q5_K: fewer instructions a super-block than `gemm`'s VNNI kernel.
                 k45_vnni::dot_packed(format, group, x, r, take, &mut acc);

@@ -269,6 +269,33 @@ fn vnni_and_gfni_kernels_run_and_give_the_avx2_bits() {
     }
 }
 
+/// A random `n × k` matrix of `format` (n ≥ 36) from `seed`: its bytes, and the matrix in the file's
+/// layout and repacked, after checking that repacking holds whole groups of four only (the last row
+/// repacked only when `n` is a multiple of four), adds no byte and keeps the weights.
+fn file_and_repacked(
+    format: BlockFormat,
+    n: usize,
+    k: usize,
+    seed: u64,
+) -> (Vec<u8>, QMatrix, QMatrix) {
+    let bytes = quantized(format, n, k, seed);
+    let file = QMatrix::with_layout(format, bytes.clone(), n, k, false).unwrap();
+    let packed = QMatrix::with_layout(format, bytes.clone(), n, k, true).unwrap();
+    assert!(packed.is_packed(0) && packed.is_packed(35) && !file.is_packed(0));
+    assert_eq!(
+        packed.is_packed(n - 1),
+        n.is_multiple_of(4),
+        "{format:?}, {n} rows"
+    );
+    assert_eq!(
+        packed.bytes(),
+        file.bytes(),
+        "{format:?}: repacking adds nothing"
+    );
+    assert_eq!(packed.dequantize(), file.dequantize(), "{format:?}");
+    (bytes, file, packed)
+}
+
 /// k-quant rows repacked at load give the bits of the file's layout, on every path, for a batch of one
 /// (read in place, AVX-512 in pairs of groups), of a few rows, past one call of rows, and of two tiles
 /// (interleaved once per tile), with a last group of fewer than four rows left as in the file, and
@@ -280,17 +307,7 @@ fn repacked_rows_give_the_bits_of_the_files_layout() {
         .into_iter()
         .flat_map(|f| [(f, 42), (f, 36)])
     {
-        let bytes = quantized(format, n, k, 40);
-        let file = QMatrix::with_layout(format, bytes.clone(), n, k, false).unwrap();
-        let packed = QMatrix::with_layout(format, bytes, n, k, true).unwrap();
-        assert!(packed.is_packed(0) && packed.is_packed(35) && !file.is_packed(0));
-        assert_eq!(packed.is_packed(n - 1), n % 4 == 0, "{format:?}, {n} rows");
-        assert_eq!(
-            packed.bytes(),
-            file.bytes(),
-            "{format:?}: repacking adds nothing"
-        );
-        assert_eq!(packed.dequantize(), file.dequantize(), "{format:?}");
+        let (_, file, packed) = file_and_repacked(format, n, k, 40);
         for path in [Path::Portable, Path::Avx2, Path::Avx512] {
             for m in [1, 2, 3, 4, 5, 8, 33, 70] {
                 let x = random(m * k, 41 + m as u64);
@@ -321,17 +338,7 @@ fn repacked_q4_and_q5_rows_are_read_in_place_at_every_batch() {
         BlockFormat::Q5_1,
     ];
     for (format, n) in formats.into_iter().flat_map(|f| [(f, 42), (f, 36)]) {
-        let bytes = quantized(format, n, k, 60);
-        let file = QMatrix::with_layout(format, bytes.clone(), n, k, false).unwrap();
-        let packed = QMatrix::with_layout(format, bytes.clone(), n, k, true).unwrap();
-        assert!(packed.is_packed(0) && packed.is_packed(35) && !file.is_packed(0));
-        assert_eq!(packed.is_packed(n - 1), n % 4 == 0, "{format:?}, {n} rows");
-        assert_eq!(
-            packed.bytes(),
-            file.bytes(),
-            "{format:?}: repacking adds nothing"
-        );
-        assert_eq!(packed.dequantize(), file.dequantize(), "{format:?}");
+        let (bytes, file, packed) = file_and_repacked(format, n, k, 60);
         let w = file.dequantize();
         for m in [1, 2, 3, 4, 5, 8, 33, 70] {
             let x = random(m * k, 61 + m as u64);

@@ -152,7 +152,7 @@ pub fn has_gfni() -> bool {
     }
 }
 
-/// Whether k-quant, Q4_0, Q4_1, Q5_0 and Q5_1 matrices are repacked at load (`packed`): yes unless
+/// Whether weight matrices are repacked at load (`packed`): yes unless
 /// `KVBENCH_REPACK=0` (kept to measure the two layouts against each other; a malformed value is
 /// refused by the binary at start, see [`repack_from_env`]).
 pub fn repack_enabled() -> bool {

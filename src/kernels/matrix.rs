@@ -1,5 +1,5 @@
 //! The weight matrix the kernels multiply: the file's blocks, resident once, possibly several formats
-//! stacked by rows, k-quant, Q4_0, Q4_1, Q5_0 and Q5_1 rows repacked at load. Products are computed by the driver
+//! stacked by rows, repacked at load four rows at a time. Products are computed by the driver
 //! ([`super::driver`]); this module holds the bytes and answers where each row is.
 
 use super::error::KernelError;
@@ -51,7 +51,7 @@ pub struct QMatrix {
 }
 
 impl QMatrix {
-    /// A matrix from the file's blocks (`n` rows of `k` weights), k-quants, Q4 and Q5 formats repacked unless
+    /// A matrix from the file's blocks (`n` rows of `k` weights), repacked ([`packed`]) unless
     /// `KVBENCH_REPACK=0` ([`repack_enabled`](super::dispatch::repack_enabled)).
     pub fn new(
         format: BlockFormat,
@@ -87,7 +87,7 @@ impl QMatrix {
             });
         }
         let mut bytes = bytes;
-        let packed = packed::repacks(format) && repack;
+        let packed = repack;
         if packed {
             packed::pack(format, &mut bytes, n, row_bytes);
         }

@@ -11,8 +11,7 @@
 //!   kernels, one arm of `x86::with_kquant!` or `with_legacy!` with its decoding type;
 //! - [`acts`]: activations quantized per block to 8 bits, as ggml does (32-wide, or 256-wide for
 //!   k-quant matrices);
-//! - [`matrix`]: the weight matrix (the file's blocks, stacked parts, k-quant, Q4 and Q5 rows
-//!   [`packed`] at load);
+//! - [`matrix`]: the weight matrix (the file's blocks, stacked parts, rows [`packed`] at load);
 //! - [`dispatch`]: the one place that decides which kernel runs (the CPU's features, checked once;
 //!   the environment's overrides; the row counts where one kernel hands over to another), as a
 //!   [`dispatch::Plan`] per product;

@@ -1,5 +1,6 @@
-//! k-quant, Q4_0, Q4_1, Q5_0 and Q5_1 rows repacked at load, four at a time, so that the multi-row
-//! kernels read them as they are (llama.cpp repacks its Q4_K and Q4_0 for the same reason).
+//! Rows of every block format kvbench multiplies (the k-quants and the 32-weight formats) repacked at
+//! load, four at a time, so that the multi-row kernels read them as they are (llama.cpp repacks its
+//! Q4_K and Q4_0 for the same reason).
 //!
 //! Why it exists: the kernels for several activation rows multiply four weight rows at once, 8 weights
 //! of each per 32-byte vector. From the file's row-major blocks they had to build that interleaved form
@@ -14,11 +15,12 @@
 //! decode a repacked segment with the same instructions and get the four rows' weights interleaved in
 //! 8-weight chunks, ready for one `maddubs` against 8 broadcast activation bytes.
 //!
-//! Q4_0, Q4_1, Q5_0 and Q5_1 blocks the same way, block by block: the four rows' headers (`d`, `m`
-//! for Q4_1 and Q5_1, the fifth bits for Q5_0 and Q5_1, as the file has them), then their 16 bytes of
-//! nibbles as two 32-byte chunks, bytes 0–7 of each row in the first and 8–15 in the second, so that one
-//! load and a mask give weights 0–7 (8–15) of the four rows and a shift weights 16–23 (24–31), each
-//! against 8 broadcast activation bytes ([`super::x86::legacy_packed`]).
+//! The 32-weight formats the same way, block by block: the four rows' headers (`d`, `m` for Q4_1 and
+//! Q5_1, the fifth bits for Q5_0 and Q5_1, as the file has them), then their weight bytes in 32-byte
+//! chunks, bytes 8t … 8t + 7 of each row in chunk t: for the nibble formats bytes 0–7 of each row in the
+//! first and 8–15 in the second, so that one load and a mask give weights 0–7 (8–15) of the four rows and
+//! a shift weights 16–23 (24–31); for Q8_0 four chunks of 8 weights. Each chunk is multiplied against 8
+//! broadcast activation bytes ([`super::x86::legacy_packed`]).
 //!
 //! A matrix's rows are repacked in whole groups; a last group of fewer than four rows stays as in the
 //! file. Nothing else in the model is laid out anew.
@@ -28,40 +30,34 @@ use super::format::BlockFormat;
 /// Rows repacked together.
 pub const GROUP_ROWS: usize = 4;
 
-/// Where a repacked format's block keeps its header and its weights: `(header, data)` as byte ranges of
-/// the file's block (`None` for formats that are not repacked).
-pub fn regions(format: BlockFormat) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+/// Where a format's block keeps its header and its weights: `(header, data)` as byte ranges of the
+/// file's block. Every format is repacked: one with no kernel for the layout would need a way out here.
+pub fn regions(format: BlockFormat) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
     match format {
         // d; 16 bytes of nibbles.
-        BlockFormat::Q4_0 => Some((0..2, 2..18)),
+        BlockFormat::Q4_0 => (0..2, 2..18),
         // d, m; 16 bytes of nibbles.
-        BlockFormat::Q4_1 => Some((0..4, 4..20)),
+        BlockFormat::Q4_1 => (0..4, 4..20),
         // d, 32 fifth bits; 16 bytes of nibbles.
-        BlockFormat::Q5_0 => Some((0..6, 6..22)),
+        BlockFormat::Q5_0 => (0..6, 6..22),
         // d, m, 32 fifth bits; 16 bytes of nibbles.
-        BlockFormat::Q5_1 => Some((0..8, 8..24)),
+        BlockFormat::Q5_1 => (0..8, 8..24),
+        // d; 32 signed bytes.
+        BlockFormat::Q8_0 => (0..2, 2..34),
         // d, dmin, 12 bytes of scales; then 128 bytes of nibbles.
-        BlockFormat::Q4K => Some((0..16, 16..144)),
+        BlockFormat::Q4K => (0..16, 16..144),
         // d, dmin, scales; 32 bytes of fifth bits, 128 of nibbles.
-        BlockFormat::Q5K => Some((0..16, 16..176)),
+        BlockFormat::Q5K => (0..16, 16..176),
         // 128 bytes of low nibbles, 64 of high bits; then 16 scales and d.
-        BlockFormat::Q6K => Some((192..210, 0..192)),
-        _ => None,
+        BlockFormat::Q6K => (192..210, 0..192),
     }
 }
 
-/// Whether rows of `format` are repacked.
-pub fn repacks(format: BlockFormat) -> bool {
-    regions(format).is_some()
-}
-
-/// Repacks every whole group of four rows of `bytes` (`rows` rows of `row_bytes`, a repacked `format`) in
+/// Repacks every whole group of four rows of `bytes` (`rows` rows of `row_bytes` in `format`) in
 /// place, groups in parallel, each through one group's worth of scratch.
 pub fn pack(format: BlockFormat, bytes: &mut [u8], rows: usize, row_bytes: usize) {
     use rayon::prelude::*;
-    let Some((header, data)) = regions(format) else {
-        return;
-    };
+    let (header, data) = regions(format);
     let group_bytes = GROUP_ROWS * row_bytes;
     let block = format.block_bytes();
     bytes[..rows / GROUP_ROWS * group_bytes]
@@ -90,7 +86,7 @@ pub fn pack(format: BlockFormat, bytes: &mut [u8], rows: usize, row_bytes: usize
 /// Row `w` (0–3) of a repacked `group` (`GROUP_ROWS · row_bytes` bytes) as the file stored it, into
 /// `out` (`row_bytes`).
 pub fn unpack_row(format: BlockFormat, group: &[u8], w: usize, out: &mut [u8]) {
-    let (header, data) = regions(format).expect("a repacked format");
+    let (header, data) = regions(format);
     let hl = header.len();
     let block = format.block_bytes();
     for (b, row_block) in out.chunks_exact_mut(block).enumerate() {
@@ -105,9 +101,6 @@ pub fn unpack_row(format: BlockFormat, group: &[u8], w: usize, out: &mut [u8]) {
 
 /// Undoes [`pack`].
 pub fn unpack(format: BlockFormat, bytes: &mut [u8], rows: usize, row_bytes: usize) {
-    if !repacks(format) {
-        return;
-    }
     let group_bytes = GROUP_ROWS * row_bytes;
     let mut src = vec![0u8; group_bytes];
     for group in bytes[..rows / GROUP_ROWS * group_bytes].chunks_exact_mut(group_bytes) {
@@ -132,6 +125,7 @@ mod tests {
             BlockFormat::Q4_1,
             BlockFormat::Q5_0,
             BlockFormat::Q5_1,
+            BlockFormat::Q8_0,
         ] {
             let (rows, k) = (9, 512);
             let row_bytes = format.row_bytes(k).unwrap();

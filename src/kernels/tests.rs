@@ -319,14 +319,13 @@ fn repacked_rows_give_the_bits_of_the_files_layout() {
     }
 }
 
-/// Q4_0, Q4_1, Q5_0 and Q5_1 rows repacked at load are read in place at every batch size
-/// (`x86::legacy_packed`): the
-/// file's weights exactly (same bytes, same dequantization), each product its exact integer sums put
-/// through the float steps block by block (a scalar model of them gives the same bits), the same bits on the AVX-512
-/// path, and results within the file layout's rounding; a last group of fewer than four rows stays as in
-/// the file (42 rows), or there is none (36).
+/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows repacked at load are read in place at every batch size
+/// (`x86::legacy_packed`): the file's weights exactly (same bytes, same dequantization), each product
+/// its exact integer sums put through the float steps block by block (a scalar model of them gives
+/// the same bits), the same bits on the AVX-512 path, and results within the file layout's rounding; a
+/// last group of fewer than four rows stays as in the file (42 rows), or there is none (36).
 #[test]
-fn repacked_q4_and_q5_rows_are_read_in_place_at_every_batch() {
+fn repacked_32_weight_rows_are_read_in_place_at_every_batch() {
     if !needs(Kernel::Avx2, has_avx2()) {
         return;
     }
@@ -336,6 +335,7 @@ fn repacked_q4_and_q5_rows_are_read_in_place_at_every_batch() {
         BlockFormat::Q4_1,
         BlockFormat::Q5_0,
         BlockFormat::Q5_1,
+        BlockFormat::Q8_0,
     ];
     for (format, n) in formats.into_iter().flat_map(|f| [(f, 42), (f, 36)]) {
         let (bytes, file, packed) = file_and_repacked(format, n, k, 60);
@@ -355,7 +355,11 @@ fn repacked_q4_and_q5_rows_are_read_in_place_at_every_batch() {
                 // The repacked columns; a last group of two goes through the file layout's kernels.
                 for j in 0..n / 4 * 4 {
                     let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
-                    let want = nibble_block_steps(format, row, &acts, r);
+                    let want = if format == BlockFormat::Q8_0 {
+                        q8_block_steps(row, &acts, r)
+                    } else {
+                        nibble_block_steps(format, row, &acts, r)
+                    };
                     assert_eq!(
                         got[r * n + j].to_bits(),
                         want.to_bits(),
@@ -406,6 +410,21 @@ fn nibble_block_steps(format: BlockFormat, row: &[u8], x: &acts::Acts, r: usize)
             s += q(byte & 0x0F, t) * lo + q(byte >> 4, t + 16) * hi;
         }
         total = m.mul_add(xs[b], (s as f32 * d).mul_add(xd[b], total));
+    }
+    total
+}
+
+/// What `x86::legacy_packed` computes for one Q8_0 row (the file's bytes) and activation row `r`: per
+/// block the exact sum `s = Σ q·xq` of the signed weights, then `total = fma(s·d, dx, total)`.
+fn q8_block_steps(row: &[u8], x: &acts::Acts, r: usize) -> f32 {
+    let (xq, xd) = (x.row(r), x.scales(r));
+    let mut total = 0f32;
+    for (b, blk) in row.chunks_exact(34).enumerate() {
+        let d = unpacked::f16_at(blk, 0);
+        let s: i32 = (0..32)
+            .map(|t| blk[2 + t] as i8 as i32 * xq[32 * b + t] as i32)
+            .sum();
+        total = (s as f32 * d).mul_add(xd[b], total);
     }
     total
 }

@@ -5,7 +5,7 @@
 //! registers ([`fused`]); larger ones decode [`NW`] weight rows once per tile and multiply them with
 //! several activation rows at a time ([`gemm`], [`gemm512`]). k-quant rows repacked at load are read
 //! in place ([`gemm::dot_packed`], [`k45_vnni`], [`gemm512::dot_packed_pair`]) while
-//! [`Plan::packed_in_place`], and interleaved per tile after; repacked Q4 and Q5 rows always in place
+//! [`Plan::packed_in_place`], and interleaved per tile after; repacked 32-weight rows always in place
 //! ([`legacy_packed`]). Columns a block of `NW` cannot take (a
 //! task's last few, or stacked parts of different kinds) go one by one ([`prepared`]).
 
@@ -52,7 +52,7 @@ pub unsafe fn next(
     // SAFETY (every call below): the caller's contract, and each callee's columns lie in `j .. end`.
     unsafe {
         if let Some((format, _)) = w.packed_group(j) {
-            // Repacked Q4 and Q5 groups are read in place at every batch size (one kernel, so
+            // Repacked 32-weight groups are read in place at every batch size (one kernel, so
             // that a row's bits do not depend on its batch); k-quant ones while the plan says so.
             if plan.packed_in_place() || legacy_packed::takes(format) {
                 return packed_columns(w, x, rows, j, end, plan, out);

@@ -1,5 +1,5 @@
-//! Q4_0, Q4_1, Q5_0 and Q5_1 rows repacked at load ([`crate::kernels::packed`]), read in place four at
-//! a time, for any number of activation rows.
+//! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows repacked at load ([`crate::kernels::packed`]), read in place
+//! four at a time, for any number of activation rows.
 //!
 //! Why it exists: the kernels that read a 32-weight row as the file lays it out ([`super::fused`],
 //! [`super::gemm`]) put every block's product through the float step lane by lane: a conversion, a
@@ -13,7 +13,8 @@
 //! Per block `b`, weight row and activation row, with `s = Σ q·xq` over the block (q the stored
 //! value, 0–15 or 0–31, exact) and the activations' scale `dx` and scaled sum `xs = dx·Σ xq`
 //! ([`Acts`]): `total = fma(m, xs, fma(s·d, dx, total))`, where `m` is the block's minimum (Q4_1,
-//! Q5_1) or its offset times `d` (`−8·d` for Q4_0, `−16·d` for Q5_0). Every batch size reads a
+//! Q5_1) or its offset times `d` (`−8·d` for Q4_0, `−16·d` for Q5_0); Q8_0's signed weights need no
+//! offset: `total = fma(s·d, dx, total)`. Every batch size reads a
 //! repacked group with this kernel, so a row's bits do not depend on its batch. They are not the bits
 //! of the file's layout (`KVBENCH_REPACK=0`): the same integers, their float sums taken per block rather
 //! than per lane.
@@ -28,7 +29,11 @@ use std::arch::x86_64::*;
 pub fn takes(format: BlockFormat) -> bool {
     matches!(
         format,
-        BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0 | BlockFormat::Q5_1
+        BlockFormat::Q4_0
+            | BlockFormat::Q4_1
+            | BlockFormat::Q5_0
+            | BlockFormat::Q5_1
+            | BlockFormat::Q8_0
     )
 }
 
@@ -58,6 +63,12 @@ pub unsafe fn dot_packed(
             BlockFormat::Q4_1 => by_rows::<Q4_1>(g, x, r0, rows, acc),
             BlockFormat::Q5_0 => by_rows::<Q5_0>(g, x, r0, rows, acc),
             BlockFormat::Q5_1 => by_rows::<Q5_1>(g, x, r0, rows, acc),
+            BlockFormat::Q8_0 => match rows {
+                1 => quad8::<1>(g, x, r0, acc),
+                2 => quad8::<2>(g, x, r0, acc),
+                3 => quad8::<3>(g, x, r0, acc),
+                _ => quad8::<4>(g, x, r0, acc),
+            },
             _ => unreachable!("legacy_packed::takes is checked by the caller"),
         }
     }
@@ -282,6 +293,57 @@ unsafe fn quad<F: Layout, const RR: usize>(
                 let t =
                     _mm256_fmadd_ps(_mm256_mul_ps(s, dv), pair_of(xd, rows, kb, b), total[pair]);
                 total[pair] = _mm256_fmadd_ps(mv, pair_of(xs, rows, kb, b), t);
+            }
+        }
+        store_totals::<RR, KR>(&total, acc);
+    }
+}
+
+/// [`quad`] for Q8_0: each row's header is its `d` (as Q4_0's), then its 32 signed bytes as four
+/// chunks, bytes `8t … 8t + 7` of the four rows in the block's vector `t`. The products go through
+/// the sign trick (`maddubs(|w|, x·sign(w))`), each chunk's pairs widened on their own: two chunks'
+/// could reach 2 · 2 · 128 · 127, past 16 bits.
+///
+/// # Safety
+/// As [`quad`], for Q8_0.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quad8<const RR: usize>(g: *const u8, x: &Acts, r0: usize, acc: &mut [[f32; KR]; NW]) {
+    unsafe {
+        let (k, kb) = (x.k, x.k / 32);
+        let headers = NW * 2;
+        let block = headers + 128;
+        let xq = x.rows_from(r0).as_ptr();
+        let xd = x.scales_from(r0).as_ptr();
+        let ones = _mm256_set1_epi16(1);
+        let dist = crate::kernels::dispatch::prefetch_distance() * NW;
+        let mut total: Totals = [_mm256_setzero_ps(); KR / 2];
+        for b in 0..kb {
+            let p = g.add(b * block);
+            if dist > 0 {
+                prefetch_lines(p.wrapping_add(dist), block);
+            }
+            let (dv, _) = Q4_0::scales(p);
+            let w: [__m256i; 4] = std::array::from_fn(|t| {
+                _mm256_loadu_si256(p.add(headers + 32 * t) as *const __m256i)
+            });
+            let aw = w.map(|v| _mm256_sign_epi8(v, v));
+            let mut isum = [_mm256_setzero_si256(); RR];
+            for i in 0..RR {
+                let xb = xq.add(i * k + 32 * b);
+                let chunk = |t: usize| {
+                    let xs = _mm256_sign_epi8(broadcast8(xb.add(8 * t)), w[t]);
+                    // |pair| ≤ 2 · 128 · 127: no saturation.
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(aw[t], xs), ones)
+                };
+                let s = _mm256_add_epi32(chunk(0), chunk(1));
+                isum[i] = _mm256_add_epi32(s, _mm256_add_epi32(chunk(2), chunk(3)));
+            }
+            for pair in 0..RR.div_ceil(2) {
+                let rows = (2 * pair, (2 * pair + 1).min(RR - 1));
+                let s = _mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[rows.0], isum[rows.1]));
+                total[pair] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(s, dv), pair_of(xd, rows, kb, b), total[pair]);
             }
         }
         store_totals::<RR, KR>(&total, acc);

@@ -11,8 +11,7 @@
 //!   with the VNNI variants of the 32-weight formats and Q6_K;
 //! - [`gemm512`]: the k-quant part of [`gemm`] on 512-bit vectors, two groups of four rows at once;
 //! - [`k45_vnni`]: Q4_K and Q5_K groups read in place with AVX-512 VNNI (and GFNI where present);
-//! - [`legacy_packed`]: Q4_0, Q4_1, Q5_0 and Q5_1 groups repacked at load, read in place at every
-//!   batch size;
+//! - [`legacy_packed`]: 32-weight groups repacked at load, read in place at every batch size;
 //! - [`columns`]: the driver's x86 side: which of these computes a task's columns, by the [`Plan`].
 //!
 //! A block format meets its x86 kernel type in one place: [`with_kquant!`] and [`with_legacy!`].

@@ -235,6 +235,35 @@ unsafe fn pair_of(v: *const f32, (i0, i1): (usize, usize), kb: usize, b: usize) 
     }
 }
 
+/// Block `b`'s float steps for activation rows `0 .. RR` (their exact sums `isum`, lanes `2w` and
+/// `2w + 1` of weight row `w`), two rows a vector: `total = fma(s·d, dx, total)`, then, with an
+/// `offset` (`m` and the rows' scaled sums `xs`), `total = fma(m, xs, total)`; `xd` the rows' scales,
+/// `kb` apart.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; rows `0 .. RR` of `xd` (and `xs`) hold block `b`.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn float_steps<const RR: usize>(
+    isum: &[__m256i; RR],
+    d: __m256,
+    offset: Option<(__m256, *const f32)>,
+    (xd, kb, b): (*const f32, usize, usize),
+    total: &mut Totals,
+) {
+    unsafe {
+        for pair in 0..RR.div_ceil(2) {
+            let rows = (2 * pair, (2 * pair + 1).min(RR - 1));
+            let s = _mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[rows.0], isum[rows.1]));
+            let t = _mm256_fmadd_ps(_mm256_mul_ps(s, d), pair_of(xd, rows, kb, b), total[pair]);
+            total[pair] = match offset {
+                Some((m, xs)) => _mm256_fmadd_ps(m, pair_of(xs, rows, kb, b), t),
+                None => t,
+            };
+        }
+    }
+}
+
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `g` points at four repacked rows of `x.k` weights of
 /// `F`'s format and `x` holds rows `r0 .. r0 + RR` in 32-wide blocks.
@@ -287,13 +316,7 @@ unsafe fn quad<F: Layout, const RR: usize>(
                 }
                 isum[i] = _mm256_madd_epi16(s, ones);
             }
-            for pair in 0..RR.div_ceil(2) {
-                let rows = (2 * pair, (2 * pair + 1).min(RR - 1));
-                let s = _mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[rows.0], isum[rows.1]));
-                let t =
-                    _mm256_fmadd_ps(_mm256_mul_ps(s, dv), pair_of(xd, rows, kb, b), total[pair]);
-                total[pair] = _mm256_fmadd_ps(mv, pair_of(xs, rows, kb, b), t);
-            }
+            float_steps(&isum, dv, Some((mv, xs)), (xd, kb, b), &mut total);
         }
         store_totals::<RR, KR>(&total, acc);
     }
@@ -339,12 +362,7 @@ unsafe fn quad8<const RR: usize>(g: *const u8, x: &Acts, r0: usize, acc: &mut [[
                 let s = _mm256_add_epi32(chunk(0), chunk(1));
                 isum[i] = _mm256_add_epi32(s, _mm256_add_epi32(chunk(2), chunk(3)));
             }
-            for pair in 0..RR.div_ceil(2) {
-                let rows = (2 * pair, (2 * pair + 1).min(RR - 1));
-                let s = _mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[rows.0], isum[rows.1]));
-                total[pair] =
-                    _mm256_fmadd_ps(_mm256_mul_ps(s, dv), pair_of(xd, rows, kb, b), total[pair]);
-            }
+            float_steps(&isum, dv, None, (xd, kb, b), &mut total);
         }
         store_totals::<RR, KR>(&total, acc);
     }

@@ -119,11 +119,23 @@ impl Layout for Q4_0 {
     #[inline(always)]
     unsafe fn scales(p: *const u8) -> (__m256, __m256) {
         unsafe {
-            // d0 … d3 (the upper lanes are not read).
-            let h = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i)));
-            let d = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3));
+            let d = d_only(p);
             (d, _mm256_mul_ps(d, _mm256_set1_ps(-8.0)))
         }
+    }
+}
+
+/// The four rows' `d` from headers that hold nothing else (Q4_0, Q8_0), in the lanes of
+/// [`super::finish::pair_lanes`].
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `p .. p + 8` is readable.
+#[inline(always)]
+unsafe fn d_only(p: *const u8) -> __m256 {
+    unsafe {
+        // d0 … d3 (the upper lanes are not read).
+        let h = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i)));
+        _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3))
     }
 }
 
@@ -346,7 +358,7 @@ unsafe fn quad8<const RR: usize>(g: *const u8, x: &Acts, r0: usize, acc: &mut [[
             if dist > 0 {
                 prefetch_lines(p.wrapping_add(dist), block);
             }
-            let (dv, _) = Q4_0::scales(p);
+            let dv = d_only(p);
             let w: [__m256i; 4] = std::array::from_fn(|t| {
                 _mm256_loadu_si256(p.add(headers + 32 * t) as *const __m256i)
             });

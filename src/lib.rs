@@ -26,6 +26,17 @@ pub mod sweep;
 
 pub use error::{Error, Result};
 
+/// Writes a line to standard error like `eprintln!`, but a failed write (a closed pipe, `2>/dev/full`)
+/// is ignored instead of panicking: standard error carries only diagnostics, and losing them must not
+/// stop the work they describe, whose results go to files and standard output.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// The most compute threads kvbench accepts: four per logical core. More only adds scheduling (and
 /// `--threads 100000` would start thousands of OS threads).
 pub fn max_threads() -> usize {

@@ -16,7 +16,7 @@ fn main() -> ExitCode {
         kvbench::kernels::dispatch::vnni_from_env().map(|_| ()),
     ];
     if let Some(Err(e)) = env.into_iter().find(Result::is_err) {
-        eprintln!("error: {e}");
+        kvbench::say!("error: {e}");
         return ExitCode::from(2);
     }
     match cli::run() {
@@ -30,7 +30,7 @@ fn main() -> ExitCode {
             if broken_pipe {
                 return ExitCode::SUCCESS;
             }
-            eprintln!(
+            kvbench::say!(
                 "error: {}",
                 kvbench::error::terminal_safe(&format!("{err:#}"))
             );
@@ -69,7 +69,7 @@ mod process_edges {
                 if why.contains("Broken pipe") {
                     std::process::exit(0);
                 }
-                eprintln!("error: cannot write to standard output: {why}");
+                kvbench::say!("error: cannot write to standard output: {why}");
                 std::process::exit(1);
             }
             default(info);

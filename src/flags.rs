@@ -151,8 +151,8 @@ pub const DEFAULT_BUDGET: f64 = 0.1;
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct PolicyFlags {
     /// Compression policies, comma separated: full, streaming, h2o, snapkv, pyramidkv, rkv, lazy,
-    /// rocket, kara (an interpretation of the paper's abstract). `kvbench policies` lists their
-    /// parameters.
+    /// rocket, kara (an interpretation of the paper's abstract); any case, and the papers' names
+    /// (R-KV, StreamingLLM, LazyEviction, RocketKV). `kvbench policies` lists their parameters.
     #[arg(long, value_delimiter = ',')]
     pub policy: Vec<String>,
     /// KV budgets, comma separated: above 1 a fixed number of entries per layer and KV head; at most 1
@@ -186,12 +186,16 @@ impl PolicyFlags {
         self.budget_rule.unwrap_or_default()
     }
 
-    /// The policies named, or `default` when `--policy` was not given.
+    /// The policies named (as kvbench names them: `R-KV` is `rkv`), or `default` when `--policy` was
+    /// not given. A name that is no policy is kept as written, for [`PolicySpec`]'s error.
     fn names(&self, default: &[&str]) -> Vec<String> {
         if self.policy.is_empty() {
             default.iter().map(|s| s.to_string()).collect()
         } else {
-            self.policy.clone()
+            self.policy
+                .iter()
+                .map(|n| crate::policy::canonical_name(n).map_or_else(|| n.clone(), str::to_string))
+                .collect()
         }
     }
 

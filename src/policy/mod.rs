@@ -349,6 +349,33 @@ pub fn policy_names() -> Vec<&'static str> {
     POLICIES.iter().map(|(n, _)| *n).collect()
 }
 
+/// The policy a name stands for, as kvbench names it (and records it): whatever its case, hyphens or
+/// underscores (`R-KV`, `SnapKV`, `H2O`), and the papers' own names (`StreamingLLM`, `LazyEviction`,
+/// `RocketKV`). `None` for a name that is no policy.
+pub fn canonical_name(name: &str) -> Option<&'static str> {
+    let key: String = name
+        .trim()
+        .chars()
+        .filter(|c| !matches!(c, '-' | '_'))
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let key = match key.as_str() {
+        "streamingllm" => "streaming",
+        "lazyeviction" => "lazy",
+        "rocketkv" => "rocket",
+        other => other,
+    };
+    POLICIES.iter().map(|(n, _)| *n).find(|n| *n == key)
+}
+
+/// The error for a name that is no policy.
+fn unknown_policy(name: &str) -> Error {
+    Error::Input(format!(
+        "unknown policy '{name}' (--policy, or a [[policy]] table's `name` in a sweep config); available: {}",
+        policy_names().join(", ")
+    ))
+}
+
 /// What building a policy needs to know about the model and the run.
 #[derive(Debug, Clone)]
 pub struct BuildContext {
@@ -412,12 +439,7 @@ fn parse_config(
         "lazy" => Config::Lazy(lazy::Config::parse(&mut p, budget)?),
         "rocket" => Config::Rocket(rocket::Config::parse(&mut p, budget)?),
         "kara" => Config::Kara(kara::Config::parse(&mut p, budget)?),
-        other => {
-            return Err(Error::Input(format!(
-                "unknown policy '{other}' (--policy, or a [[policy]] table's `name` in a sweep config); available: {}",
-                policy_names().join(", ")
-            )))
-        }
+        other => return Err(unknown_policy(other)),
     };
     Ok((config, p.finish()?))
 }
@@ -436,6 +458,7 @@ impl PolicySpec {
         rule: BudgetRule,
         args: BTreeMap<String, String>,
     ) -> Result<Self> {
+        let name = canonical_name(name).ok_or_else(|| unknown_policy(name))?;
         let written_budget = budget;
         // The full cache takes no budget: a value written for it is only checked to be a number.
         let rule = if name == "full" {

@@ -134,3 +134,27 @@ fn rkv_keeps_by_importance_or_by_redundancy() {
         .unwrap();
     assert_eq!(c.positions(0), &[3, 1, 4]);
 }
+
+#[test]
+fn policies_are_named_whatever_the_case_and_by_their_papers_names() {
+    for (written, name) in [
+        ("R-KV", "rkv"),
+        ("SnapKV", "snapkv"),
+        ("H2O", "h2o"),
+        ("PyramidKV", "pyramidkv"),
+        ("StreamingLLM", "streaming"),
+        ("LazyEviction", "lazy"),
+        ("RocketKV", "rocket"),
+        ("Kara", "kara"),
+        (" Full ", "full"),
+    ] {
+        assert_eq!(canonical_name(written), Some(name), "{written}");
+        let spec = PolicySpec::new(written, 64.0, Default::default()).unwrap();
+        assert_eq!(spec.name(), name, "{written}: recorded as kvbench names it");
+    }
+    for no in ["", "rkvv", "snap kv", "r/kv", "streamingllm2"] {
+        assert_eq!(canonical_name(no), None, "{no:?}");
+        let err = PolicySpec::new(no, 64.0, Default::default()).unwrap_err();
+        assert!(err.to_string().contains("unknown policy"), "{err}");
+    }
+}

@@ -170,6 +170,10 @@ impl SweepConfig {
         let rule = budget_rule.unwrap_or_default();
         let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
         for p in &mut policies {
+            // As kvbench names it (`R-KV` is `rkv`); a name that is no policy fails below.
+            if let Some(name) = crate::policy::canonical_name(&p.name) {
+                p.name = name.to_string();
+            }
             let args = arg_strings(&p.args);
             let list = if p.name == "full" {
                 vec![1.0]

@@ -51,8 +51,13 @@ impl RowSelector {
         let (mut args, mut kv, mut act) = (Vec::new(), None, None);
         for part in parts {
             match part.split_once('=') {
-                Some(("kv", t)) if !t.trim().is_empty() => kv = Some(t.trim().to_string()),
-                Some(("act", t)) if !t.trim().is_empty() => act = Some(t.trim().to_string()),
+                // Names in any case, as the flags take them (records hold them in lower case).
+                Some(("kv", t)) if !t.trim().is_empty() => {
+                    kv = Some(t.trim().to_ascii_lowercase())
+                }
+                Some(("act", t)) if !t.trim().is_empty() => {
+                    act = Some(t.trim().to_ascii_lowercase())
+                }
                 Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
                     args.push(format!("{}={}", k.trim(), v.trim()))
                 }
@@ -64,7 +69,10 @@ impl RowSelector {
             }
         }
         Ok(RowSelector {
-            policy: policy.to_string(),
+            // As records name it (`R-KV` is `rkv`); a name that is no policy matches no row.
+            policy: crate::policy::canonical_name(policy)
+                .map_or(policy, |n| n)
+                .to_string(),
             budget,
             args,
             kv,
@@ -374,6 +382,9 @@ mod tests {
         assert_eq!((r.problems, r.only_a, r.only_b), (6, 2, 2));
         assert_eq!(r.delta.unwrap().estimate, 0.0);
         assert_eq!(r.mcnemar_p, 1.0);
+        // The papers' names and any case select the same rows.
+        let named = compare(&rs, &[(sel("R-KV@64"), sel("StreamingLLM@64"))]).unwrap();
+        assert_eq!((named[0].only_a, named[0].only_b), (2, 2));
         let e = compare(&rs, &[(sel("rkv@64"), sel("h2o@64"))]).unwrap_err();
         assert!(e.to_string().contains("h2o@64") && e.to_string().contains("rkv@64"));
     }
@@ -417,7 +428,10 @@ mod tests {
         assert_eq!((rows[0].only_a, rows[0].only_b), (3, 0));
         let rows = compare(
             &rs,
-            &[(sel("lazy+gqa=mean-prob+kv=f32@64"), sel("lazy+kv=q8_0@64"))],
+            &[(
+                sel("lazy+gqa=mean-prob+kv=F32@64"),
+                sel("LazyEviction+kv=Q8_0@64"),
+            )],
         )
         .unwrap();
         assert_eq!((rows[0].pass_a, rows[0].pass_b), (0.25, 0.0));

@@ -17,6 +17,31 @@ use crate::policy::{BudgetRule, PolicySpec};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// A config key holding the name of a flag's value (`preset`, `weights`, `budget_rule`...), read in
+/// any case as its flag reads it (`ignore_case`): `preset = "R1"` means what `--preset R1` does. A
+/// name that is none is refused with the names there are (the key and its line come from the file's
+/// parser).
+pub fn any_case<'de, D, T>(d: D) -> std::result::Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: clap::ValueEnum,
+{
+    let Some(name) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    T::from_str(name.trim(), true).map(Some).map_err(|_| {
+        let names: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(|v| v.to_possible_value())
+            .map(|v| format!("`{}`", v.get_name()))
+            .collect();
+        serde::de::Error::custom(format!(
+            "unknown value `{name}`, expected one of {}",
+            names.join(", ")
+        ))
+    })
+}
+
 /// Which model to load, how, and where it runs.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,12 +56,20 @@ pub struct ModelFlags {
     pub model: Option<String>,
     /// How weights are held in memory: auto (the file's own quantized blocks in kvbench's kernels on
     /// the CPU; float weights in their stored type), native (candle's kernels), q8, f32 [default: auto].
-    #[arg(long, value_enum)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_enum, ignore_case = true)]
+    #[serde(
+        default,
+        deserialize_with = "any_case",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub weights: Option<WeightFormat>,
     /// Chat template; detected from the model's vocabulary when not given.
-    #[arg(long, value_enum)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_enum, ignore_case = true)]
+    #[serde(
+        default,
+        deserialize_with = "any_case",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub chat_template: Option<ChatTemplate>,
     /// Where the model and its KV cache run: cpu, cuda or cuda:N (a build with the `cuda` feature)
     /// [default: cpu].
@@ -55,8 +88,12 @@ pub struct ModelFlags {
     /// matrix's product converts its input and output), or `weights`, the float weights' own bf16/f16
     /// as transformers keeps them (fewer operations on a GPU; f32 where any matrix is quantized, and
     /// never the CPU's own decoding loop, which is f32) [default: f32].
-    #[arg(long, value_enum)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_enum, ignore_case = true)]
+    #[serde(
+        default,
+        deserialize_with = "any_case",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub activations: Option<Activations>,
 }
 
@@ -168,7 +205,7 @@ pub struct PolicyFlags {
     /// How a budget at most 1 is read: `ratio` (B = ⌈r × the full run's mean generation length on the
     /// same problems⌉, fixed for the run, as the papers define it) or `seen` (at most ⌈r × tokens
     /// seen⌉ after each compression: kvbench 0.2's rule, not comparable with the papers) [default: ratio].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, ignore_case = true)]
     pub budget_rule: Option<BudgetRule>,
 }
 

@@ -24,7 +24,7 @@ pub struct GradeArgs {
     /// The gold answer.
     #[arg(long, requires = "pred")]
     pub gold: Option<String>,
-    #[arg(long, value_enum, default_value_t = Kind::Answer)]
+    #[arg(long, value_enum, ignore_case = true, default_value_t = Kind::Answer)]
     pub kind: Kind,
     /// The prompt opened a thinking block (an R1-style template): without `</think>` the output is
     /// truncated.

@@ -69,7 +69,7 @@ pub struct PerfArgs {
     /// How a decoding batch attends off the CPU's own loop (on a GPU): `batched`, all sequences at
     /// once over caches pooled per layer, or `per-sequence`, one at a time (the earlier engine, kept
     /// to measure what batching gives).
-    #[arg(long, value_enum, default_value_t = Attention::Batched)]
+    #[arg(long, value_enum, ignore_case = true, default_value_t = Attention::Batched)]
     pub attention: Attention,
     /// After each decode measurement, one more run (not counted in its rates) that waits for the
     /// device after every phase of every layer and prints where a decoding step's time goes: norms,

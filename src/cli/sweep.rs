@@ -38,10 +38,10 @@ pub struct SweepArgs {
     pub shard: Option<Shard>,
     /// Run only the full-cache units (`full`) or only the others (`policies`): ratio budgets are
     /// resolved from the full run, so on a cluster the full phase runs first.
-    #[arg(long, value_enum, default_value = "all")]
+    #[arg(long, value_enum, ignore_case = true, default_value = "all")]
     pub phase: kvbench::sweep::study::Phase,
     /// Print a script that runs the sweep on a cluster instead of running it.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, ignore_case = true)]
     pub emit: Option<Emit>,
     /// Shards of the emitted script (one array task each).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]

@@ -63,7 +63,7 @@ struct Head {
     name: String,
     #[serde(default)]
     budgets: Vec<f64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::flags::any_case")]
     budget_rule: Option<BudgetRule>,
     #[serde(default)]
     kv_types: Option<Vec<crate::cache::KvType>>,
@@ -556,6 +556,58 @@ mod tests {
             assert!(e.contains(says) && !e.contains("line"), "{e}");
         }
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// Names in a config read in any case, as their flags read them, and give the same config (and
+    /// hash) as kvbench's own spelling; a name that is none is still refused with its line.
+    #[test]
+    fn names_in_any_case_are_the_same_config() {
+        let keys = "preset = \"{}\"\nweights = \"{}\"\nbudget_rule = \"{}\"\nactivations = \"{}\"\nprompt = \"{}\"\nchat_template = \"{}\"\nbudgets = [64]\n[[policy]]\nname = \"{}\"\n[[policy]]\nname = \"{}\"\n";
+        let fill = |v: [&str; 8]| {
+            v.iter()
+                .fold(keys.to_string(), |t, x| t.replacen("{}", x, 1))
+        };
+        let ours = config(&format!(
+            "{HEAD}{}",
+            fill([
+                "r1",
+                "q8",
+                "held",
+                "f32",
+                "plain",
+                "chatml",
+                "rkv",
+                "streaming"
+            ])
+        ));
+        let theirs = config(&format!(
+            "{HEAD}{}",
+            fill([
+                "R1",
+                "Q8",
+                "Held",
+                "F32",
+                "PLAIN",
+                "ChatML",
+                "R-KV",
+                "StreamingLLM"
+            ])
+        ));
+        assert_eq!(ours, theirs);
+        assert_eq!(ours.hash("m", "d"), theirs.hash("m", "d"));
+        let path =
+            std::env::temp_dir().join(format!("kvbench-anycase-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            format!("{HEAD}preset = \"R2\"\n[[policy]]\nname = \"full\"\n"),
+        )
+        .unwrap();
+        let e = SweepConfig::load(&path).unwrap_err().to_string();
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            e.contains("line 4: ") && e.contains("`R2`") && e.contains("`greedy`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -49,12 +49,20 @@ pub struct StudyOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
     /// Prompt wording: `r1` (DeepSeek's), `lighteval`, `rllm`, `plain` [default: r1].
-    #[arg(long, value_enum)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_enum, ignore_case = true)]
+    #[serde(
+        default,
+        deserialize_with = "crate::flags::any_case",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub prompt: Option<PromptVariant>,
     /// Decoding preset: `greedy`, or `r1` (temperature 0.6, top-p 0.95) [default: greedy].
-    #[arg(long, value_enum)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_enum, ignore_case = true)]
+    #[serde(
+        default,
+        deserialize_with = "crate::flags::any_case",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub preset: Option<DecodingPreset>,
     /// Sampling temperature (overrides the preset; 0: greedy).
     #[arg(long, value_parser = parse_temperature, allow_negative_numbers = true)]

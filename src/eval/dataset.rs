@@ -53,6 +53,28 @@ fn manifests() -> Vec<Manifest> {
         .collect()
 }
 
+/// A problem set's name as kvbench spells it, whatever its case, hyphens, underscores or spaces, and
+/// with the year written out (`MATH-500`, `AIME 2024`, `AMC2023`); a name kvbench does not know is kept
+/// as written (with a file of problems it labels the file, and without one it is refused by name).
+pub fn canonical_name(name: &str) -> String {
+    let key: String = name
+        .chars()
+        .filter(|c| !matches!(c, '-' | '_') && !c.is_whitespace())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let key = match key.as_str() {
+        "aime2024" => "aime24",
+        "aime2025" => "aime25",
+        "amc2023" => "amc23",
+        k => k,
+    };
+    if key == "builtin" || manifest(key).is_some() {
+        key.to_string()
+    } else {
+        name.to_string()
+    }
+}
+
 /// The manifest of a built-in dataset.
 pub fn manifest(name: &str) -> Option<Manifest> {
     manifests().into_iter().find(|m| m.name == name)
@@ -286,6 +308,16 @@ mod tests {
     #[test]
     fn manifests_parse() {
         assert_eq!(names(), vec!["math500", "aime24", "aime25", "amc23"]);
+        for (written, name) in [
+            ("MATH-500", "math500"),
+            ("AIME 2024", "aime24"),
+            ("aime_2025", "aime25"),
+            ("AMC23", "amc23"),
+            ("BuiltIn", "builtin"),
+            ("my-set", "my-set"),
+        ] {
+            assert_eq!(canonical_name(written), name, "{written}");
+        }
         assert_eq!(manifest("math500").unwrap().rows, 500);
         assert!(names().iter().all(|n| manifest(n).unwrap().hub.is_some()));
     }

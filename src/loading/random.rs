@@ -29,9 +29,13 @@ pub struct RandomSpec {
 pub const DEFAULT_SEED: u64 = 0;
 
 impl RandomSpec {
-    /// Reads `random:NAME` or `random:NAME@SEED`; `None` when `s` does not start with `random:`.
+    /// Reads `random:NAME` or `random:NAME@SEED`, the name in any case (kept as kvbench spells it:
+    /// it is part of the model's identity); `None` when `s` does not start with `random:`.
     pub fn parse(s: &str) -> Option<Result<Self>> {
-        let rest = s.strip_prefix("random:")?;
+        let rest = s
+            .get(..7)
+            .filter(|p| p.eq_ignore_ascii_case("random:"))
+            .map(|_| &s[7..])?;
         let (name, seed) = match rest.split_once('@') {
             Some((n, seed)) => match seed.parse::<u64>() {
                 Ok(v) => (n, v),
@@ -43,7 +47,10 @@ impl RandomSpec {
             },
             None => (rest, DEFAULT_SEED),
         };
-        if shape(name).is_none() {
+        let Some(model) = RANDOM_MODELS
+            .iter()
+            .find(|m| m.name.eq_ignore_ascii_case(name.trim()))
+        else {
             return Some(Err(Error::Input(format!(
                 "model '{s}': no random model named {name:?}; available: {}",
                 RANDOM_MODELS
@@ -52,9 +59,9 @@ impl RandomSpec {
                     .collect::<Vec<_>>()
                     .join(", ")
             ))));
-        }
+        };
         Some(Ok(RandomSpec {
-            name: name.to_string(),
+            name: model.name.to_string(),
             seed,
         }))
     }
@@ -404,6 +411,15 @@ mod tests {
         let e = RandomSpec::parse("random:gpt5").unwrap().unwrap_err();
         assert!(e.is_input_error() && e.to_string().contains("r1-distill-qwen-7b"));
         assert!(RandomSpec::parse("random:qwen3-8b@x").unwrap().is_err());
+        // Any case, kept as kvbench spells it: the name is part of the model's identity.
+        let s = RandomSpec::parse("Random:R1-Distill-Qwen-7B@3")
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.label(), "random:r1-distill-qwen-7b@3");
+        let own = RandomSpec::parse("random:r1-distill-qwen-7b@3")
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.id(), own.id());
     }
 
     #[test]

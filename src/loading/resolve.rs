@@ -63,7 +63,7 @@ pub fn resolve(name: &str) -> Result<ModelFiles> {
     if path.exists() {
         return classify_local(path);
     }
-    if let Some(model) = BUILTIN_MODELS.iter().find(|m| m.name == name) {
+    if let Some(model) = builtin(name) {
         return fetch_builtin(model, &cache_dir().join("models")).map(ModelFiles::Gguf);
     }
     hub_repo_id(name)?;
@@ -77,10 +77,18 @@ pub fn check_name(name: &str) -> Result<()> {
     if let Some(spec) = RandomSpec::parse(name) {
         return spec.map(|_| ());
     }
-    if Path::new(name).exists() || BUILTIN_MODELS.iter().any(|m| m.name == name) {
+    if Path::new(name).exists() || builtin(name).is_some() {
         return Ok(());
     }
     hub_repo_id(name)
+}
+
+/// The built-in model a name stands for, in any case (`SmolLM2-135M`), once it is not a path.
+fn builtin(name: &str) -> Option<&'static super::builtin::BuiltinModel> {
+    BUILTIN_MODELS
+        .iter()
+        .find(|m| m.name.eq_ignore_ascii_case(name.trim()))
+        .copied()
 }
 
 /// Refuses a name that is not a hub repository id (`owner/name`), once it is known not to be a path
@@ -114,4 +122,24 @@ fn classify_local(path: &Path) -> Result<ModelFiles> {
         return Ok(ModelFiles::HfDir(path.to_path_buf()));
     }
     Ok(ModelFiles::Gguf(path.to_path_buf()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_in_names_are_read_in_any_case_once_they_are_not_paths() {
+        assert_eq!(
+            builtin("SmolLM2-135M").map(|m| m.name),
+            Some("smollm2-135m")
+        );
+        assert_eq!(
+            builtin(" Qwen2.5-Coder-1.5B").map(|m| m.name),
+            Some("qwen2.5-coder-1.5b")
+        );
+        assert!(builtin("smollm2").is_none());
+        assert!(check_name("SMOLLM2-135M").is_ok());
+        assert!(check_name("SmolLM2").is_err());
+    }
 }

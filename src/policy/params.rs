@@ -72,7 +72,9 @@ impl Params {
         }
         let value = match self.values.get(key) {
             None => default,
-            Some(raw) => raw.parse::<T>().map_err(|e| {
+            // Named values in any case (`mode=Prefill`, `gqa=Mean-Prob`), as the flags read names;
+            // the resolved value is recorded as kvbench spells it.
+            Some(raw) => raw.trim().to_ascii_lowercase().parse::<T>().map_err(|e| {
                 Error::Input(format!(
                     "policy '{}': {key}={raw} ({WHERE}): {e}",
                     self.policy
@@ -329,6 +331,30 @@ mod tests {
         );
         assert_eq!(p.get("buffer", 128usize).unwrap(), 1 << 30);
         assert!("max:18446744073709551615".parse::<Pool>().is_err());
+    }
+
+    #[test]
+    fn named_values_are_read_in_any_case_and_resolved_as_kvbench_spells_them() {
+        let pairs = Params::parse_pairs(&[
+            "gqa=Mean-Prob".into(),
+            "pool=MAX:5".into(),
+            "mode=Prefill".into(),
+        ])
+        .unwrap();
+        let spec = super::super::PolicySpec::new("snapkv", 64.0, pairs).unwrap();
+        let r = spec.resolved();
+        assert_eq!(r["gqa"], "mean-prob");
+        assert_eq!(r["pool"], "max:5");
+        assert_eq!(r["mode"], "prefill");
+        let mut p = Params::new(
+            "rkv",
+            [("gqa".to_string(), "Mean-Probs".to_string())].into(),
+        );
+        let err = p.get("gqa", GqaAgg::MaxLogit).unwrap_err().to_string();
+        assert!(
+            err.contains("gqa=Mean-Probs") && err.contains("mean-prob"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -63,12 +63,7 @@ pub unsafe fn dot_packed(
             BlockFormat::Q4_1 => by_rows::<Q4_1>(g, x, r0, rows, acc),
             BlockFormat::Q5_0 => by_rows::<Q5_0>(g, x, r0, rows, acc),
             BlockFormat::Q5_1 => by_rows::<Q5_1>(g, x, r0, rows, acc),
-            BlockFormat::Q8_0 => match rows {
-                1 => quad8::<1>(g, x, r0, acc),
-                2 => quad8::<2>(g, x, r0, acc),
-                3 => quad8::<3>(g, x, r0, acc),
-                _ => quad8::<4>(g, x, r0, acc),
-            },
+            BlockFormat::Q8_0 => by_rows::<Q8_0>(g, x, r0, rows, acc),
             _ => unreachable!("legacy_packed::takes is checked by the caller"),
         }
     }
@@ -94,33 +89,82 @@ unsafe fn by_rows<F: Layout>(
     }
 }
 
-/// A repacked block's four headers (each row's, [`Layout::HEADER`] bytes, one after the other).
+/// A repacked block of a format: the four rows' headers (each row's, [`Layout::HEADER`] bytes, one
+/// after the other), then their weights.
 trait Layout {
     /// Bytes of one row's header: `d`, then `m` (Q4_1, Q5_1), then 32 fifth bits (Q5_0, Q5_1).
     const HEADER: usize;
     /// Where the fifth bits start in a row's header (Q5_0, Q5_1).
     const FIFTH: Option<usize>;
-    /// The four rows' `d` and `m` (the minimum, or the offset times `d`) in the lanes of
-    /// [`super::finish::pair_lanes`] (weight rows 0, 1, 0, 1, 2, 3, 2, 3).
+    /// Bytes of a repacked block: the headers, then four rows' 32 nibbles (64 bytes).
+    const BLOCK: usize = NW * Self::HEADER + 64;
+    /// The four rows' `d` and, where the format has one, `m` (the minimum, or the offset times
+    /// `d`), in the lanes of [`super::finish::pair_lanes`] (weight rows 0, 1, 0, 1, 2, 3, 2, 3).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `p` points at a repacked block's four headers.
-    unsafe fn scales(p: *const u8) -> (__m256, __m256);
+    unsafe fn scales(p: *const u8) -> (__m256, Option<__m256>);
+
+    /// The block's exact sums `Σ q·xq` for activation rows `0 .. RR` (`xq` their quantized
+    /// activations, `k` apart; block `b`'s are `32 · b` in): weight row `w`'s in lanes `2w` and
+    /// `2w + 1` of a row's vector. Nibble formats (this default): bytes 0–7 of each row (weights 0–7
+    /// low, 16–23 high), then bytes 8–15 (8–15, 24–31), one vector each, the fifth bits added.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `p` points at a repacked block, and rows `0 .. RR` of `xq` hold
+    /// block `b`.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn sums<const RR: usize>(
+        p: *const u8,
+        xq: *const i8,
+        k: usize,
+        b: usize,
+    ) -> [__m256i; RR] {
+        unsafe {
+            let headers = NW * Self::HEADER;
+            let low = _mm256_set1_epi8(0x0F);
+            let c0 = _mm256_loadu_si256(p.add(headers) as *const __m256i);
+            let c1 = _mm256_loadu_si256(p.add(headers + 32) as *const __m256i);
+            let mut w = [
+                _mm256_and_si256(c0, low),
+                _mm256_and_si256(c1, low),
+                _mm256_and_si256(_mm256_srli_epi16(c0, 4), low),
+                _mm256_and_si256(_mm256_srli_epi16(c1, 4), low),
+            ];
+            if let Some(at) = Self::FIFTH {
+                add_fifth_bits(&mut w, p, Self::HEADER, at);
+            }
+            // The four chunks' pairs (each at most 2 · 31 · 128) add up within 16 bits. (Loops, not
+            // closures: a closure here would not inherit the calling kernel's target features.)
+            let mut isum = [_mm256_setzero_si256(); RR];
+            for (i, sum) in isum.iter_mut().enumerate() {
+                let xb = xq.add(i * k + 32 * b);
+                let mut s = _mm256_maddubs_epi16(w[0], broadcast8(xb));
+                for (t, wt) in w.iter().enumerate().skip(1) {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wt, broadcast8(xb.add(8 * t))));
+                }
+                *sum = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+            }
+            isum
+        }
+    }
 }
 
 struct Q4_0;
 struct Q4_1;
 struct Q5_0;
 struct Q5_1;
+struct Q8_0;
 
 impl Layout for Q4_0 {
     const HEADER: usize = 2;
     const FIFTH: Option<usize> = None;
     #[inline(always)]
-    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+    unsafe fn scales(p: *const u8) -> (__m256, Option<__m256>) {
         unsafe {
             let d = d_only(p);
-            (d, _mm256_mul_ps(d, _mm256_set1_ps(-8.0)))
+            (d, Some(_mm256_mul_ps(d, _mm256_set1_ps(-8.0))))
         }
     }
 }
@@ -143,13 +187,13 @@ impl Layout for Q4_1 {
     const HEADER: usize = 4;
     const FIFTH: Option<usize> = None;
     #[inline(always)]
-    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+    unsafe fn scales(p: *const u8) -> (__m256, Option<__m256>) {
         unsafe {
             // d0, m0, d1, m1, d2, m2, d3, m3.
             let h = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
             let d = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 2, 0, 2, 4, 6, 4, 6));
             let m = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(1, 3, 1, 3, 5, 7, 5, 7));
-            (d, m)
+            (d, Some(m))
         }
     }
 }
@@ -158,10 +202,10 @@ impl Layout for Q5_0 {
     const HEADER: usize = 6;
     const FIFTH: Option<usize> = Some(2);
     #[inline(always)]
-    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+    unsafe fn scales(p: *const u8) -> (__m256, Option<__m256>) {
         unsafe {
             let d = f16_pairs(p, Self::HEADER, 0);
-            (d, _mm256_mul_ps(d, _mm256_set1_ps(-16.0)))
+            (d, Some(_mm256_mul_ps(d, _mm256_set1_ps(-16.0))))
         }
     }
 }
@@ -170,8 +214,59 @@ impl Layout for Q5_1 {
     const HEADER: usize = 8;
     const FIFTH: Option<usize> = Some(4);
     #[inline(always)]
-    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
-        unsafe { (f16_pairs(p, Self::HEADER, 0), f16_pairs(p, Self::HEADER, 2)) }
+    unsafe fn scales(p: *const u8) -> (__m256, Option<__m256>) {
+        unsafe {
+            (
+                f16_pairs(p, Self::HEADER, 0),
+                Some(f16_pairs(p, Self::HEADER, 2)),
+            )
+        }
+    }
+}
+
+/// Q8_0: each row's header is its `d` (as Q4_0's), then its 32 signed bytes as four chunks, bytes
+/// `8t … 8t + 7` of the four rows in the block's vector `t`. The products go through the sign trick
+/// (`maddubs(|w|, x·sign(w))`), each chunk's pairs widened on their own: two chunks' could reach
+/// 2 · 2 · 128 · 127, past 16 bits. No offset: the weights are signed.
+impl Layout for Q8_0 {
+    const HEADER: usize = 2;
+    const FIFTH: Option<usize> = None;
+    const BLOCK: usize = NW * Self::HEADER + 128;
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> (__m256, Option<__m256>) {
+        unsafe { (d_only(p), None) }
+    }
+
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn sums<const RR: usize>(
+        p: *const u8,
+        xq: *const i8,
+        k: usize,
+        b: usize,
+    ) -> [__m256i; RR] {
+        unsafe {
+            let headers = NW * Self::HEADER;
+            let (mut w, mut aw) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+            for t in 0..4 {
+                w[t] = _mm256_loadu_si256(p.add(headers + 32 * t) as *const __m256i);
+                aw[t] = _mm256_sign_epi8(w[t], w[t]);
+            }
+            let mut isum = [_mm256_setzero_si256(); RR];
+            for (i, sum) in isum.iter_mut().enumerate() {
+                let xb = xq.add(i * k + 32 * b);
+                let mut chunks = [_mm256_setzero_si256(); 4];
+                for t in 0..4 {
+                    let xs = _mm256_sign_epi8(broadcast8(xb.add(8 * t)), w[t]);
+                    // |pair| ≤ 2 · 128 · 127: no saturation.
+                    chunks[t] =
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(aw[t], xs), _mm256_set1_epi16(1));
+                }
+                let s = _mm256_add_epi32(chunks[0], chunks[1]);
+                *sum = _mm256_add_epi32(s, _mm256_add_epi32(chunks[2], chunks[3]));
+            }
+            isum
+        }
     }
 }
 
@@ -279,7 +374,6 @@ unsafe fn float_steps<const RR: usize>(
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `g` points at four repacked rows of `x.k` weights of
 /// `F`'s format and `x` holds rows `r0 .. r0 + RR` in 32-wide blocks.
-#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quad<F: Layout, const RR: usize>(
     g: *const u8,
@@ -289,92 +383,20 @@ unsafe fn quad<F: Layout, const RR: usize>(
 ) {
     unsafe {
         let (k, kb) = (x.k, x.k / 32);
-        let headers = NW * F::HEADER;
-        let block = headers + 64;
         let xq = x.rows_from(r0).as_ptr();
         let xd = x.scales_from(r0).as_ptr();
         let xs = x.scaled_from(r0).as_ptr();
-        let low = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
         // The group is one stream, four rows' bytes per block: the rows' distance four times over.
         let dist = crate::kernels::dispatch::prefetch_distance() * NW;
         let mut total: Totals = [_mm256_setzero_ps(); KR / 2];
         for b in 0..kb {
-            let p = g.add(b * block);
+            let p = g.add(b * F::BLOCK);
             if dist > 0 {
-                prefetch_lines(p.wrapping_add(dist), block);
+                prefetch_lines(p.wrapping_add(dist), F::BLOCK);
             }
             let (dv, mv) = F::scales(p);
-            // Bytes 0–7 of each row (weights 0–7 low, 16–23 high), then bytes 8–15 (8–15, 24–31).
-            let c0 = _mm256_loadu_si256(p.add(headers) as *const __m256i);
-            let c1 = _mm256_loadu_si256(p.add(headers + 32) as *const __m256i);
-            let mut w = [
-                _mm256_and_si256(c0, low),
-                _mm256_and_si256(c1, low),
-                _mm256_and_si256(_mm256_srli_epi16(c0, 4), low),
-                _mm256_and_si256(_mm256_srli_epi16(c1, 4), low),
-            ];
-            if let Some(at) = F::FIFTH {
-                add_fifth_bits(&mut w, p, F::HEADER, at);
-            }
-            // Per activation row, lanes 2w and 2w + 1 hold weight row w's sum: the four chunks'
-            // pairs (each at most 2 · 31 · 128) add up within 16 bits.
-            let mut isum = [_mm256_setzero_si256(); RR];
-            for i in 0..RR {
-                let xb = xq.add(i * k + 32 * b);
-                let mut s = _mm256_maddubs_epi16(w[0], broadcast8(xb));
-                for (t, wt) in w.iter().enumerate().skip(1) {
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wt, broadcast8(xb.add(8 * t))));
-                }
-                isum[i] = _mm256_madd_epi16(s, ones);
-            }
-            float_steps(&isum, dv, Some((mv, xs)), (xd, kb, b), &mut total);
-        }
-        store_totals::<RR, KR>(&total, acc);
-    }
-}
-
-/// [`quad`] for Q8_0: each row's header is its `d` (as Q4_0's), then its 32 signed bytes as four
-/// chunks, bytes `8t … 8t + 7` of the four rows in the block's vector `t`. The products go through
-/// the sign trick (`maddubs(|w|, x·sign(w))`), each chunk's pairs widened on their own: two chunks'
-/// could reach 2 · 2 · 128 · 127, past 16 bits.
-///
-/// # Safety
-/// As [`quad`], for Q8_0.
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quad8<const RR: usize>(g: *const u8, x: &Acts, r0: usize, acc: &mut [[f32; KR]; NW]) {
-    unsafe {
-        let (k, kb) = (x.k, x.k / 32);
-        let headers = NW * 2;
-        let block = headers + 128;
-        let xq = x.rows_from(r0).as_ptr();
-        let xd = x.scales_from(r0).as_ptr();
-        let ones = _mm256_set1_epi16(1);
-        let dist = crate::kernels::dispatch::prefetch_distance() * NW;
-        let mut total: Totals = [_mm256_setzero_ps(); KR / 2];
-        for b in 0..kb {
-            let p = g.add(b * block);
-            if dist > 0 {
-                prefetch_lines(p.wrapping_add(dist), block);
-            }
-            let dv = d_only(p);
-            let w: [__m256i; 4] = std::array::from_fn(|t| {
-                _mm256_loadu_si256(p.add(headers + 32 * t) as *const __m256i)
-            });
-            let aw = w.map(|v| _mm256_sign_epi8(v, v));
-            let mut isum = [_mm256_setzero_si256(); RR];
-            for i in 0..RR {
-                let xb = xq.add(i * k + 32 * b);
-                let chunk = |t: usize| {
-                    let xs = _mm256_sign_epi8(broadcast8(xb.add(8 * t)), w[t]);
-                    // |pair| ≤ 2 · 128 · 127: no saturation.
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(aw[t], xs), ones)
-                };
-                let s = _mm256_add_epi32(chunk(0), chunk(1));
-                isum[i] = _mm256_add_epi32(s, _mm256_add_epi32(chunk(2), chunk(3)));
-            }
-            float_steps(&isum, dv, None, (xd, kb, b), &mut total);
+            let isum = F::sums::<RR>(p, xq, k, b);
+            float_steps(&isum, dv, mv.map(|m| (m, xs)), (xd, kb, b), &mut total);
         }
         store_totals::<RR, KR>(&total, acc);
     }

@@ -43,6 +43,15 @@ pub fn max_threads() -> usize {
     4 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The key a name is looked up by, so that names match whatever their case, hyphens, underscores or
+/// spaces (`R-KV` and `rkv`, `MATH-500` and `math500`): lower case, without those.
+pub fn name_key(name: &str) -> String {
+    name.chars()
+        .filter(|c| !matches!(c, '-' | '_') && !c.is_whitespace())
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
 /// Parses a count that must be at least 1 (tokens, batch sizes, samples, repeats, lengths): clap then
 /// names the flag and its value when it is 0, before any model is loaded.
 pub fn parse_positive(s: &str) -> std::result::Result<usize, String> {

@@ -57,11 +57,7 @@ fn manifests() -> Vec<Manifest> {
 /// with the year written out (`MATH-500`, `AIME 2024`, `AMC2023`); a name kvbench does not know is kept
 /// as written (with a file of problems it labels the file, and without one it is refused by name).
 pub fn canonical_name(name: &str) -> String {
-    let key: String = name
-        .chars()
-        .filter(|c| !matches!(c, '-' | '_') && !c.is_whitespace())
-        .collect::<String>()
-        .to_ascii_lowercase();
+    let key = crate::name_key(name);
     let key = match key.as_str() {
         "aime2024" => "aime24",
         "aime2025" => "aime25",

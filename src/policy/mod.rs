@@ -349,16 +349,11 @@ pub fn policy_names() -> Vec<&'static str> {
     POLICIES.iter().map(|(n, _)| *n).collect()
 }
 
-/// The policy a name stands for, as kvbench names it (and records it): whatever its case, hyphens or
-/// underscores (`R-KV`, `SnapKV`, `H2O`), and the papers' own names (`StreamingLLM`, `LazyEviction`,
+/// The policy a name stands for, as kvbench names it (and records it): whatever its case, hyphens,
+/// underscores or spaces (`R-KV`, `SnapKV`, `H2O`), and the papers' own names (`StreamingLLM`, `LazyEviction`,
 /// `RocketKV`). `None` for a name that is no policy.
 pub fn canonical_name(name: &str) -> Option<&'static str> {
-    let key: String = name
-        .trim()
-        .chars()
-        .filter(|c| !matches!(c, '-' | '_'))
-        .collect::<String>()
-        .to_ascii_lowercase();
+    let key = crate::name_key(name);
     let key = match key.as_str() {
         "streamingllm" => "streaming",
         "lazyeviction" => "lazy",

@@ -152,7 +152,7 @@ fn policies_are_named_whatever_the_case_and_by_their_papers_names() {
         let spec = PolicySpec::new(written, 64.0, Default::default()).unwrap();
         assert_eq!(spec.name(), name, "{written}: recorded as kvbench names it");
     }
-    for no in ["", "rkvv", "snap kv", "r/kv", "streamingllm2"] {
+    for no in ["", "rkvv", "snap.kv", "r/kv", "streamingllm2"] {
         assert_eq!(canonical_name(no), None, "{no:?}");
         let err = PolicySpec::new(no, 64.0, Default::default()).unwrap_err();
         assert!(err.to_string().contains("unknown policy"), "{err}");

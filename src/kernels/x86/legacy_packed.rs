@@ -113,7 +113,6 @@ trait Layout {
     /// # Safety
     /// The CPU must support AVX2; `p` points at a repacked block, and rows `0 .. RR` of `xq` hold
     /// block `b`.
-    #[allow(clippy::needless_range_loop)]
     #[inline(always)]
     unsafe fn sums<const RR: usize>(
         p: *const u8,

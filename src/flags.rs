@@ -42,6 +42,14 @@ where
     })
 }
 
+/// A flag's value as it is written on the command line (`auto`, `r1`, `chatml`), for messages: the
+/// enums' own names (`Auto`, `R1`, `Chatml`) are not what a user types.
+pub fn spelled<T: clap::ValueEnum>(value: &T) -> String {
+    value
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_string())
+}
+
 /// Which model to load, how, and where it runs.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -250,9 +250,9 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_default();
     println!(
-        "model {} ({:?} weights, {:.0} MiB of weights, loaded in {:.1} s; {} MiB of memory in 2 MiB pages), {} threads, machine: {}",
+        "model {} (weights {}, {:.0} MiB of them, loaded in {:.1} s; {} MiB of memory in 2 MiB pages), {} threads, machine: {}",
         model.name,
-        args.model.weights(),
+        kvbench::flags::spelled(&args.model.weights()),
         model.transformer.weight_bytes() as f64 / (1 << 20) as f64,
         load_secs,
         metrics::huge_page_bytes().map_or("n/a".into(), |b| (b >> 20).to_string()),

@@ -98,19 +98,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or(0);
     let spec = p.plan.specs[mine_index].clone();
     kvbench::say!(
-        "kvbench run: {} on {} problems × {} samples ({}), prompt {:?}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {:?}, KV cache {}, activations {}",
+        "kvbench run: {} on {} problems × {} samples ({}), prompt {}\npolicy: {}{}\ndecoding: temperature {}, top-p {}, max {} new tokens, seed {}, weights {}, KV cache {}, activations {}",
         p.cfg.model.model(),
         p.plan.problems.len(),
         p.plan.samples,
         cell(&p.set.source),
-        p.plan.decoding.prompt,
+        kvbench::flags::spelled(&p.plan.decoding.prompt),
         cell(&spec.describe()),
         if p.plan.specs.len() > 1 { " (and the full-cache baseline)" } else { "" },
         p.plan.decoding.temperature,
         p.plan.decoding.top_p,
         p.plan.decoding.max_new_tokens,
         p.plan.decoding.seed,
-        p.plan.decoding.weights,
+        kvbench::flags::spelled(&p.plan.decoding.weights),
         p.cfg.model.kv_type(),
         p.cfg.model.activations(),
     );

@@ -101,9 +101,9 @@ pub fn run(args: ScalingArgs) -> anyhow::Result<ExitCode> {
     let (config, kv_type) = (&model.transformer.config, model.transformer.kv_type());
     let longest = *lengths.last().unwrap_or(&1);
     println!(
-        "model {} ({:?} weights, KV cache {}, activations {}), {}-token prompt, machine: {}",
+        "model {} (weights {}, KV cache {}, activations {}), {}-token prompt, machine: {}",
         model.name,
-        args.model.weights(),
+        kvbench::flags::spelled(&args.model.weights()),
         kv_type,
         model.transformer.activation_dtype().as_str(),
         args.prompt_tokens,

@@ -197,13 +197,13 @@ impl Planned {
         );
         let _ = writeln!(
             s,
-            "decoding: temperature {}, top-p {}, max {} new tokens, seed {}, prompt {:?}, weights {:?}, KV cache {}; config hash {}",
+            "decoding: temperature {}, top-p {}, max {} new tokens, seed {}, prompt {}, weights {}, KV cache {}; config hash {}",
             p.decoding.temperature,
             p.decoding.top_p,
             p.decoding.max_new_tokens,
             p.decoding.seed,
-            p.decoding.prompt,
-            p.decoding.weights,
+            crate::flags::spelled(&p.decoding.prompt),
+            crate::flags::spelled(&p.decoding.weights),
             self.cfg.model.kv_type(),
             self.hash
         );
@@ -478,13 +478,13 @@ fn run_units(
         crate::say!("note: {note}");
     }
     crate::say!(
-        "kvbench: {} units on {} ({:.0} MiB of weights, loaded in {:.1} s; {:?} template, prompt {:?}, hash {}; activations {}{}), writing {}",
+        "kvbench: {} units on {} ({:.0} MiB of weights, loaded in {:.1} s; {} template, prompt {}, hash {}; activations {}{}), writing {}",
         todo.len(),
         model.name,
         model.transformer.weight_bytes() as f64 / (1 << 20) as f64,
         load_secs,
-        model.template,
-        o.prompt(),
+        crate::flags::spelled(&model.template),
+        crate::flags::spelled(&o.prompt()),
         template_hash,
         model.transformer.activation_dtype().as_str(),
         match (p.cfg.model.activations(), model.transformer.activation_dtype()) {

@@ -50,6 +50,19 @@ pub fn spelled<T: clap::ValueEnum>(value: &T) -> String {
         .map_or_else(String::new, |v| v.get_name().to_string())
 }
 
+/// `--model`, a built-in or random model's name as kvbench spells it (`SmolLM2-135M` is
+/// `smollm2-135m`): one model is one name in a results directory's config and hash.
+fn model_name(s: &str) -> std::result::Result<String, String> {
+    Ok(crate::loading::resolve::canonical_name(s))
+}
+
+/// A config's `model`, read as `--model` reads it.
+fn model_key<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.map(|s| crate::loading::resolve::canonical_name(&s)))
+}
+
 /// Which model to load, how, and where it runs.
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,8 +72,12 @@ pub struct ModelFlags {
     /// math; `qwen2.5-coder-0.5b`, Q5_0; `smollm2-135m`, Q4_1, fast), or `random:NAME[@SEED]`, seeded
     /// random weights at a real model's shapes for speed and memory only (`kvbench models` lists
     /// them) [default: qwen2.5-coder-1.5b].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_parser = model_name)]
+    #[serde(
+        default,
+        deserialize_with = "model_key",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub model: Option<String>,
     /// How weights are held in memory: auto (the file's own quantized blocks in kvbench's kernels on
     /// the CPU; float weights in their stored type), native (candle's kernels), q8, f32 [default: auto].

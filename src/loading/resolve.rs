@@ -83,6 +83,23 @@ pub fn check_name(name: &str) -> Result<()> {
     hub_repo_id(name)
 }
 
+/// `--model` as kvbench spells it, so that one model is one name in a config and its hash: a built-in or
+/// random model's name in any case becomes kvbench's (`SmolLM2-135M` is `smollm2-135m`,
+/// `Random:Tiny@3` is `random:tiny@3`; the seed as written); a path that exists, a hub id or anything
+/// else stays as written.
+pub fn canonical_name(name: &str) -> String {
+    if Path::new(name).exists() {
+        return name.to_string();
+    }
+    if let Some(Ok(spec)) = RandomSpec::parse(name) {
+        return match name.split_once('@') {
+            Some((_, seed)) => format!("random:{}@{seed}", spec.name),
+            None => format!("random:{}", spec.name),
+        };
+    }
+    builtin(name).map_or_else(|| name.to_string(), |m| m.name.to_string())
+}
+
 /// The built-in model a name stands for, in any case (`SmolLM2-135M`), once it is not a path.
 fn builtin(name: &str) -> Option<&'static super::builtin::BuiltinModel> {
     BUILTIN_MODELS
@@ -141,5 +158,15 @@ mod tests {
         assert!(builtin("smollm2").is_none());
         assert!(check_name("SMOLLM2-135M").is_ok());
         assert!(check_name("SmolLM2").is_err());
+        for (written, name) in [
+            ("SmolLM2-135M", "smollm2-135m"),
+            ("Random:Tiny", "random:tiny"),
+            ("RANDOM:R1-Distill-Qwen-7B@3", "random:r1-distill-qwen-7b@3"),
+            ("random:tiny", "random:tiny"),
+            ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B"),
+            ("random:nope", "random:nope"),
+        ] {
+            assert_eq!(canonical_name(written), name, "{written}");
+        }
     }
 }

@@ -363,6 +363,80 @@ fn an_unwritable_standard_error_loses_diagnostics_not_work_or_exit_codes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Named values on the command line in any case, and policies by their papers' names, plan the same
+/// sweep as kvbench's own spelling: the same config hash and unit ids, names printed as typed.
+#[test]
+fn names_in_any_case_plan_the_same_sweep() {
+    let dir = temp("any-case");
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        "name = \"c\"\nlimit = 2\n[[policy]]\nname = \"full\"\n",
+    )
+    .unwrap();
+    let plan = |args: &[&str]| {
+        let mut all = vec![
+            "sweep",
+            cfg.to_str().unwrap(),
+            "--dry-run",
+            "--budget",
+            "16",
+        ];
+        all.extend_from_slice(args);
+        let out = kvbench(&all);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let theirs = plan(&[
+        "--model",
+        "Random:Tiny",
+        "--policy",
+        "R-KV,StreamingLLM",
+        "--preset",
+        "R1",
+        "--weights",
+        "Q8",
+        "--dataset",
+        "BuiltIn",
+        "--budget-rule",
+        "Seen",
+        "--kv-type",
+        "Q8_0",
+        "--device",
+        "CPU",
+        "--policy-arg",
+        "sinks=4",
+    ]);
+    let ours = plan(&[
+        "--model",
+        "random:tiny",
+        "--policy",
+        "rkv,streaming",
+        "--preset",
+        "r1",
+        "--weights",
+        "q8",
+        "--dataset",
+        "builtin",
+        "--budget-rule",
+        "seen",
+        "--kv-type",
+        "q8_0",
+        "--device",
+        "cpu",
+        "--policy-arg",
+        "sinks=4",
+    ]);
+    // The output directory is the same; so must every other line be.
+    assert_eq!(theirs, ours);
+    assert!(ours.contains("prompt r1, weights q8"), "{ours}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn ids_and_text_from_a_data_file_cannot_drive_the_terminal() {
     let dir = temp("inject");

@@ -85,16 +85,16 @@ pub fn check_name(name: &str) -> Result<()> {
 
 /// `--model` as kvbench spells it, so that one model is one name in a config and its hash: a built-in or
 /// random model's name in any case becomes kvbench's (`SmolLM2-135M` is `smollm2-135m`,
-/// `Random:Tiny@3` is `random:tiny@3`; the seed as written); a path that exists, a hub id or anything
-/// else stays as written.
+/// `Random:Tiny@03` is `random:tiny@3`; no seed stays none); a path that exists, a hub id or
+/// anything else stays as written.
 pub fn canonical_name(name: &str) -> String {
     if Path::new(name).exists() {
         return name.to_string();
     }
     if let Some(Ok(spec)) = RandomSpec::parse(name) {
-        return match name.split_once('@') {
-            Some((_, seed)) => format!("random:{}@{seed}", spec.name),
-            None => format!("random:{}", spec.name),
+        return match name.contains('@') {
+            true => format!("random:{}@{}", spec.name, spec.seed),
+            false => format!("random:{}", spec.name),
         };
     }
     builtin(name).map_or_else(|| name.to_string(), |m| m.name.to_string())
@@ -163,6 +163,7 @@ mod tests {
             ("Random:Tiny", "random:tiny"),
             ("RANDOM:R1-Distill-Qwen-7B@3", "random:r1-distill-qwen-7b@3"),
             ("random:tiny", "random:tiny"),
+            ("random:tiny@03", "random:tiny@3"),
             ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B"),
             ("random:nope", "random:nope"),
         ] {

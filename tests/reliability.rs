@@ -315,15 +315,19 @@ fn streams_are_read_once_and_a_pipe_with_no_writer_does_not_hang() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_failed_write_to_standard_output_is_one_line_and_exit_1() {
-    let full = std::fs::OpenOptions::new()
+/// `/dev/full`, opened for writing: every write fails with "no space left on device".
+fn full() -> std::fs::File {
+    std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/full")
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_failed_write_to_standard_output_is_one_line_and_exit_1() {
     let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
         .arg("policies")
-        .stdout(full)
+        .stdout(full())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -334,12 +338,6 @@ fn a_failed_write_to_standard_output_is_one_line_and_exit_1() {
 
 #[test]
 fn an_unwritable_standard_error_loses_diagnostics_not_work_or_exit_codes() {
-    let full = || {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/full")
-            .unwrap()
-    };
     let dir = temp("stderr-full");
     let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
         .args(["run", "--model", "random:tiny", "--max-new-tokens", "2"])

@@ -87,8 +87,7 @@ impl QMatrix {
             });
         }
         let mut bytes = bytes;
-        let packed = repack;
-        if packed {
+        if repack {
             packed::pack(format, &mut bytes, n, row_bytes);
         }
         Ok(Self {
@@ -98,7 +97,7 @@ impl QMatrix {
                 rows: n,
                 bytes,
                 row_bytes,
-                packed,
+                packed: repack,
             }],
             n,
             k,

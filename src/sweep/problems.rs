@@ -50,9 +50,18 @@ pub fn load_problems(o: &StudyOptions) -> Result<ProblemSet> {
             crate::say!("warning: {w}");
         }
         let max_new = dataset::manifest(o.dataset()).map_or(512, |m| m.max_new_tokens);
+        // A file given without a problem set's name is named by its file name, not `builtin`
+        // (a report shows the part before the first comma as the problem set).
+        let name = match (&o.data, o.dataset.is_none() || o.dataset() == "builtin") {
+            (Some(data), true) => data.file_name().map_or_else(
+                || "problems file".to_string(),
+                |f| f.to_string_lossy().replace(',', " "),
+            ),
+            _ => d.name.clone(),
+        };
         let source = format!(
             "{}, {} (sha256 {})",
-            d.name,
+            name,
             d.path.display(),
             &d.sha256[..16]
         );
@@ -64,4 +73,33 @@ pub fn load_problems(o: &StudyOptions) -> Result<ProblemSet> {
         source,
         max_new_tokens: o.max_new_tokens.unwrap_or(max_new_tokens),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of problems is named by its file name, or by the problem set named with it, never
+    /// as the built-in set it is not.
+    #[test]
+    fn a_file_of_problems_is_named_by_its_file_not_builtin() {
+        let dir = std::env::temp_dir().join(format!("kvbench-problems-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("my, set.jsonl");
+        std::fs::write(&file, "{\"problem\":\"1+1?\",\"answer\":\"2\"}\n").unwrap();
+        let named = |dataset: Option<&str>| {
+            let o = StudyOptions {
+                data: Some(file.clone()),
+                dataset: dataset.map(str::to_string),
+                ..Default::default()
+            };
+            let set = load_problems(&o).unwrap();
+            assert_eq!(set.problems.len(), 1);
+            crate::report::short_dataset(&set.source).to_string()
+        };
+        assert_eq!(named(None), "my  set.jsonl");
+        assert_eq!(named(Some("builtin")), "my  set.jsonl");
+        assert_eq!(named(Some("mine")), "mine");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -76,8 +76,9 @@ impl Params {
             // the resolved value is recorded as kvbench spells it.
             Some(raw) => raw.trim().to_ascii_lowercase().parse::<T>().map_err(|e| {
                 Error::Input(format!(
-                    "policy '{}': {key}={raw} ({WHERE}): {e}",
-                    self.policy
+                    "policy '{}': {key}={raw} ({WHERE}): {}{e}",
+                    self.policy,
+                    expected::<T>()
                 ))
             })?,
         };
@@ -117,6 +118,16 @@ impl Params {
             )));
         }
         Ok(self.resolved.clone())
+    }
+}
+
+/// What a number's parse error leaves unsaid ("invalid digit found in string"): the kind of value
+/// the key takes. Named values' errors list their names themselves.
+fn expected<T>() -> &'static str {
+    match std::any::type_name::<T>() {
+        "usize" | "u64" | "u32" => "expected a whole number, 0 or more: ",
+        "f64" | "f32" => "expected a number: ",
+        _ => "",
     }
 }
 
@@ -371,6 +382,17 @@ mod tests {
         );
         let err = p.get("window", 4usize).unwrap_err().to_string();
         assert!(err.contains("window=eight"), "{err}");
+        // What the key takes, not only the parser's words.
+        assert!(err.contains("a whole number"), "{err}");
+        let mut p = Params::new("rkv", Params::parse_pairs(&["window=-3".into()]).unwrap());
+        let err = p.get("window", 4usize).unwrap_err().to_string();
+        assert!(
+            err.contains("window=-3") && err.contains("a whole number"),
+            "{err}"
+        );
+        let mut p = Params::new("rkv", Params::parse_pairs(&["lambda=x".into()]).unwrap());
+        let err = p.get("lambda", 0.1f64).unwrap_err().to_string();
+        assert!(err.contains("expected a number"), "{err}");
         assert!(Params::parse_pairs(&["window".into()]).is_err());
         assert!(Params::parse_pairs(&["a=1".into(), "a=2".into()]).is_err());
     }

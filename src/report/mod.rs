@@ -171,7 +171,7 @@ fn check_same_decoding(manifests: &[(PathBuf, Manifest)]) -> Result<()> {
         let Some(d) = decoding_of(dir) else {
             continue;
         };
-        let key = (m.model_id.clone(), short_dataset(&m.dataset).to_string());
+        let key = (m.model_id.clone(), short_dataset(&m.dataset).into_owned());
         match first.get(&key) {
             None => {
                 first.insert(key, (dir.clone(), d));
@@ -319,7 +319,7 @@ impl Summary {
             return "no finished samples yet".into();
         }
         let mut models: Vec<&str> = self.rows.iter().map(|r| r.model.as_str()).collect();
-        let mut data: Vec<&str> = self
+        let mut data: Vec<std::borrow::Cow<'_, str>> = self
             .rows
             .iter()
             .map(|r| short_dataset(&r.dataset))
@@ -337,14 +337,27 @@ impl Summary {
 /// two places (another checkout, another machine) pools and pairs, and two revisions never do.
 pub fn dataset_identity(source: &str) -> String {
     match (source.split_once(", "), source.rfind(" (sha256 ")) {
-        (Some((name, _)), Some(at)) if at > name.len() => format!("{name}{}", &source[at..]),
+        (Some((name, _)), Some(at)) if at > name.len() => {
+            format!("{}{}", short_dataset(source), &source[at..])
+        }
         _ => source.to_string(),
     }
 }
 
-/// The dataset's name: the part of a record's source before the first comma.
-pub fn short_dataset(source: &str) -> &str {
-    source.split(',').next().unwrap_or(source).trim()
+/// The dataset's name: the part of a record's source before the first comma. Records written before
+/// a file of problems given without a problem set's name was named by its file (kvbench 0.5.0) call
+/// it `builtin` (`"builtin, /path/f.jsonl (sha256 …)"`): read as the file's name, as written now
+/// (`sweep::problems`), so that such records pool and pair with newer ones of the same file.
+pub fn short_dataset(source: &str) -> std::borrow::Cow<'_, str> {
+    let name = source.split(',').next().unwrap_or(source).trim();
+    let old_file = source
+        .strip_prefix("builtin, ")
+        .zip(source.rfind(" (sha256 "))
+        .map(|(rest, at)| &rest[..at.saturating_sub("builtin, ".len())]);
+    match old_file.and_then(|path| std::path::Path::new(path).file_name()) {
+        Some(file) => file.to_string_lossy().replace(',', " ").into(),
+        None => name.into(),
+    }
 }
 
 /// Groups records into rows, `full` first, then by policy name and budget.
@@ -978,5 +991,19 @@ pub(crate) mod tests {
             dataset_identity("built-in set, seed 7"),
             "built-in set, seed 7"
         );
+        // A file of problems as recorded before it was named by its file (kvbench 0.5.0), and now.
+        assert_eq!(
+            dataset_identity("builtin, /a/my, set.jsonl (sha256 00aa)"),
+            "my  set.jsonl (sha256 00aa)"
+        );
+        assert_eq!(
+            dataset_identity("my  set.jsonl, /b/my, set.jsonl (sha256 00aa)"),
+            "my  set.jsonl (sha256 00aa)"
+        );
+        assert_eq!(
+            short_dataset("builtin, /a/f.jsonl (sha256 00aa)"),
+            "f.jsonl"
+        );
+        assert_eq!(short_dataset("built-in set, seed 7"), "built-in set");
     }
 }

@@ -422,6 +422,51 @@ fn an_exported_random_model_runs_as_the_model_itself() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An export that cannot finish (here a file-size limit below the weights' size) leaves nothing at
+/// its target, not a partial checkpoint that a later load or export would trip over, and no staging
+/// directory beside it; an empty target directory stays as it was, and the next export fills it
+/// (before, a SIGTERM four seconds into exporting `random:qwen2.5-coder-0.5b` left 265 MB of a
+/// `model.safetensors` in the target).
+#[test]
+fn an_export_that_fails_leaves_no_partial_checkpoint() {
+    let parent = temp("export-fails");
+    let target = parent.join("ckpt");
+    std::fs::create_dir_all(&target).unwrap();
+    let limited = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f 8; exec '{}' models --export random:tiny@9 '{}'",
+            env!("CARGO_BIN_EXE_kvbench"),
+            target.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(!limited.status.success(), "{limited:?}");
+    let err = String::from_utf8_lossy(&limited.stderr);
+    assert!(err.contains("--export random:tiny@9"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&parent)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("ckpt")], "{left:?}");
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    // A killed export's staging directory (its process gone) goes with the next export to the same
+    // target; another target's stays.
+    let stale = parent.join(".ckpt.tmp-4294967294");
+    let other = parent.join(".other.tmp-4294967294");
+    std::fs::create_dir_all(stale.join("x")).unwrap();
+    std::fs::create_dir_all(&other).unwrap();
+    ok(&kvbench(&[
+        "models",
+        "--export",
+        "random:tiny@9",
+        target.to_str().unwrap(),
+    ]));
+    assert!(target.join("model.safetensors").is_file());
+    assert!(!stale.exists() && other.exists());
+    let _ = std::fs::remove_dir_all(&parent);
+}
+
 #[test]
 fn policies_run_on_random_models_and_lists_are_refused_where_one_policy_runs() {
     let g = forward("random:tiny", &["--policy", "h2o", "--budget", "8"]);

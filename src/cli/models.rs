@@ -43,7 +43,9 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes `name`'s weights, config and tokenizer into `dir` (which must not exist or be empty).
+/// Writes `name`'s weights, config and tokenizer into `dir` (which must not exist or be empty). The
+/// checkpoint is written into a hidden directory beside `dir` and renamed into place when complete:
+/// an export that fails or is stopped leaves no partial checkpoint at `dir`.
 fn export(name: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     let spec = match RandomSpec::parse(name) {
         Some(s) => s.map_err(|e| UsageError(format!("--export: {e}")))?,
@@ -54,20 +56,16 @@ fn export(name: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             .into())
         }
     };
+    let flag = format!("--export {name} {}", dir.display());
     super::check_dir_flag(&format!("--export {name}"), dir)?;
-    if dir.exists()
-        && std::fs::read_dir(dir)
-            .map_err(|e| kvbench::Error::io(dir, e))?
-            .next()
-            .is_some()
-    {
+    let not_empty = |e: std::io::Error| UsageError(format!("{flag}: {e}"));
+    if dir.exists() && std::fs::read_dir(dir).map_err(not_empty)?.next().is_some() {
         return Err(UsageError(format!(
-            "--export {name} {}: the directory is not empty; nothing was written",
-            dir.display()
+            "{flag}: the directory is not empty; nothing was written"
         ))
         .into());
     }
-    std::fs::create_dir_all(dir).map_err(|e| kvbench::Error::io(dir, e))?;
+    let staged = Staged::beside(dir).map_err(|e| UsageError(format!("{flag}: {e}")))?;
     let config = spec.config();
     let device = candle_core::Device::Cpu;
     let mut tensors = std::collections::HashMap::new();
@@ -77,17 +75,20 @@ fn export(name: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             .expect("every listed tensor exists");
         tensors.insert(kvbench::loading::source::hf_name(&n), t);
     }
-    let weights = dir.join("model.safetensors");
+    let weights = staged.path.join("model.safetensors");
     candle_core::safetensors::save(&tensors, &weights)
-        .map_err(|e| kvbench::Error::Input(format!("{}: {e}", weights.display())))?;
-    let json = dir.join("config.json");
+        .map_err(|e| kvbench::Error::Input(format!("{flag}: {e}")))?;
+    let json = staged.path.join("config.json");
     std::fs::write(
         &json,
         serde_json::to_string_pretty(&hf_config_json(&config))?,
     )
     .map_err(|e| kvbench::Error::io(&json, e))?;
     let tok = kvbench::model::tokenizer::Tokenizer::byte_level(config.vocab_size)?;
-    tok.save(&dir.join("tokenizer.json"))?;
+    tok.save(&staged.path.join("tokenizer.json"))?;
+    staged
+        .commit(dir)
+        .map_err(|e| kvbench::Error::Input(format!("{flag}: {e}")))?;
     println!(
         "{} written to {} ({} tensors, bf16; config.json, model.safetensors, tokenizer.json)",
         spec.label(),
@@ -95,4 +96,65 @@ fn export(name: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         tensors.len()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A hidden directory beside an export's target, removed unless [`commit`](Staged::commit)ted.
+struct Staged {
+    path: PathBuf,
+    committed: bool,
+}
+
+impl Staged {
+    /// Makes `.NAME.tmp-PID` beside `target` (and `target`'s parents). Those an earlier export to the
+    /// same target left when it was killed (its process gone) are removed first.
+    fn beside(target: &std::path::Path) -> std::io::Result<Self> {
+        let parent = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = target.file_name().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a directory name")
+        })?;
+        std::fs::create_dir_all(&parent)?;
+        let prefix = format!(".{}.tmp-", name.to_string_lossy());
+        for entry in std::fs::read_dir(&parent)?.flatten() {
+            let file = entry.file_name();
+            let pid = file.to_str().and_then(|f| f.strip_prefix(&prefix));
+            let gone = pid
+                .and_then(|p| p.parse::<u32>().ok())
+                .is_some_and(|p| !PathBuf::from(format!("/proc/{p}")).exists());
+            if gone && cfg!(target_os = "linux") {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let path = parent.join(format!("{prefix}{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir(&path)?;
+        Ok(Self {
+            path,
+            committed: false,
+        })
+    }
+
+    /// Syncs the staged files and renames the directory to `target` (an empty directory there is
+    /// replaced).
+    fn commit(mut self, target: &std::path::Path) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(&self.path)? {
+            std::fs::File::open(entry?.path())?.sync_all()?;
+        }
+        if target.is_dir() {
+            std::fs::remove_dir(target)?;
+        }
+        std::fs::rename(&self.path, target)?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
 }

@@ -405,6 +405,12 @@ fn an_exported_random_model_runs_as_the_model_itself() {
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
         assert!(dir.join(f).is_file(), "{f}");
     }
+    // The weights as readable as the other files (candle's writer made them the owner's alone).
+    let mode = |f: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(dir.join(f)).unwrap().permissions().mode()
+    };
+    assert_eq!(mode("model.safetensors"), mode("config.json"));
     // The same weights through the safetensors loader: the same logits' argmax and greedy tokens.
     let direct = forward("random:tiny@9", &[]);
     let exported = forward(dir.to_str().unwrap(), &[]);

@@ -84,6 +84,12 @@ fn export(name: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         serde_json::to_string_pretty(&hf_config_json(&config))?,
     )
     .map_err(|e| kvbench::Error::io(&json, e))?;
+    // The weights with the permissions of a file created as usual (the umask's), like the others:
+    // candle writes them readable by their owner alone, which another account (transformers run by
+    // a colleague) could not load.
+    let usual = std::fs::metadata(&json).map_err(|e| kvbench::Error::io(&json, e))?;
+    std::fs::set_permissions(&weights, usual.permissions())
+        .map_err(|e| kvbench::Error::io(&weights, e))?;
     let tok = kvbench::model::tokenizer::Tokenizer::byte_level(config.vocab_size)?;
     tok.save(&staged.path.join("tokenizer.json"))?;
     staged

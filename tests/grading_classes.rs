@@ -145,3 +145,29 @@ fn function_arguments_without_parentheses() {
     same("\\cos 2x", "\\cos^2 x - \\sin^2 x");
     same("\\ln 2x", "\\ln 2 + \\ln x");
 }
+
+/// A trailing spacing macro is spacing, not punctuation: `\,` and `\;` end in the characters §2.5
+/// strips, and `\ ` in the space a trim removes. Stripping those left a stray backslash (`5\`), and a
+/// correct answer was graded wrong, in a box, after "the answer is", and as an extracted answer.
+#[test]
+fn trailing_spacing_macros_are_not_punctuation() {
+    for spacing in [
+        "\\,", "\\;", "\\:", "\\!", "\\ ", "\\quad", "~", "\\,.", "\\;,", " \\ ",
+    ] {
+        let answer = format!("5{spacing}");
+        same(&answer, "5");
+        for output in [
+            format!("So the answer is \\boxed{{{answer}}}"),
+            format!("The answer is ${answer}$."),
+            format!("The answer is {answer}"),
+        ] {
+            let (extracted, verdict) = grade_output(&output, "5", false);
+            assert!(verdict.is_correct(), "{output:?}: {extracted:?}");
+        }
+    }
+    same("\\frac{1}{2}\\,", "0.5");
+    same("x = 3\\;", "3");
+    // Punctuation after a spacing macro still goes; a macro's own character is not punctuation.
+    differ("5\\,", "6");
+    same("10.", "10");
+}

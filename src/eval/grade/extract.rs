@@ -173,14 +173,14 @@ fn phrase(region: &str) -> Option<String> {
     for key in ["final answer is", "the answer is", "answer:"] {
         if let Some(i) = lower.rfind(key) {
             let tail = &region[i + key.len()..];
-            let line = tail.lines().next().unwrap_or("").trim();
+            let line = trim_answer(tail.lines().next().unwrap_or(""));
             // The sentence ends at ". " or at "I hope it is correct" (Minerva).
             let line = line.split("I hope it is correct").next().unwrap_or(line);
             let line = match line.find(". ") {
                 Some(j) => &line[..j],
                 None => line,
             };
-            let s = unwrap_math(line.trim());
+            let s = unwrap_math(line);
             if !s.is_empty() {
                 return Some(s);
             }
@@ -202,10 +202,13 @@ fn last_number(text: &str) -> Option<String> {
 
 /// Removes one level of `$…$`, `\(…\)` or `\[…\]` around the whole string.
 fn unwrap_math(s: &str) -> String {
-    let s = s.trim().trim_end_matches(['.', ',', ';']).trim();
+    let mut s = trim_answer(s);
+    while ends_with_punctuation(s) {
+        s = trim_answer(&s[..s.len() - 1]);
+    }
     for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
         if let Some(inner) = s.strip_prefix(open).and_then(|r| r.strip_suffix(close)) {
-            return inner.trim().to_string();
+            return trim_answer(inner).to_string();
         }
     }
     s.to_string()
@@ -214,11 +217,11 @@ fn unwrap_math(s: &str) -> String {
 /// Spec §2.5: one trailing `.`, `,` or `;`, a leading `:`, surrounding whitespace, `\displaystyle`,
 /// and a nested `\boxed{…}`.
 pub fn tidy(s: &str) -> String {
-    let mut s = s.trim().to_string();
+    let mut s = trim_answer(s).to_string();
     if let Some(rest) = s.strip_prefix(':') {
-        s = rest.trim().to_string();
+        s = trim_answer(rest).to_string();
     }
-    if s.ends_with(['.', ',', ';']) {
+    if ends_with_punctuation(&s) {
         s.pop();
     }
     s = s.replace("\\displaystyle", "");
@@ -228,7 +231,31 @@ pub fn tidy(s: &str) -> String {
             s = inner;
         }
     }
-    s.trim().to_string()
+    trim_answer(&s).to_string()
+}
+
+/// Whether `s` ends in a `.`, `,` or `;` that is punctuation: not the last character of a macro such
+/// as the spacing macros `\,` and `\;`, which normalisation removes whole (spec §3 step 2). Taken
+/// for punctuation, `5\,` lost its comma and kept a stray backslash, and a correct answer graded
+/// wrong: a deviation from the letter of §2.5 ("one trailing `,`"), not from its intent.
+fn ends_with_punctuation(s: &str) -> bool {
+    s.ends_with(['.', ',', ';']) && trailing_backslashes(&s[..s.len() - 1]).is_multiple_of(2)
+}
+
+/// `s` without surrounding whitespace, except the space of a trailing `\ ` (backslash-space, a
+/// spacing macro that normalisation removes whole; trimming its space alone left a stray backslash).
+fn trim_answer(s: &str) -> &str {
+    let start = s.trim_start();
+    let t = start.trim_end();
+    match (trailing_backslashes(t) % 2, start[t.len()..].chars().next()) {
+        (1, Some(space)) => &start[..t.len() + space.len_utf8()],
+        _ => t,
+    }
+}
+
+/// How many backslashes `s` ends with.
+fn trailing_backslashes(s: &str) -> usize {
+    s.len() - s.trim_end_matches('\\').len()
 }
 
 #[cfg(test)]

@@ -165,6 +165,20 @@ fn trailing_spacing_macros_are_not_punctuation() {
             assert!(verdict.is_correct(), "{output:?}: {extracted:?}");
         }
     }
+    // LaTeX's named spaces and `\hspace`, beyond the spec's list, are spacing too.
+    for spacing in [
+        "\\thinspace",
+        "\\medspace",
+        "\\thickspace",
+        "\\enspace",
+        "\\negthinspace",
+        "\\hspace{1mm}",
+        "\\hspace*{2em}",
+    ] {
+        same(&format!("5{spacing}"), "5");
+        same(&format!("1{spacing}000"), "1000");
+    }
+    differ("\\negthinspace 5", "\\neg 5");
     same("\\frac{1}{2}\\,", "0.5");
     same("x = 3\\;", "3");
     // Punctuation after a spacing macro still goes; a macro's own character is not punctuation.

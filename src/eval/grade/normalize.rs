@@ -40,6 +40,8 @@ static REL_LE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:leqslant|leq|le)\b|<
 static REL_GE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:geqslant|geq|ge)\b|>=|≥"));
 static REL_NE: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:neq|ne)\b|!=|≠"));
 static BACKSLASH_SPACE: LazyLock<Regex> = LazyLock::new(|| re(r"(^|[^\\])\\ "));
+/// `\hspace{…}` and `\hspace*{…}`: a space of a given width.
+static HSPACE: LazyLock<Regex> = LazyLock::new(|| re(r"\\hspace\*?\{[^{}]*\}"));
 static DOUBLE_BACKSLASH: LazyLock<Regex> = LazyLock::new(|| re(r"\\\\([a-zA-Z])"));
 
 /// Normalises an answer string (spec §3). The result is compared as a string first, then parsed.
@@ -63,8 +65,26 @@ pub fn normalize(s: &str) -> String {
         }
         s = next;
     }
-    // 2. Spacing macros.
-    for m in ["\\qquad", "\\quad", "\\!", "\\,", "\\;", "\\:", "~"] {
+    // 2. Spacing macros: the spec's, and (beyond its list, the same kind) LaTeX's named spaces and
+    //    `\hspace{…}`, the negative ones before the positive (`\negthinspace` holds `\thinspace`, and
+    //    `\neg` left behind would read as a negation).
+    s = HSPACE.replace_all(&s, "").into_owned();
+    for m in [
+        "\\negthinspace",
+        "\\negmedspace",
+        "\\negthickspace",
+        "\\thinspace",
+        "\\medspace",
+        "\\thickspace",
+        "\\enspace",
+        "\\qquad",
+        "\\quad",
+        "\\!",
+        "\\,",
+        "\\;",
+        "\\:",
+        "~",
+    ] {
         s = s.replace(m, "");
     }
     // `\ ` (backslash-space), but not the second backslash of a row break `\\`.

@@ -179,9 +179,30 @@ fn trailing_spacing_macros_are_not_punctuation() {
         same(&format!("1{spacing}000"), "1000");
     }
     differ("\\negthinspace 5", "\\neg 5");
+    same("\\varnothing", "\\emptyset");
+    differ("\\varnothing", "\\{0\\}");
     same("\\frac{1}{2}\\,", "0.5");
     same("x = 3\\;", "3");
     // Punctuation after a spacing macro still goes; a macro's own character is not punctuation.
     differ("5\\,", "6");
     same("10.", "10");
+}
+
+/// `kvbench grade --pred 5 --gold -5`: a value that starts with a hyphen (a negative number, `-\infty`)
+/// is the flag's value, not an unknown flag (it was refused with exit 2).
+#[test]
+fn grade_takes_answers_that_start_with_a_hyphen() {
+    for (pred, gold, correct) in [
+        ("-5", "-5", true),
+        ("5", "-5", false),
+        ("-\\infty", "-\\infty", true),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args(["grade", "--pred", pred, "--gold", gold])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{pred} {gold}: {out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["correct"], correct, "{pred} {gold}: {v}");
+    }
 }

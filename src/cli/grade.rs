@@ -18,11 +18,16 @@ pub enum Kind {
 
 #[derive(Args, Debug)]
 pub struct GradeArgs {
-    /// The prediction (with --gold).
-    #[arg(long, requires = "gold", conflicts_with = "cases")]
+    /// The prediction (with --gold). May start with a hyphen (`-5`, `-\infty`).
+    #[arg(
+        long,
+        requires = "gold",
+        conflicts_with = "cases",
+        allow_hyphen_values = true
+    )]
     pub pred: Option<String>,
-    /// The gold answer.
-    #[arg(long, requires = "pred")]
+    /// The gold answer. May start with a hyphen.
+    #[arg(long, requires = "pred", allow_hyphen_values = true)]
     pub gold: Option<String>,
     #[arg(long, value_enum, ignore_case = true, default_value_t = Kind::Answer)]
     pub kind: Kind,

@@ -104,6 +104,8 @@ pub fn normalize(s: &str) -> String {
     s = REL_GE.replace_all(&s, "\\ge").into_owned();
     s = REL_NE.replace_all(&s, "\\ne").into_owned();
     s = s.replace("\\lt", "<").replace("\\gt", ">");
+    // The empty set's two glyphs are one set (beyond the spec's list).
+    s = s.replace("\\varnothing", "\\emptyset");
     // 5. Matrices: bmatrix and array are pmatrix.
     s = s.replace("bmatrix", "pmatrix");
     if let Some(i) = s.find("\\begin{array}") {

@@ -53,6 +53,14 @@ fn manifests() -> Vec<Manifest> {
         .collect()
 }
 
+/// The name records give a file of problems read without a problem set's name: its file name, commas
+/// replaced (a report reads a record's problem set up to the first comma); `None` for a path with no
+/// file name.
+pub fn file_label(path: &Path) -> Option<String> {
+    path.file_name()
+        .map(|f| f.to_string_lossy().replace(',', " "))
+}
+
 /// A problem set's name as kvbench spells it, whatever its case, hyphens, underscores or spaces, and
 /// with the year written out (`MATH-500`, `AIME 2024`, `AMC2023`); a name kvbench does not know is kept
 /// as written (with a file of problems it labels the file, and without one it is refused by name).

@@ -354,8 +354,8 @@ pub fn short_dataset(source: &str) -> std::borrow::Cow<'_, str> {
         .strip_prefix("builtin, ")
         .zip(source.rfind(" (sha256 "))
         .map(|(rest, at)| &rest[..at.saturating_sub("builtin, ".len())]);
-    match old_file.and_then(|path| std::path::Path::new(path).file_name()) {
-        Some(file) => file.to_string_lossy().replace(',', " ").into(),
+    match old_file.and_then(|path| crate::eval::dataset::file_label(std::path::Path::new(path))) {
+        Some(file) => file.into(),
         None => name.into(),
     }
 }

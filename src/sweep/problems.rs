@@ -53,10 +53,9 @@ pub fn load_problems(o: &StudyOptions) -> Result<ProblemSet> {
         // A file given without a problem set's name is named by its file name, not `builtin`
         // (a report shows the part before the first comma as the problem set).
         let name = match (&o.data, o.dataset.is_none() || o.dataset() == "builtin") {
-            (Some(data), true) => data.file_name().map_or_else(
-                || "problems file".to_string(),
-                |f| f.to_string_lossy().replace(',', " "),
-            ),
+            (Some(data), true) => {
+                dataset::file_label(data).unwrap_or_else(|| "problems file".to_string())
+            }
             _ => d.name.clone(),
         };
         let source = format!(

@@ -68,23 +68,23 @@ pub fn normalize(s: &str) -> String {
     // 2. Spacing macros: the spec's, and (beyond its list, the same kind) LaTeX's named spaces and
     //    `\hspace{…}`, the negative ones before the positive (`\negthinspace` holds `\thinspace`, and
     //    `\neg` left behind would read as a negation).
-    s = HSPACE.replace_all(&s, "").into_owned();
-    for m in [
-        "\\negthinspace",
-        "\\negmedspace",
-        "\\negthickspace",
-        "\\thinspace",
-        "\\medspace",
-        "\\thickspace",
-        "\\enspace",
-        "\\qquad",
-        "\\quad",
-        "\\!",
-        "\\,",
-        "\\;",
-        "\\:",
-        "~",
-    ] {
+    //    Every one of LaTeX's names ends in `space`: answers without one skip their pass (the grading
+    //    bench read 5.1 ms before them and 9.0 ms with every answer taking it; noisy, not settled).
+    if s.contains("space") {
+        s = HSPACE.replace_all(&s, "").into_owned();
+        for m in [
+            "\\negthinspace",
+            "\\negmedspace",
+            "\\negthickspace",
+            "\\thinspace",
+            "\\medspace",
+            "\\thickspace",
+            "\\enspace",
+        ] {
+            s = s.replace(m, "");
+        }
+    }
+    for m in ["\\qquad", "\\quad", "\\!", "\\,", "\\;", "\\:", "~"] {
         s = s.replace(m, "");
     }
     // `\ ` (backslash-space), but not the second backslash of a row break `\\`.

@@ -542,3 +542,70 @@ fn sigterm_ends_other_commands_without_promising_a_resume() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `run --trace FILE` holds every unit of the policy, those an earlier run finished included (from
+/// the results directory's traces), refuses units finished there untraced before anything runs,
+/// and never replaces a file that is not a kvbench trace.
+#[test]
+fn a_run_trace_holds_every_unit_and_replaces_only_a_trace() {
+    let dir = temp("trace");
+    let run = |out: &str, trace: Option<&Path>| {
+        let mut args = vec![
+            "run",
+            "--policy",
+            "rkv",
+            "--budget",
+            "0.3",
+            "--model",
+            "random:tiny",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "24",
+            "--ignore-eos",
+            "--threads",
+            "1",
+        ];
+        let out = dir.join(out);
+        args.extend(["--out", out.to_str().unwrap()]);
+        if let Some(t) = trace {
+            args.extend(["--trace", t.to_str().unwrap()]);
+        }
+        kvbench(&args)
+    };
+    // A user's file in the trace's place is kept, and nothing runs.
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, "keep me\n").unwrap();
+    let out = run("a", Some(&notes));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--trace") && err.contains("not a kvbench trace"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+    assert!(!dir.join("a").exists(), "a results directory was made");
+
+    // Both problems' sequences are in the file, and a rerun that reuses them writes it again.
+    let trace = dir.join("trace.jsonl");
+    ok(&run("a", Some(&trace)));
+    let first = std::fs::read(&trace).unwrap();
+    let lines = kvbench::results::trace::read_trace(&trace).unwrap();
+    let sequences: std::collections::BTreeSet<&str> =
+        lines.iter().map(|l| l.sequence.as_str()).collect();
+    assert_eq!(sequences.len(), 2, "{sequences:?}");
+    std::fs::write(&trace, "").unwrap();
+    let again = ok(&run("a", Some(&trace)));
+    assert!(again.contains("0 units run now"), "{again}");
+    assert_eq!(std::fs::read(&trace).unwrap(), first);
+
+    // Units finished without a trace cannot be in one: refused, the file not written.
+    ok(&run("b", None));
+    let untraced = dir.join("untraced.jsonl");
+    let out = run("b", Some(&untraced));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("without a trace"), "{err}");
+    assert!(!untraced.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -115,9 +115,13 @@ fn logits(t: &Transformer, prompt: &[u32]) -> anyhow::Result<(candle_core::Tenso
 }
 
 pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
-    for (flag, path) in [("--logits", &args.logits), ("--json", &args.json)] {
+    use kvbench::results::replace::Output;
+    for (flag, path, kind) in [
+        ("--logits", &args.logits, Output::Logits),
+        ("--json", &args.json, Output::ForwardJson),
+    ] {
         if let Some(p) = path {
-            super::check_output_dir(flag, p)?;
+            super::check_output_file(flag, p, kind)?;
         }
     }
     let spec = args.policy.single("full", "forward")?;
@@ -156,11 +160,19 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
         .map(|row| kvbench::model::llama::argmax(row))
         .collect();
     if let Some(path) = &args.logits {
-        let tmp = path.with_extension("safetensors.partial");
+        // Written beside the target and renamed over it, as every kvbench file (the check above
+        // allowed the path); a failed write leaves no temporary file behind.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        let name = path.file_name().unwrap_or(path.as_os_str());
+        let tmp = kvbench::results::temp_beside(dir.unwrap_or(std::path::Path::new(".")), name);
         let tensors = std::collections::HashMap::from([("logits".to_string(), logits.clone())]);
-        candle_core::safetensors::save(&tensors, &tmp)
-            .map_err(|e| kvbench::Error::Input(format!("--logits {}: {e}", tmp.display())))?;
-        std::fs::rename(&tmp, path).map_err(|e| kvbench::Error::io(path, e))?;
+        let written = candle_core::safetensors::save(&tensors, &tmp)
+            .map_err(|e| kvbench::Error::Input(format!("--logits {}: {e}", tmp.display())))
+            .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| kvbench::Error::io(path, e)));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written?;
     }
     drop(logits);
     let mut generated = Vec::new();

@@ -68,16 +68,15 @@ enum Command {
     Models(models::ModelsArgs),
 }
 
-/// A usage error when an output file given with `flag` cannot be written: it names a directory, or
-/// its directory does not exist (checked before any work, so that nothing is computed only to be
-/// lost).
-pub fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), UsageError> {
-    if path.is_dir() {
-        return Err(UsageError(format!(
-            "{flag} {}: a directory; give the path of a file to write",
-            path.display()
-        )));
-    }
+/// A usage error when an output file given with `flag` cannot be written: its directory does not
+/// exist, or the path holds something kvbench must not replace (a directory, a link, a device, a
+/// file that is not `kind`'s output). Checked before any work, so that nothing is computed only to
+/// be lost and nothing the user keeps is overwritten.
+pub fn check_output_file(
+    flag: &str,
+    path: &std::path::Path,
+    kind: kvbench::results::replace::Output,
+) -> Result<(), UsageError> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     if let Some(d) = dir.filter(|d| !d.is_dir()) {
         let why = match d.exists() {
@@ -86,7 +85,8 @@ pub fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), UsageE
         };
         return Err(UsageError(format!("{flag} {}: {why}", path.display())));
     }
-    Ok(())
+    kvbench::results::replace::check_replaceable(path, kind)
+        .map_err(|why| UsageError(format!("{flag} {}: {why}", path.display())))
 }
 
 /// A usage error when the directory `flag` names cannot be made: a file in its place or in place of

@@ -224,7 +224,11 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some(path) = &args.export_json {
-        super::check_output_dir("--export-json", path)?;
+        super::check_output_file(
+            "--export-json",
+            path,
+            kvbench::results::replace::Output::PerfJson,
+        )?;
     }
     let specs = args
         .policy

@@ -37,7 +37,7 @@ pub fn run(args: RegradeArgs) -> anyhow::Result<ExitCode> {
         (None, false) => None,
     };
     if let Some(out) = &args.out {
-        super::check_output_dir("--out", out)?;
+        super::check_output_file("--out", out, kvbench::results::replace::Output::Samples)?;
     }
     let _exclusive = match target.as_deref().and_then(results_dir_of) {
         Some(dir) => Some(kvbench::results::dir::lock_exclusive(&dir)?),

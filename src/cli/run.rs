@@ -74,7 +74,7 @@ fn config(args: &RunArgs) -> anyhow::Result<SweepConfig> {
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.trace {
-        super::check_output_dir("--trace", path)?;
+        super::check_output_file("--trace", path, kvbench::results::replace::Output::Trace)?;
     }
     let cfg = config(&args)?;
     // A results directory that cannot be made and a device that cannot be used are refused before

@@ -3,6 +3,7 @@
 //! an existing file is replaced only by a complete one.
 
 pub mod dir;
+pub mod replace;
 pub mod sample;
 pub mod trace;
 
@@ -35,11 +36,7 @@ impl AtomicFile {
                 dir.display()
             )));
         }
-        let temp = dir.join(format!(
-            ".{}.tmp-{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
+        let temp = temp_beside(&dir, name);
         let file = File::create(&temp).map_err(|source| Error::Io {
             path: temp.clone(),
             source,
@@ -72,6 +69,16 @@ impl AtomicFile {
         }
         done
     }
+}
+
+/// The hidden temporary file, in `dir`, that becomes the file `name` when it is complete: one per
+/// process, so that two writers of one path never share it.
+pub fn temp_beside(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
+    dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ))
 }
 
 impl Write for AtomicFile {

@@ -319,6 +319,16 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     // Every input is validated before anything is written: the model and its tokenizer load, every
     // prompt fits the context, and ratio budgets find the full run they are resolved from.
     check_out(&flags.out)?;
+    let existing = if flags.out.is_dir() {
+        crate::results::dir::read_samples(&flags.out)?.records
+    } else {
+        Vec::new()
+    };
+    let full_tokens = full_tokens(p, &existing);
+    let finished_before: HashSet<&str> = existing.iter().map(|r| r.unit.as_str()).collect();
+    if let Some((path, policy)) = &flags.trace_file {
+        check_traced_before(p, &flags.out, path, *policy, &finished_before)?;
+    }
     let load_start = std::time::Instant::now();
     let model = load_model(p, flags.tokenizer)?;
     let load_secs = load_start.elapsed().as_secs_f64();
@@ -338,13 +348,6 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
         longest_prompt + p.plan.decoding.max_new_tokens,
         "batch_size",
     )?;
-    let existing = if flags.out.is_dir() {
-        crate::results::dir::read_samples(&flags.out)?.records
-    } else {
-        Vec::new()
-    };
-    let full_tokens = full_tokens(p, &existing);
-    let finished_before: HashSet<&str> = existing.iter().map(|r| r.unit.as_str()).collect();
     let pending = p
         .plan
         .units
@@ -425,6 +428,15 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
             (load_secs, mean_prompt),
         )?;
     }
+    if let Some((path, policy)) = &flags.trace_file {
+        let units = p.plan.units_of(*policy).map(|u| u.id.as_str());
+        let (traced, bytes) = gather_traces(&dir.path, units, path)?;
+        println!(
+            "trace: the compression events of {traced} units ({:.1} MiB) written to {}",
+            bytes as f64 / (1 << 20) as f64,
+            path.display()
+        );
+    }
     let records = crate::results::dir::read_samples(&flags.out)?.records;
     Ok(Executed {
         failures,
@@ -504,15 +516,10 @@ fn run_units(
             }
         }
     }
-    let dir_traced = traced.clone();
-    let mut trace_file = match &flags.trace_file {
-        Some((path, policy)) => {
-            traced.extend(p.plan.units_of(*policy).map(|u| u.id.clone()));
-            Some(TraceWriter::create(path)?)
-        }
-        None => None,
-    };
-    if dir_traced.iter().any(|id| todo.iter().any(|u| &u.id == id)) {
+    if let Some((_, policy)) = &flags.trace_file {
+        traced.extend(p.plan.units_of(*policy).map(|u| u.id.clone()));
+    }
+    if traced.iter().any(|id| todo.iter().any(|u| &u.id == id)) {
         let t = dir.path.join("traces");
         std::fs::create_dir_all(&t).map_err(|e| Error::io(&t, e))?;
     }
@@ -527,7 +534,7 @@ fn run_units(
     let opts = ExecOptions {
         batch_size: o.batch_size(),
         lenient: flags.lenient,
-        trace: traced,
+        trace: traced.clone(),
         dataset: p.set.source.clone(),
         fidelity: o.fidelity.unwrap_or(false),
         full_tokens,
@@ -546,19 +553,10 @@ fn run_units(
         let label = format!("{}#{}", r.record.problem_id, r.unit.sample);
         // Traces first: a unit is recorded as finished only once its trace is on disk, so a failed
         // trace write leaves the unit to the next run instead of losing its heat map.
-        if let Some(events) = &r.trace {
-            if dir_traced.contains(&r.unit.id) {
-                let mut w = TraceWriter::create(
-                    &dir.path.join("traces").join(format!("{}.jsonl", r.unit.id)),
-                )?;
-                w.write(&label, events)?;
-                w.finish()?;
-            }
-            if let (Some(w), Some((_, pol))) = (&mut trace_file, &flags.trace_file) {
-                if r.unit.policy == *pol {
-                    w.write(&label, events)?;
-                }
-            }
+        if let Some(events) = r.trace.as_ref().filter(|_| traced.contains(&r.unit.id)) {
+            let mut w = TraceWriter::create(&unit_trace(&dir.path, &r.unit.id))?;
+            w.write(&label, events)?;
+            w.finish()?;
         }
         appender.append(&r.record)?;
         done += 1;
@@ -584,14 +582,65 @@ fn run_units(
             crate::error::terminal_safe(&f.error)
         );
     }
-    if let (Some(w), Some((path, _))) = (trace_file, &flags.trace_file) {
-        let events = w.finish()?;
-        println!(
-            "trace: {events} compression events written to {}",
-            path.display()
-        );
-    }
     Ok(failures)
+}
+
+/// Where a results directory keeps one unit's trace.
+fn unit_trace(dir: &Path, unit: &str) -> PathBuf {
+    dir.join("traces").join(format!("{unit}.jsonl"))
+}
+
+/// `run --trace FILE` holds every unit of its policy, the ones an earlier run of the same command
+/// finished included: their traces come from the results directory, where every traced unit keeps
+/// one. A unit finished there without a trace (by a run without `--trace`) cannot be in the file:
+/// refused before anything runs or is written, saying how to get it.
+fn check_traced_before(
+    p: &Planned,
+    out: &Path,
+    file: &Path,
+    policy: usize,
+    finished: &HashSet<&str>,
+) -> Result<()> {
+    let untraced: Vec<&str> = p
+        .plan
+        .units_of(policy)
+        .map(|u| u.id.as_str())
+        .filter(|id| finished.contains(id) && !unit_trace(out, id).is_file())
+        .collect();
+    match untraced.first() {
+        None => Ok(()),
+        Some(first) => Err(Error::Input(format!(
+            "--trace {}: {} unit(s) of {} finished earlier in {} without a trace (unit {first}); \
+             trace them in another results directory (--out DIR), or remove that one",
+            file.display(),
+            untraced.len(),
+            crate::error::cell(p.plan.specs[policy].name()),
+            out.display(),
+        ))),
+    }
+}
+
+/// Writes `file` (atomically) from the results directory's traces of `units`, in plan order; a
+/// unit without one (it failed) is left out. Returns the units written and the file's bytes.
+fn gather_traces<'a>(
+    dir: &Path,
+    units: impl Iterator<Item = &'a str>,
+    file: &Path,
+) -> Result<(usize, u64)> {
+    let mut out = crate::results::AtomicFile::create(file)?;
+    let (mut traced, mut bytes) = (0, 0);
+    for unit in units {
+        let path = unit_trace(dir, unit);
+        let mut trace = match std::fs::File::open(&path) {
+            Ok(trace) => trace,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        bytes += std::io::copy(&mut trace, &mut out).map_err(|e| Error::io(file, e))?;
+        traced += 1;
+    }
+    out.commit()?;
+    Ok((traced, bytes))
 }
 
 /// Tokens generated by the plan's finished `full` units (unit id → tokens), from the records.

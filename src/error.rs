@@ -46,8 +46,17 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    #[error(transparent)]
-    Candle(#[from] candle_core::Error),
+    /// A tensor operation failed. Shown by its reason alone ([`candle_message`]): candle attaches a
+    /// stack under `RUST_BACKTRACE`, which would otherwise fill a unit's failure line. Not a `source`,
+    /// so that a chain printed with `{:#}` does not repeat it with the stack.
+    #[error("{}", candle_message(.0))]
+    Candle(candle_core::Error),
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        Error::Candle(e)
+    }
 }
 
 impl Error {
@@ -157,6 +166,21 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tensor_error_is_its_reason_without_a_stack() {
+        // What `.bt()` makes under RUST_BACKTRACE, whether or not it is set here.
+        let e = Error::from(candle_core::Error::WithBacktrace {
+            inner: Box::new(candle_core::Error::Msg(
+                "index-select invalid index 9".into(),
+            )),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        });
+        assert_eq!(e.to_string(), "index-select invalid index 9");
+        assert!(std::error::Error::source(&e).is_none());
+        let e = Error::from(candle_core::Error::Msg("odd".into()).context("layer 3"));
+        assert_eq!(e.to_string(), "layer 3: odd");
+    }
 
     #[test]
     fn model_reasons_are_one_printable_line_of_bounded_length() {

@@ -473,6 +473,57 @@ fn an_export_that_fails_leaves_no_partial_checkpoint() {
     let _ = std::fs::remove_dir_all(&parent);
 }
 
+/// A tokenizer that can produce an id the model has no embedding row for is refused when the model
+/// loads (exit 2, naming the id), not as an index error in the first prompt that spells the token;
+/// fewer ids than rows (Qwen2.5's padding) stays allowed.
+#[test]
+fn a_tokenizer_with_ids_beyond_the_embedding_is_refused_at_load() {
+    let dir = temp("tokenizer-beyond");
+    let ckpt = dir.join("ckpt");
+    ok(&kvbench(&[
+        "models",
+        "--export",
+        "random:tiny",
+        ckpt.to_str().unwrap(),
+    ]));
+    let path = ckpt.join("tokenizer.json");
+    let mut t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let rows = t["model"]["vocab"].as_object().unwrap().len();
+    let args = [
+        "forward",
+        "--model",
+        ckpt.to_str().unwrap(),
+        "--tokens",
+        "2",
+    ];
+    // The last row unused by the tokenizer: loads.
+    let mut fewer = t.clone();
+    fewer["model"]["vocab"]
+        .as_object_mut()
+        .unwrap()
+        .retain(|_, id| id.as_u64() != Some(rows as u64 - 1));
+    std::fs::write(&path, fewer.to_string()).unwrap();
+    ok(&kvbench(&args));
+    t["added_tokens"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "id": rows, "content": "Please", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": false
+        }));
+    std::fs::write(&path, t.to_string()).unwrap();
+    let out = kvbench(&args);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("token id {rows} (\"Please\")"))
+            && err.contains(&format!("{rows} rows")),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn policies_run_on_random_models_and_lists_are_refused_where_one_policy_runs() {
     let g = forward("random:tiny", &["--policy", "h2o", "--budget", "8"]);

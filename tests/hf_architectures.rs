@@ -399,6 +399,11 @@ fn config_values_and_tensor_types_kvbench_cannot_honour_are_refused_by_name() {
             "two different frequency factors",
         ),
         ("rope_scaling", llama3(-1.0, 4.0), "low_freq_factor -1"),
+        (
+            "num_hidden_layers",
+            serde_json::json!(LAYERS - 1),
+            "the file holds more: tensor model.layers.1.self_attn.q_proj.weight",
+        ),
     ] {
         let err = with(key, value.clone()).unwrap_or_else(|| panic!("{key} = {value} was opened"));
         assert!(

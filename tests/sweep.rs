@@ -229,7 +229,7 @@ fn killed_sweep_resumes_to_the_same_results_and_shards_merge() {
     assert_eq!(early.status.code(), Some(2));
     let err = String::from_utf8_lossy(&early.stderr);
     assert!(
-        err.contains("full units are not finished") && err.contains("--phase full"),
+        err.contains("full units have not finished") && err.contains("--phase full"),
         "{err}"
     );
     assert!(!c.exists(), "nothing ran and nothing was written");

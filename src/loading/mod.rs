@@ -73,13 +73,21 @@ pub fn load_model(files: ModelFiles, opts: &LoadOptions) -> Result<Model> {
         }
         (None, None, ModelFiles::Random(_)) => unreachable!("random models build their tokenizer"),
     };
-    if tokenizer.vocab_size() > config.vocab_size.saturating_add(1024) {
+    // Every id the tokenizer can produce must have an embedding row: one beyond them failed the
+    // first prompt that spelled its token, mid-run, as an index error. (Fewer ids than rows is
+    // usual: Qwen2.5 pads 151,665 tokens to 151,936 rows.)
+    if let Some(max) = tokenizer
+        .max_id()
+        .filter(|&id| id as usize >= config.vocab_size)
+    {
         return Err(Error::model(
             source.path(),
             format!(
-                "tokenizer has {} tokens but the model only {} embeddings: wrong tokenizer?",
-                tokenizer.vocab_size(),
-                config.vocab_size
+                "the tokenizer has token id {max} ({:?}), but the model's embedding has {} rows \
+                 (ids 0 to {}): the tokenizer is not this model's",
+                tokenizer.id_to_token(max).unwrap_or_default(),
+                config.vocab_size,
+                config.vocab_size.saturating_sub(1)
             ),
         ));
     }

@@ -72,6 +72,18 @@ pub(crate) fn check_shapes(
             }
         }
     }
+    // A file with more layers than the config says ran silently on the first ones (a config edited
+    // or copied from a smaller model of the family): its tensors would go unused.
+    let next = format!("blk.{}.attn_q.weight", c.num_layers);
+    if shape(&next).is_some() {
+        return Err(format!(
+            "the model has {} layers, but the file holds more: tensor {} is of layer {}, which \
+             would go unused",
+            c.num_layers,
+            file_name(&next),
+            c.num_layers
+        ));
+    }
     expect("output_norm.weight", &[h])?;
     if let Some(got) = shape("output.weight") {
         if got.len() != 2 || got[1] != h || got[0] != embd[0] {

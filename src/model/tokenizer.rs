@@ -267,6 +267,11 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The largest id the tokenizer can produce (its vocabulary's and added tokens' alike), if any.
+    pub fn max_id(&self) -> Option<u32> {
+        self.inner.get_vocab(true).into_values().max()
+    }
+
     /// `table[id]`: token `id` ends a phrase: its text holds a newline, or ends (after trailing
     /// spaces) in `.`, `,`, `;`, `:`, `!` or `?`. Kara's Token2Chunk stops chunks there.
     pub fn delimiter_table(&self) -> Vec<bool> {

@@ -161,7 +161,7 @@ impl Plan {
             .collect();
         if have.len() < units.len() {
             return Err(Error::Input(format!(
-                "ratio budgets are resolved from the full run's mean generation length, and {} of the {} full units are not finished: run them first (`kvbench sweep CONFIG --phase full`, or the same command without --shard), then the policies",
+                "ratio budgets are resolved from the full run's mean generation length, and {} of the {} full units have not finished (they failed or have not run yet): run them first (`kvbench sweep CONFIG --phase full`, or the same command without --shard), then the policies",
                 units.len() - have.len(),
                 units.len()
             )));

@@ -42,7 +42,11 @@ pub struct StudyOptions {
     pub problem_seed: Option<u64>,
     /// Only these problem ids, comma separated, in this order.
     #[arg(long, value_delimiter = ',')]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "ids_key",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub ids: Vec<String>,
     /// Shuffle the problems deterministically with this seed (before `limit`).
     #[arg(long)]
@@ -207,6 +211,18 @@ fn dataset_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>,
     Ok(Option::<String>::deserialize(d)?.map(|s| crate::eval::dataset::canonical_name(&s)))
 }
 
+/// `ids = [...]` in a config: an empty list would be read as no `ids` at all (every problem), where
+/// it says no problem; refused, as `--ids ''` is.
+fn ids_key<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let ids = Vec::<String>::deserialize(d)?;
+    if ids.is_empty() {
+        return Err(serde::de::Error::custom(
+            "an empty list selects no problem: leave `ids` out to take every problem",
+        ));
+    }
+    Ok(ids)
+}
+
 /// A nucleus threshold in (0, 1]; the error completes "top_p ..." or "--top-p ...".
 fn check_top_p(p: f32) -> Result<f32, String> {
     if p > 0.0 && p <= 1.0 {
@@ -263,6 +279,15 @@ mod tests {
         assert_eq!(merged.ids, vec!["a".to_string()]);
         assert_eq!(merged.batch_size(), 8);
         assert_eq!(merged.sampling(), (0.0, 1.0));
+    }
+
+    #[test]
+    fn an_empty_ids_list_is_refused_not_read_as_every_problem() {
+        let err = toml::from_str::<StudyOptions>("ids = []").unwrap_err();
+        assert!(err.to_string().contains("selects no problem"), "{err}");
+        let o: StudyOptions = toml::from_str("ids = [\"a\", \"b\"]").unwrap();
+        assert_eq!(o.ids, vec!["a".to_string(), "b".to_string()]);
+        assert!(toml::from_str::<StudyOptions>("").unwrap().ids.is_empty());
     }
 
     #[test]

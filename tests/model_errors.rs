@@ -31,9 +31,16 @@ fn missing_wrong_magic_and_truncated_files_are_named() {
         .unwrap();
     let msg = load_err(&bad);
     assert!(
-        msg.contains("bad.gguf") && msg.contains("not a GGUF file"),
+        msg.contains("bad.gguf") && msg.contains("not a GGUF file (it starts with \"NOTA\""),
         "{msg}"
     );
+    // A file of a Hugging Face checkpoint: the directory is the model.
+    std::fs::write(dir.join("config.json"), "{}").unwrap();
+    let weights = dir.join("model.safetensors");
+    std::fs::write(&weights, [8u8, 0, 0, 0]).unwrap();
+    let msg = load_err(&weights);
+    assert!(msg.contains("give its directory"), "{msg}");
+    std::fs::remove_file(dir.join("config.json")).unwrap();
 
     // The real model cut in half: the header parses, the tensor data is missing.
     let real = std::fs::read(common::gguf_path()).unwrap();

@@ -98,6 +98,26 @@ pub enum WeightSource {
 
 const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 
+/// Why a file given as a model is not a GGUF file, with what it is where that can be told: a file of a
+/// Hugging Face checkpoint (the directory is the model), else its first bytes.
+fn not_gguf(path: &Path, magic: &[u8; 4]) -> String {
+    let dir = path.parent().filter(|d| d.join("config.json").is_file());
+    let in_checkpoint = path
+        .extension()
+        .is_some_and(|e| e == "safetensors" || e == "json");
+    match dir {
+        Some(dir) if in_checkpoint => format!(
+            "not a GGUF file but a file of a Hugging Face checkpoint: give its directory ({}) as \
+             the model",
+            dir.display()
+        ),
+        _ => format!(
+            "not a GGUF file (it starts with \"{}\", a GGUF file with \"GGUF\")",
+            magic.escape_ascii()
+        ),
+    }
+}
+
 impl WeightSource {
     /// Opens a GGUF file, checking the magic and that every tensor lies inside the file.
     pub fn open_gguf(path: &Path) -> Result<Self> {
@@ -107,10 +127,7 @@ impl WeightSource {
         file.read_exact(&mut magic)
             .map_err(|_| Error::model(path, "file is shorter than a GGUF header"))?;
         if magic != GGUF_MAGIC {
-            return Err(Error::model(
-                path,
-                format!("not a GGUF file (magic {magic:?}, expected \"GGUF\")"),
-            ));
+            return Err(Error::model(path, not_gguf(path, &magic)));
         }
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();

@@ -76,44 +76,68 @@ mod process_edges {
         }));
     }
 
-    /// Whether the command writes work units that a rerun resumes (`run`, `sweep`); other commands'
-    /// SIGTERM line says only that they were terminated.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    static RESUMABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
     /// SIGXFSZ (a file-size limit, `ulimit -f`) would kill the process silently: it is ignored, so
-    /// the write fails with an error that names the file and the run ends with a message. SIGTERM
-    /// ends the process with a line: for `run` and `sweep`, what is kept (results are written a unit
-    /// at a time and synced, so the directory resumes where it stopped).
+    /// the write fails with an error that names the file and the run ends with a message. SIGTERM,
+    /// SIGINT (Ctrl-C) and SIGHUP end the process with a line (for `run` and `sweep`, what is kept:
+    /// results are written a unit at a time and synced, so the directory resumes where it stopped),
+    /// and exit code 128 + the signal's number, after removing the temporary files the process was
+    /// writing ([`kvbench::temps`]): a stopped run leaves no hidden half-written files.
+    ///
+    /// The three signals are blocked here, in the main thread before any other thread exists, so
+    /// every thread started later blocks them too; one thread of their own takes them with
+    /// `sigwait` and does that work as ordinary code, where a handler could do only what is
+    /// async-signal-safe (no directory walk, no lock). Child processes (pip) start with no signal
+    /// blocked: the standard library clears the mask before `exec`.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn signals() {
         let command = std::env::args_os()
             .skip(1)
             .find(|a| !a.to_string_lossy().starts_with('-'));
         let resumable = command.is_some_and(|c| c == "run" || c == "sweep");
-        RESUMABLE.store(resumable, std::sync::atomic::Ordering::Relaxed);
-        extern "C" fn on_term(_: libc::c_int) {
-            const UNITS: &[u8] = b"\nkvbench: terminated (SIGTERM); every finished unit is kept: rerun the same command to resume\n";
-            const PLAIN: &[u8] = b"\nkvbench: terminated (SIGTERM)\n";
-            let msg = match RESUMABLE.load(std::sync::atomic::Ordering::Relaxed) {
-                true => UNITS,
-                false => PLAIN,
-            };
-            // SAFETY: an atomic load, write(2) and _exit(2) are async-signal-safe; the messages are
-            // static buffers.
-            unsafe {
-                libc::write(2, msg.as_ptr().cast(), msg.len());
-                libc::_exit(143);
+        // SAFETY: a sigset_t is plain data, initialised by sigemptyset before use; the mask is set
+        // before any other thread exists.
+        let set = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+                libc::sigaddset(&mut set, sig);
             }
-        }
-        // SAFETY: installing dispositions before any other thread exists; the handler only calls
-        // async-signal-safe functions.
-        unsafe {
             libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            libc::signal(
-                libc::SIGTERM,
-                on_term as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            );
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            set
+        };
+        let waiter = std::thread::Builder::new()
+            .name("kvbench-signals".into())
+            .spawn(move || loop {
+                let mut sig: libc::c_int = 0;
+                // SAFETY: `set` is an initialised signal set; `sig` a valid place for the result.
+                if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                    continue;
+                }
+                kvbench::temps::remove_all();
+                let name = match sig {
+                    libc::SIGINT => "interrupted (SIGINT)",
+                    libc::SIGHUP => "hung up (SIGHUP)",
+                    _ => "terminated (SIGTERM)",
+                };
+                let kept = match resumable {
+                    true => "; every finished unit is kept: rerun the same command to resume",
+                    false => "",
+                };
+                let msg = format!("\nkvbench: {name}{kept}\n");
+                // SAFETY: write(2) of an owned buffer, then _exit(2), which ends every thread at once
+                // (the others may be mid-write; what is complete on disk stays).
+                unsafe {
+                    libc::write(2, msg.as_ptr().cast(), msg.len());
+                    libc::_exit(128 + sig);
+                }
+            });
+        if waiter.is_err() {
+            // No thread, no taking of signals: leave them to their default action.
+            // SAFETY: restores the mask set above, in the main thread.
+            unsafe {
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            }
         }
     }
 

@@ -32,13 +32,28 @@ fn slow_config(dir: &Path, units: usize) -> PathBuf {
 
 /// Sends SIGTERM to `child`, checks it ended with 143 (128 + SIGTERM) and returns its standard error.
 fn terminate(child: std::process::Child) -> String {
+    signal(child, "TERM", 143)
+}
+
+/// Sends signal `name` to `child`, checks it ended with exit code `code` and returns its standard
+/// error.
+fn signal(child: std::process::Child, name: &str, code: i32) -> String {
     Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([&format!("-{name}"), &child.id().to_string()])
         .status()
         .unwrap();
     let done = child.wait_with_output().unwrap();
-    assert_eq!(done.status.code(), Some(143));
+    assert_eq!(done.status.code(), Some(code), "SIG{name}");
     String::from_utf8_lossy(&done.stderr).into_owned()
+}
+
+/// The hidden files a process leaves in `dir` while it runs: temporary files and its lock holder.
+fn hidden_leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-") || n.starts_with(".lock.holder-"))
+        .collect()
 }
 
 fn sweep(cfg: &Path, out: &Path) -> Command {
@@ -118,6 +133,7 @@ fn sigterm_ends_a_sweep_with_a_message_and_it_resumes() {
     );
     let kept = lines(&samples);
     assert!((1..4).contains(&kept), "{kept}");
+    assert_eq!(hidden_leftovers(&out), Vec::<String>::new());
     let resumed = sweep(&cfg, &out).output().unwrap();
     assert!(resumed.status.success());
     assert!(String::from_utf8_lossy(&resumed.stderr)
@@ -540,6 +556,45 @@ fn sigterm_ends_other_commands_without_promising_a_resume() {
         err.contains("terminated (SIGTERM)") && !err.contains("resume") && !err.contains("unit"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ctrl-C (SIGINT) and SIGHUP end a command as SIGTERM does (a line, exit code 128 + the signal),
+/// and the temporary files it was writing go with it: an export stopped midway leaves no staging
+/// directory beside its target (before, SIGINT killed the process where it stood and left
+/// `.NAME.tmp-PID` until the next export to that target).
+#[test]
+fn an_interrupted_export_leaves_nothing_behind() {
+    let dir = temp("interrupt");
+    for (name, code, said) in [
+        ("INT", 130, "interrupted (SIGINT)"),
+        ("HUP", 129, "hung up (SIGHUP)"),
+    ] {
+        let target = dir.join("ckpt");
+        let running = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args(["models", "--export", "random:qwen2.5-coder-0.5b"])
+            .arg(&target)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while hidden_leftovers(&dir).is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no staging directory"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let err = signal(running, name, code);
+        assert!(err.contains(said) && !err.contains("resume"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "SIG{name} left {left:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

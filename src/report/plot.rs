@@ -52,6 +52,7 @@ fn both(
         .file_name()
         .map_or_else(Default::default, |n| n.to_string_lossy().to_string());
     let temp = png.with_file_name(format!(".{name}.tmp-{}.png", std::process::id()));
+    let _registered = crate::temps::register(&temp);
     {
         let root = BitMapBackend::new(&temp, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err(&png))?;

@@ -64,6 +64,8 @@ pub struct ResultsDir {
     _locks: Vec<File>,
     /// Lock files this process created (removed again when the directory is refused).
     created: Vec<PathBuf>,
+    /// The holder file, removed when this is dropped or a signal ends the process.
+    _holder: crate::temps::Registered,
 }
 
 fn lock(path: &Path, shared: bool, dir: &Path) -> Result<File> {
@@ -210,11 +212,13 @@ impl ResultsDir {
         for (p, shared) in names.iter().take(names.len() - 1) {
             locks.push(lock(p, *shared, path)?);
         }
+        let holder = path.join(format!(".lock.holder-{}", std::process::id()));
         let dir = Self {
             path: path.to_path_buf(),
             shard,
             _locks: locks,
             created,
+            _holder: crate::temps::register(&holder),
         };
         // Who holds the locks, for the message that refuses another process.
         let command: Vec<String> = std::env::args().collect();

@@ -17,6 +17,8 @@ pub struct AtomicFile {
     target: PathBuf,
     temp: PathBuf,
     out: Option<BufWriter<File>>,
+    /// The temporary file, for removal should a signal end the process first.
+    _registered: crate::temps::Registered,
 }
 
 impl AtomicFile {
@@ -37,6 +39,8 @@ impl AtomicFile {
             )));
         }
         let temp = temp_beside(&dir, name);
+        // Registered before it exists: a signal between the two would otherwise leave it.
+        let registered = crate::temps::register(&temp);
         let file = File::create(&temp).map_err(|source| Error::Io {
             path: temp.clone(),
             source,
@@ -45,6 +49,7 @@ impl AtomicFile {
             target: target.to_path_buf(),
             temp,
             out: Some(BufWriter::new(file)),
+            _registered: registered,
         })
     }
 

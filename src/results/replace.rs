@@ -49,7 +49,7 @@ impl Output {
         match self {
             Output::Trace => first_line(bytes).is_some_and(|v| has(&v, &["sequence", "seen"])),
             Output::Samples => {
-                first_line(bytes).is_some_and(|v| has(&v, &["problem_id", "verdict", "grader"]))
+                first_line(bytes).is_some_and(|v| has(&v, &["problem_id", "verdict"]))
             }
             Output::PerfJson => {
                 object(bytes).is_some_and(|v| has(&v, &["rows", "copy_bandwidth_bytes_per_s"]))

@@ -309,22 +309,23 @@ fn prompt_and_new_tokens_beyond_the_context_are_refused_before_running() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// When every unit of a run fails (here a tokenizer whose ids lie outside the model's embedding), the
-/// run names the failure, says no sample finished instead of printing means over nothing ("pass@1
-/// -0.0%", zero tokens/s), prints no empty comparison table, and exits with code 1.
+/// When every unit of a run fails (here a checkpoint whose final norm holds NaN: every logit is NaN,
+/// which stops each generation), the run names the failure, says no sample finished instead of
+/// printing means over nothing ("pass@1 -0.0%", zero tokens/s), prints no empty comparison table,
+/// and exits with code 1.
 #[test]
 fn a_run_whose_every_unit_fails_says_so_instead_of_printing_zeros() {
-    common::model(kvbench::model::weights::WeightFormat::Native); // make sure the model is cached
     let dir = std::env::temp_dir().join(format!("kvbench-allfail-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let tokenizer = dir.join("tokenizer.json");
-    std::fs::write(
-        &tokenizer,
-        r#"{"version":"1.0","pre_tokenizer":{"type":"Whitespace"},"model":{"type":"WordLevel",
-            "vocab":{"a":49200,"[UNK]":4000000},"unk_token":"[UNK]"}}"#,
-    )
-    .unwrap();
+    let ckpt = dir.join("ckpt");
+    common::ok(&kvbench(&[
+        "models",
+        "--export",
+        "random:tiny",
+        ckpt.to_str().unwrap(),
+    ]));
+    poison(&ckpt.join("model.safetensors"), "model.norm.weight");
     let results = dir.join("results");
     let out = kvbench(&[
         "run",
@@ -336,8 +337,8 @@ fn a_run_whose_every_unit_fails_says_so_instead_of_printing_zeros() {
         "1",
         "--max-new-tokens",
         "4",
-        "--tokenizer",
-        tokenizer.to_str().unwrap(),
+        "--model",
+        ckpt.to_str().unwrap(),
         "--out",
         results.to_str().unwrap(),
     ]);
@@ -347,7 +348,7 @@ fn a_run_whose_every_unit_fails_says_so_instead_of_printing_zeros() {
     );
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(
-        stderr.contains("outside the embedding of 49152 rows") && stderr.contains("2 units failed"),
+        stderr.contains("non-finite logit") && stderr.contains("2 units failed"),
         "{stderr}"
     );
     assert!(
@@ -363,6 +364,23 @@ fn a_run_whose_every_unit_fails_says_so_instead_of_printing_zeros() {
         assert!(!stdout.contains(zero), "{zero} printed: {stdout}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sets every value of tensor `name` of a bf16 safetensors file to NaN.
+fn poison(file: &std::path::Path, name: &str) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(header[name]["dtype"], "BF16");
+    let range = &header[name]["data_offsets"];
+    let (start, end) = (
+        8 + n + range[0].as_u64().unwrap() as usize,
+        8 + n + range[1].as_u64().unwrap() as usize,
+    );
+    for value in bytes[start..end].chunks_exact_mut(2) {
+        value.copy_from_slice(&0x7fc0u16.to_le_bytes());
+    }
+    std::fs::write(file, bytes).unwrap();
 }
 
 #[test]

@@ -431,11 +431,17 @@ pub fn execute_plan(p: &Planned, flags: &ExecFlags<'_>) -> Result<Executed> {
     if let Some((path, policy)) = &flags.trace_file {
         let units = p.plan.units_of(*policy).map(|u| u.id.as_str());
         let (traced, bytes) = gather_traces(&dir.path, units, path)?;
-        println!(
-            "trace: the compression events of {traced} units ({:.1} MiB) written to {}",
-            bytes as f64 / (1 << 20) as f64,
-            path.display()
-        );
+        match bytes {
+            0 => println!(
+                "trace: no compression event in {traced} units; {} is empty",
+                path.display()
+            ),
+            _ => println!(
+                "trace: the compression events of {traced} units ({:.1} MiB) written to {}",
+                bytes as f64 / (1 << 20) as f64,
+                path.display()
+            ),
+        }
     }
     let records = crate::results::dir::read_samples(&flags.out)?.records;
     Ok(Executed {

@@ -45,8 +45,9 @@ pub fn remove_all() {
     std::mem::forget(live);
 }
 
-/// The paths registered now (for tests).
-pub fn live() -> Vec<PathBuf> {
+/// The paths registered now.
+#[cfg(test)]
+fn live() -> Vec<PathBuf> {
     LIVE.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 

@@ -649,6 +649,21 @@ fn a_run_trace_holds_every_unit_and_replaces_only_a_trace() {
     let sequences: std::collections::BTreeSet<&str> =
         lines.iter().map(|l| l.sequence.as_str()).collect();
     assert_eq!(sequences.len(), 2, "{sequences:?}");
+    // The report draws the first unit's trace; the other is kept apart for the file alone.
+    let jsonl = |d: &Path| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "jsonl")
+            })
+            .count()
+    };
+    let traces = dir.join("a").join("traces");
+    assert_eq!((jsonl(&traces), jsonl(&traces.join("more"))), (1, 1));
     std::fs::write(&trace, "").unwrap();
     let again = ok(&run("a", Some(&trace)));
     assert!(again.contains("0 units run now"), "{again}");

@@ -522,12 +522,16 @@ fn run_units(
             }
         }
     }
+    // The first units' traces are the report's heat maps (DIR/traces/); the other units a
+    // `--trace FILE` policy's are kept under DIR/traces/more/, which the report does not draw.
+    let heat_maps = traced.clone();
     if let Some((_, policy)) = &flags.trace_file {
         traced.extend(p.plan.units_of(*policy).map(|u| u.id.clone()));
     }
-    if traced.iter().any(|id| todo.iter().any(|u| &u.id == id)) {
-        let t = dir.path.join("traces");
-        std::fs::create_dir_all(&t).map_err(|e| Error::io(&t, e))?;
+    for id in traced.iter().filter(|id| todo.iter().any(|u| &u.id == *id)) {
+        let t = unit_trace(&dir.path, id, heat_maps.contains(id));
+        let parent = t.parent().unwrap_or(&dir.path);
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
     let max_new = p.plan.decoding.max_new_tokens as u64;
     let bar = ProgressBar::new(todo.len() as u64 * max_new);
@@ -560,7 +564,8 @@ fn run_units(
         // Traces first: a unit is recorded as finished only once its trace is on disk, so a failed
         // trace write leaves the unit to the next run instead of losing its heat map.
         if let Some(events) = r.trace.as_ref().filter(|_| traced.contains(&r.unit.id)) {
-            let mut w = TraceWriter::create(&unit_trace(&dir.path, &r.unit.id))?;
+            let heat_map = heat_maps.contains(&r.unit.id);
+            let mut w = TraceWriter::create(&unit_trace(&dir.path, &r.unit.id, heat_map))?;
             w.write(&label, events)?;
             w.finish()?;
         }
@@ -591,9 +596,23 @@ fn run_units(
     Ok(failures)
 }
 
-/// Where a results directory keeps one unit's trace.
-fn unit_trace(dir: &Path, unit: &str) -> PathBuf {
-    dir.join("traces").join(format!("{unit}.jsonl"))
+/// Where a results directory keeps one unit's trace: in `traces/` when the report draws it as a heat
+/// map, else in `traces/more/`.
+fn unit_trace(dir: &Path, unit: &str, heat_map: bool) -> PathBuf {
+    let traces = dir.join("traces");
+    let file = format!("{unit}.jsonl");
+    match heat_map {
+        true => traces.join(file),
+        false => traces.join("more").join(file),
+    }
+}
+
+/// A unit's trace in the results directory, wherever it is kept.
+fn kept_trace(dir: &Path, unit: &str) -> Option<PathBuf> {
+    [true, false]
+        .into_iter()
+        .map(|heat_map| unit_trace(dir, unit, heat_map))
+        .find(|p| p.is_file())
 }
 
 /// `run --trace FILE` holds every unit of its policy, the ones an earlier run of the same command
@@ -611,7 +630,7 @@ fn check_traced_before(
         .plan
         .units_of(policy)
         .map(|u| u.id.as_str())
-        .filter(|id| finished.contains(id) && !unit_trace(out, id).is_file())
+        .filter(|id| finished.contains(id) && kept_trace(out, id).is_none())
         .collect();
     match untraced.first() {
         None => Ok(()),
@@ -636,12 +655,10 @@ fn gather_traces<'a>(
     let mut out = crate::results::AtomicFile::create(file)?;
     let (mut traced, mut bytes) = (0, 0);
     for unit in units {
-        let path = unit_trace(dir, unit);
-        let mut trace = match std::fs::File::open(&path) {
-            Ok(trace) => trace,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io(&path, e)),
+        let Some(path) = kept_trace(dir, unit) else {
+            continue;
         };
+        let mut trace = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
         bytes += std::io::copy(&mut trace, &mut out).map_err(|e| Error::io(file, e))?;
         traced += 1;
     }

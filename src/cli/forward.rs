@@ -160,20 +160,11 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<ExitCode> {
         .map(|row| kvbench::model::llama::argmax(row))
         .collect();
     if let Some(path) = &args.logits {
-        // Written beside the target and renamed over it, as every kvbench file (the check above
-        // allowed the path); a failed write leaves no temporary file behind.
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        let name = path.file_name().unwrap_or(path.as_os_str());
-        let tmp = kvbench::results::temp_beside(dir.unwrap_or(std::path::Path::new(".")), name);
-        let _registered = kvbench::temps::register(&tmp);
         let tensors = std::collections::HashMap::from([("logits".to_string(), logits.clone())]);
-        let written = candle_core::safetensors::save(&tensors, &tmp)
-            .map_err(|e| kvbench::Error::Input(format!("--logits {}: {e}", tmp.display())))
-            .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| kvbench::Error::io(path, e)));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written?;
+        kvbench::results::write_through_temp(path, "", |tmp| {
+            candle_core::safetensors::save(&tensors, tmp)
+                .map_err(|e| kvbench::Error::Input(format!("--logits {}: {e}", path.display())))
+        })?;
     }
     drop(logits);
     let mut generated = Vec::new();

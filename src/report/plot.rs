@@ -48,18 +48,13 @@ fn both(
     let mut f = crate::results::AtomicFile::create(&svg)?;
     std::io::Write::write_all(&mut f, text.as_bytes()).map_err(|e| Error::io(&svg, e))?;
     f.commit()?;
-    let name = png
-        .file_name()
-        .map_or_else(Default::default, |n| n.to_string_lossy().to_string());
-    let temp = png.with_file_name(format!(".{name}.tmp-{}.png", std::process::id()));
-    let _registered = crate::temps::register(&temp);
-    {
-        let root = BitMapBackend::new(&temp, SIZE).into_drawing_area();
+    // The bitmap backend picks its encoder by the extension: the temporary file ends in `.png`.
+    crate::results::write_through_temp(&png, ".png", |temp| {
+        let root = BitMapBackend::new(temp, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err(&png))?;
         draw_png(&root)?;
-        root.present().map_err(plot_err(&png))?;
-    }
-    std::fs::rename(&temp, &png).map_err(|e| Error::io(&png, e))?;
+        root.present().map_err(plot_err(&png))
+    })?;
     Ok(vec![svg, png])
 }
 

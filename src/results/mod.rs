@@ -78,12 +78,40 @@ impl AtomicFile {
 
 /// The hidden temporary file, in `dir`, that becomes the file `name` when it is complete: one per
 /// process, so that two writers of one path never share it.
-pub fn temp_beside(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
+fn temp_beside(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
     dir.join(format!(
         ".{}.tmp-{}",
         name.to_string_lossy(),
         std::process::id()
     ))
+}
+
+/// [`AtomicFile`]'s promise for a writer that wants a path of its own (candle's safetensors writer,
+/// plotters' bitmap backend): `write` fills a hidden temporary file beside `target`, named with
+/// `suffix` last (a writer may choose its format by the extension), which is then synced and
+/// renamed over `target`. On any failure the temporary file is removed and `target` is untouched.
+pub fn write_through_temp(
+    target: &Path,
+    suffix: &str,
+    write: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty());
+    let name = target.file_name().unwrap_or(target.as_os_str());
+    let mut temp = temp_beside(dir.unwrap_or(Path::new(".")), name).into_os_string();
+    temp.push(suffix);
+    let temp = PathBuf::from(temp);
+    let _registered = crate::temps::register(&temp);
+    let done = write(&temp)
+        .and_then(|()| {
+            File::open(&temp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io(&temp, e))
+        })
+        .and_then(|()| std::fs::rename(&temp, target).map_err(|e| Error::io(target, e)));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    done
 }
 
 impl Write for AtomicFile {
@@ -150,6 +178,41 @@ mod tests {
             .collect();
         assert_eq!(names, vec!["x".to_string()], "no temporary file left");
         assert_eq!(std::fs::read_to_string(dir.join("x/keep")).unwrap(), "k");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_writer_with_its_own_path_replaces_the_target_whole_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("kvbench-through-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = dir.join("plot.png");
+        std::fs::write(&target, "old").unwrap();
+        let names = || -> Vec<String> {
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        // A writer that fails midway: the target keeps its content, no temporary file stays.
+        let failed = write_through_temp(&target, ".png", |temp| {
+            assert!(
+                temp.to_string_lossy().ends_with(".png"),
+                "{}",
+                temp.display()
+            );
+            std::fs::write(temp, "half").unwrap();
+            Err(Error::Input("drawing failed".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(names(), vec!["plot.png".to_string()]);
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "old");
+        write_through_temp(&target, ".png", |temp| {
+            std::fs::write(temp, "new").map_err(|e| Error::io(temp, e))
+        })
+        .unwrap();
+        assert_eq!(names(), vec!["plot.png".to_string()]);
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -25,6 +25,9 @@ pub enum Output {
 
 /// The most of a file read to recognise it: a JSON document whole, or a JSON Lines file's first line.
 const RECOGNISE_LIMIT: u64 = 64 << 20;
+/// The most of a safetensors file read to recognise it: its header, not its tensors (a 256-token
+/// prompt's logits over Qwen's vocabulary are 156 MB).
+const HEADER_LIMIT: u64 = 1 << 20;
 
 impl Output {
     /// The kind of file, as an error names it.
@@ -38,7 +41,8 @@ impl Output {
         }
     }
 
-    /// Whether `bytes` (the start of a file, at most [`RECOGNISE_LIMIT`]) are this kind's.
+    /// Whether `bytes` (the start of a file, at most [`RECOGNISE_LIMIT`] or [`HEADER_LIMIT`]) are this
+    /// kind's.
     fn recognises(self, bytes: &[u8]) -> bool {
         let object = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).ok();
         let has = |v: &serde_json::Value, keys: &[&str]| keys.iter().all(|k| v.get(k).is_some());
@@ -99,7 +103,10 @@ pub fn check_replaceable(path: &Path, kind: Output) -> Result<(), String> {
     files::open(path)
         .map_err(|e| e.to_string())?
         .0
-        .take(RECOGNISE_LIMIT)
+        .take(match kind {
+            Output::Logits => HEADER_LIMIT,
+            _ => RECOGNISE_LIMIT,
+        })
         .read_to_end(&mut start)
         .map_err(|e| e.to_string())?;
     match kind.recognises(&start) {

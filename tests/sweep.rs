@@ -481,6 +481,18 @@ fn a_sweep_extended_with_policies_and_budgets_runs_only_the_new_units() {
         err.contains("different settings") && err.contains("max_new_tokens 8 there, 4 here"),
         "{err}"
     );
+    // A directory whose config no longer parses cannot be checked: the report says so rather
+    // than pooling in silence.
+    let shorter_config = shorter.join("config.toml");
+    let kept = std::fs::read(&shorter_config).unwrap();
+    std::fs::write(&shorter_config, "max_new_tokens = \n").unwrap();
+    let text = ok(&kvbench(&["report", ds, shorter.to_str().unwrap()]));
+    assert!(
+        text.contains("config.toml: TOML parse error at line 1")
+            && text.contains("are not checked against other directories'"),
+        "{text}"
+    );
+    std::fs::write(&shorter_config, kept).unwrap();
 
     // Anything but the grid changed: refused, nothing written.
     let samples = std::fs::read(d.join("samples.jsonl")).unwrap();

@@ -158,6 +158,14 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             dir.display()
         );
     }
+    for (dir, why) in &c.unchecked {
+        // A TOML error spans several lines (the line quoted, a caret): its first says where.
+        let first = why.lines().next().unwrap_or_default();
+        println!(
+            "note: {first}: the settings {} ran with are unknown, so they are not checked against other directories'",
+            dir.display()
+        );
+    }
     for p in &c.partial_lines {
         println!(
             "note: {} ends in a half-written line (a sweep is running, or was killed); it is not counted",

@@ -41,6 +41,10 @@ pub struct Collection {
     /// Records left out because their unit id is not planned in their directory's `sweep.json`
     /// (another configuration's or a hand-edited file's), per directory.
     pub unplanned: Vec<(PathBuf, usize)>,
+    /// Directories whose `config.toml` is missing or does not parse as this kvbench's config (an
+    /// older version's, or a damaged file), with the reason: their decoding settings could not be
+    /// compared with the other directories' ([`check_same_decoding`]).
+    pub unchecked: Vec<(PathBuf, String)>,
 }
 
 /// Reads and merges result directories.
@@ -53,6 +57,7 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
         partial_lines: Vec::new(),
         traces: Vec::new(),
         unplanned: Vec::new(),
+        unchecked: Vec::new(),
     };
     let mut seen = HashSet::new();
     // The units done per family of directories (one study's, [`family`]).
@@ -115,7 +120,7 @@ pub fn collect(dirs: &[PathBuf]) -> Result<Collection> {
             c.traces.extend(t);
         }
     }
-    check_same_decoding(&c.manifests)?;
+    c.unchecked = check_same_decoding(&c.manifests)?;
     // A planned unit is missing when no directory of its study has it (shards of one study may
     // write to several directories); another study's record of the same id (the same unit in
     // another cache or activations' type) does not count.
@@ -144,12 +149,13 @@ fn family(m: &Manifest) -> &str {
 /// them is in a unit's id, so directories that differ only there plan the same ids). Rows pool records by (model, dataset, policy) and pair them with full's,
 /// so directories that differ here cannot be reported together. Problem selection, sample counts and
 /// batch sizes may differ: pairing uses the problems both rows have.
-/// `None` when the directory's config does not parse (an older kvbench's): it is then not checked.
-fn decoding_of(dir: &Path) -> Option<serde_json::Value> {
-    let cfg = crate::sweep::config::SweepConfig::load(&dir.join("config.toml")).ok()?;
+/// An error when the directory's config does not parse (an older kvbench's, or a damaged file): it
+/// is then not checked, and the report says so.
+fn decoding_of(dir: &Path) -> Result<serde_json::Value> {
+    let cfg = crate::sweep::config::SweepConfig::load(&dir.join("config.toml"))?;
     let o = &cfg.options;
     let (temperature, top_p) = o.sampling();
-    Some(serde_json::json!({
+    Ok(serde_json::json!({
         "weights": cfg.model.weights(),
         "chat_template": cfg.model.chat_template,
         "prompt": o.prompt(),
@@ -164,12 +170,18 @@ fn decoding_of(dir: &Path) -> Option<serde_json::Value> {
 }
 
 /// Refuses directories of one model and dataset generated with different settings ([`decoding_of`]),
-/// naming both directories and the settings that differ.
-fn check_same_decoding(manifests: &[(PathBuf, Manifest)]) -> Result<()> {
+/// naming both directories and the settings that differ. Returns the directories it could not
+/// check, with the reason.
+fn check_same_decoding(manifests: &[(PathBuf, Manifest)]) -> Result<Vec<(PathBuf, String)>> {
     let mut first: HashMap<(String, String), (PathBuf, serde_json::Value)> = HashMap::new();
+    let mut unchecked = Vec::new();
     for (dir, m) in manifests {
-        let Some(d) = decoding_of(dir) else {
-            continue;
+        let d = match decoding_of(dir) {
+            Ok(d) => d,
+            Err(e) => {
+                unchecked.push((dir.clone(), e.to_string()));
+                continue;
+            }
         };
         let key = (m.model_id.clone(), short_dataset(&m.dataset).into_owned());
         match first.get(&key) {
@@ -202,7 +214,7 @@ fn check_same_decoding(manifests: &[(PathBuf, Manifest)]) -> Result<()> {
             Some(_) => {}
         }
     }
-    Ok(())
+    Ok(unchecked)
 }
 
 /// One summary row: a policy at a budget on one model and dataset.

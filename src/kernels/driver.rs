@@ -2,7 +2,7 @@
 //!
 //! Output columns are split into tasks run in parallel, which a decoding team's threads claim in runs
 //! of consecutive tasks (`crate::parallel::for_each_range_init`: each run one stream of weights).
-//! Within a task, activation rows go in tiles ([`tile_rows`]: as many as keep the tile's bytes in L2
+//! Within a task, activation rows go in tiles (`tile_rows`: as many as keep the tile's bytes in L2
 //! while the task's weight rows stream past). Which kernel computes a task's columns is the
 //! [`Plan`]'s choice ([`super::dispatch`]), carried out by the instruction set's side of the driver
 //! (`x86::columns`), or by the portable kernel ([`super::portable`]) on any other CPU.

@@ -2,7 +2,7 @@
 
 use super::format::BlockFormat;
 
-/// Why a tensor cannot be a [`QMatrix`].
+/// Why a tensor cannot be a `QMatrix`.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     #[error("block format {0} has no kvbench kernel")]

@@ -1,4 +1,4 @@
-//! The block formats kvbench multiplies in place, as one table: a format is one row of [`TABLE`] (its
+//! The block formats kvbench multiplies in place, as one table: a format is one row of `TABLE` (its
 //! ggml type, block layout and unpacker) plus, for the x86 kernels, one arm of `x86::with_format!`.
 
 use super::unpacked::Unpacked;

@@ -6,7 +6,7 @@
 //! requantized copy of the model (issue 12).
 //!
 //! The layout, so that adding a format touches one place:
-//! - [`format`]: the table of formats (ggml type, block layout, unpacker): a format is one row there,
+//! - [`format`](mod@format): the table of formats (ggml type, block layout, unpacker): a format is one row there,
 //!   its unpacker in [`legacy`] or [`kquants`] (into the common form, [`unpacked`]) and, for the x86
 //!   kernels, one arm of `x86::with_kquant!` or `with_legacy!` with its decoding type;
 //! - [`acts`]: activations quantized per block to 8 bits, as ggml does (32-wide, or 256-wide for

@@ -7,7 +7,7 @@
 //! do not follow data across pages. Linux gives anonymous memory 2 MiB pages only where asked
 //! (`transparent_hugepage` = `madvise`, a common default), and only under whole aligned 2 MiB
 //! stretches, which a tensor of 1.3 MiB (Qwen's query projection) never has on its own. So tensors
-//! are carved out of shared slabs of [`SLAB`] bytes (each tensor 64-byte aligned), mapped and advised
+//! are carved out of shared slabs of `SLAB` bytes (each tensor 64-byte aligned), mapped and advised
 //! before any page is touched; a tensor larger than a slab gets one of its own. Slabs gave batch-1
 //! decoding what huge pages for the whole process gave, and load faster (the pages are zeroed once,
 //! by the kernel); measured in docs/kernels.md.

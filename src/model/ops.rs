@@ -79,7 +79,7 @@ const MIN_PAR_ELEMS: usize = 16 * 1024;
 
 /// `silu(x[:, ..ffn]) · x[:, ffn..]` for `x` = `[rows, 2·ffn]` (gate and up projections stacked).
 ///
-/// In tasks of [`TASK_ELEMS`] of a row: on a decoding step's team (see [`crate::parallel`]) every
+/// In tasks of `TASK_ELEMS` of a row: on a decoding step's team (see [`crate::parallel`]) every
 /// size runs on its threads, which would otherwise spin while one of them did it alone (at batch 1 of
 /// Qwen2.5-Coder-1.5B, 8,960 `exp` a layer, about 1 ms a token); elsewhere rayon takes large calls and
 /// the caller does small ones. Measured in one `kvbench perf --batch 1` process of that model, the two

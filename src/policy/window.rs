@@ -160,7 +160,7 @@ impl Config {
 }
 
 /// PyramidKV's layer budget as kvbench applies it, at every compression in both modes: the schedule
-/// of [`pyramid_budget`] on `B` alone (`n` unbounded), never on the current cache length. Deviation
+/// of `pyramid_budget` on `B` alone (`n` unbounded), never on the current cache length. Deviation
 /// from KVCache-Factory, which clamps the schedule to the prompt length (and falls back to uniform
 /// below `2(B − w)` prompt entries) at its one prefill compression: applied to the growing cache at
 /// decode triggers, that clamp made every layer keep `B` and no pyramid was ever built.

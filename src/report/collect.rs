@@ -28,7 +28,7 @@ pub struct Collection {
     pub unplanned: Vec<(PathBuf, usize)>,
     /// Directories whose `config.toml` is missing or does not parse as this kvbench's config (an
     /// older version's, or a damaged file), with the reason: their decoding settings could not be
-    /// compared with the other directories' ([`check_same_decoding`]).
+    /// compared with the other directories' (`check_same_decoding`).
     pub unchecked: Vec<(PathBuf, String)>,
 }
 

@@ -50,7 +50,7 @@ pub struct Row {
     pub shared_problems: Option<usize>,
     pub accuracy_vs_full: Option<f64>,
     /// pass@1 minus full's on the shared problems (a fraction) with its 95% paired bootstrap
-    /// interval ([`paired`]), and the problems only full solved and only this row solved.
+    /// interval ([`paired()`]), and the problems only full solved and only this row solved.
     pub delta_pass: Option<f64>,
     pub delta_pass_lo: Option<f64>,
     pub delta_pass_hi: Option<f64>,

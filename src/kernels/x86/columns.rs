@@ -2,7 +2,7 @@
 //! [`Plan`], and the scratch those kernels decode weight rows into.
 //!
 //! Decoding calls (fewer rows than [`Plan::tiled_from`]) use the kernels that decode blocks in
-//! registers ([`fused`]); larger ones decode [`NW`] weight rows once per tile and multiply them with
+//! registers (`fused`); larger ones decode [`NW`] weight rows once per tile and multiply them with
 //! several activation rows at a time ([`gemm`], [`gemm512`]). k-quant rows repacked at load are read
 //! in place ([`gemm::dot_packed`], [`k45_vnni`], [`gemm512::dot_packed_pair`]) while
 //! [`Plan::packed_in_place`], and interleaved per tile after; repacked 32-weight rows always in place

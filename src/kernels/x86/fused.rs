@@ -1,7 +1,7 @@
 //! AVX2 kernels for a few activation rows (decoding): each weight block is decoded in registers and
 //! multiplied with up to four rows while it sits there, with no pass through memory, as ggml's
 //! `vec_dot` kernels do. For more rows the driver decodes a row once per tile instead
-//! ([`crate::kernels::avx2`]), which pays from about 16 rows on (measured: see the README's speed section).
+//! (`crate::kernels::avx2`), which pays from about 16 rows on (measured: see the README's speed section).
 //!
 //! Each kernel asks for the weights [`crate::kernels::dispatch::prefetch_distance`] bytes ahead of the block it
 //! decodes: on the Intel Xeon this project's machine has been, the hardware prefetcher alone left a

@@ -11,12 +11,12 @@
 //! tile ([`Interleaved`]) so that one `maddubs` multiplies 8 weights of each row with 8 activation
 //! bytes broadcast, and a group's four such products are summed in 16 bits before a single `madd` by
 //! the sub-block scales: 1.25 multiply instructions per 32 products instead of 2. Rows repacked at
-//! load ([`super::packed`]) are already interleaved and are read in place ([`Packed`]) or decoded into
-//! an [`Interleaved`] tile; the kernels take either through [`Quad`].
+//! load (`super::packed`) are already interleaved and are read in place (`Packed`) or decoded into
+//! an [`Interleaved`] tile; the kernels take either through `Quad`.
 //!
 //! Per (weight row, activation row) the float operations and their order are those of the other
 //! kernels (k-quants: the exact integer sums of a super-block through
-//! [`super::finish::kquant_step`]; 32-weight formats: [`super::prepared::dot_rows`]'s lanes), so the outputs
+//! `super::finish::kquant_step`; 32-weight formats: [`super::prepared::dot_rows`]'s lanes), so the outputs
 //! are bit-identical to the one-row kernels': a row's result does not depend on the kernel its batch
 //! size picked.
 
@@ -53,7 +53,7 @@ impl Kind {
 
 /// Products of `NW` prepared weight rows `p` (all of `kind`) with activation rows `r0 .. r0 + rows`
 /// (1 ≤ rows ≤ [`rows_per_call`]) into `acc[w][i]`. For k-quants `inter` must hold `p` interleaved
-/// ([`Interleaved::build`]). `vnni`: the 32-weight formats through [`legacy_vnni`] (the same bits).
+/// ([`Interleaved::build`]). `vnni`: the 32-weight formats through `legacy_vnni` (the same bits).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; every row of `p` must be prepared for `x.k` weights in a
@@ -205,7 +205,7 @@ impl Interleaved {
         }
     }
 
-    /// Interleaves a group of four rows repacked at load ([`super::packed`]): its chunks are already
+    /// Interleaves a group of four rows repacked at load (`super::packed`): its chunks are already
     /// interleaved, only decoded here.
     ///
     /// # Safety
@@ -745,7 +745,7 @@ impl<F: fused::KQuant> Quad for Packed<F> {
 /// # Safety
 /// AVX2, FMA and F16C; `group` holds four repacked rows of `x.k` weights of `format` and `x` the rows
 /// asked for, in 256-wide activation blocks.
-/// With `vnni` (the CPU must have AVX-512 VNNI, VL and BW): through [`kquant_vnni`] (the plan sends
+/// With `vnni` (the CPU must have AVX-512 VNNI, VL and BW): through `kquant_vnni` (the plan sends
 /// Q4_K and Q5_K groups to [`super::k45_vnni`] instead, in fewer instructions).
 pub unsafe fn dot_packed(
     format: BlockFormat,

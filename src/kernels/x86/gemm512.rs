@@ -30,7 +30,7 @@ pub const MAX_ROWS: usize = 64;
 pub type Acc = [[[f32; KR]; NW]; 2];
 
 /// Products of the eight weight rows interleaved in `p[0]` and `p[1]` (both of one chunk summing,
-/// [`Interleaved::by_16`] equal) with activation rows `r0 .. r0 + rows` (1 ≤ rows ≤ [`KR`]) into
+/// `Interleaved::by_16` equal) with activation rows `r0 .. r0 + rows` (1 ≤ rows ≤ [`KR`]) into
 /// `acc[s][w][i]`, block `s`'s weight row `w`.
 ///
 /// # Safety
@@ -59,7 +59,7 @@ pub unsafe fn dot_pair(
     }
 }
 
-/// [`dot_pair`] on two groups of four rows repacked at load ([`super::packed`]), both of `format`,
+/// [`dot_pair`] on two groups of four rows repacked at load (`super::packed`), both of `format`,
 /// for up to [`MAX_ROWS`] activation rows: rows `r0 + KR·c …` into `acc[c]`. Each super-block's
 /// headers are decoded once for all the rows (they were once per [`KR`] rows: at batch 32 four times).
 ///

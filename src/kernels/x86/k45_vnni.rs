@@ -1,4 +1,4 @@
-//! Q4_K and Q5_K on repacked groups of four rows ([`super::packed`]) with AVX-512 VNNI on 256-bit
+//! Q4_K and Q5_K on repacked groups of four rows (`super::packed`) with AVX-512 VNNI on 256-bit
 //! vectors: the kernel of a decoding step's products on Qwen2.5's Q4_K_M files, where one row of
 //! activations meets every weight once and the products must go at the speed memory brings the
 //! weights.
@@ -10,7 +10,7 @@
 //! - a group's scales are picked by one byte shuffle straight from the header's scale bytes, and two
 //!   parts of 16-bit sums (two groups of Q4_K, or two halves of a Q5_K group) are packed into one
 //!   vector and scaled by one `vpdpwssd` (where two shuffles, two `vpdpwssd` and two zeroings were);
-//! - the minima multiply the activations' sums per 32 values ([`crate::kernels::acts::Acts::sums32`]), not per
+//! - the minima multiply the activations' sums per 32 values (`crate::kernels::acts::Acts::sums32`), not per
 //!   16 with every minimum twice: two `vpmaddwd` per activation row where four were, fewer shuffles;
 //! - on CPUs with GFNI the high nibbles of Q4_K's odd groups come out of one `vgf2p8affineqb` (a bit
 //!   matrix per byte: bits 4–7 to 0–3) instead of a shift and a mask.
@@ -38,10 +38,10 @@ pub fn takes(format: BlockFormat) -> bool {
     with_kquant!(format, F => !F::BY_16, _ => false)
 }
 
-/// [`dot`] for a group of a runtime `format`.
+/// `dot` for a group of a runtime `format`.
 ///
 /// # Safety
-/// As [`dot`]; [`takes`]`(format)`.
+/// As `dot`; [`takes`]`(format)`.
 pub unsafe fn dot_packed(
     format: BlockFormat,
     group: &[u8],

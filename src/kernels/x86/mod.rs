@@ -14,7 +14,7 @@
 //! - [`legacy_packed`]: 32-weight groups repacked at load, read in place at every batch size;
 //! - [`columns`]: the driver's x86 side: which of these computes a task's columns, by the [`Plan`].
 //!
-//! A block format meets its x86 kernel type in one place: [`with_kquant!`] and [`with_legacy!`].
+//! A block format meets its x86 kernel type in one place: `with_kquant!` and `with_legacy!`.
 //!
 //! [`Plan`]: crate::kernels::dispatch::Plan
 

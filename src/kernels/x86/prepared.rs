@@ -11,7 +11,7 @@
 //!   integer scales per 16, summed in integers over the super-block as ggml does, then
 //!   `(d·S − dmin·C)·dx` with `S = Σ sc·q·xq` and `C = Σ_h c_h·Σ xq_h`, where `c_h` is the sub-block
 //!   minimum (Q4_K, Q5_K) or `32·sc_h` (Q6_K's offset); activations in 256-wide blocks (ggml's Q8_K).
-//!   `S` and `C` are reduced to exact integers before any float operation ([`kquant_step`]), so
+//!   `S` and `C` are reduced to exact integers before any float operation (`kquant_step`), so
 //!   kernels that split the work among lanes differently give the same bits.
 //!
 //! Every row is summed in the same order whatever its batch, so a sequence decodes to the same bits

@@ -226,14 +226,6 @@ mod tests {
         crate::results::sample::write_records(&d.join("samples.jsonl"), &[planned.clone(), stray])
             .unwrap();
         let manifest = Manifest {
-            name: "t".into(),
-            config_hash: "h".into(),
-            base_hash: None,
-            kvbench: "0".into(),
-            model: "m".into(),
-            model_id: "m".into(),
-            dataset: "d".into(),
-            dataset_id: "d".into(),
             units: vec![PlannedUnit {
                 id: planned.unit.clone(),
                 policy: "full".into(),
@@ -242,6 +234,7 @@ mod tests {
                 problem_id: "a".into(),
                 sample: 0,
             }],
+            ..crate::results::dir::tests::manifest("h")
         };
         std::fs::write(
             d.join("sweep.json"),

@@ -486,7 +486,7 @@ pub fn read_samples(dir: &Path) -> Result<DirSamples> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn temp_dir(tag: &str) -> PathBuf {
@@ -532,7 +532,8 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    fn manifest(hash: &str) -> Manifest {
+    /// A manifest of config hash `hash` planning no unit.
+    pub(crate) fn manifest(hash: &str) -> Manifest {
         Manifest {
             name: "t".into(),
             config_hash: hash.into(),

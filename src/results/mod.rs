@@ -137,6 +137,14 @@ impl Drop for AtomicFile {
 mod tests {
     use super::*;
 
+    /// The names of the entries of `dir`.
+    fn names(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
     #[test]
     fn target_changes_only_on_commit() {
         let dir = std::env::temp_dir().join(format!("kvbench-atomic-{}", std::process::id()));
@@ -172,11 +180,7 @@ mod tests {
         let mut f = AtomicFile::create(&dir.join("x")).unwrap();
         f.write_all(b"new").unwrap();
         assert!(f.commit().is_err());
-        let names: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, vec!["x".to_string()], "no temporary file left");
+        assert_eq!(names(&dir), vec!["x".to_string()], "no temporary file left");
         assert_eq!(std::fs::read_to_string(dir.join("x/keep")).unwrap(), "k");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -188,12 +192,6 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let target = dir.join("plot.png");
         std::fs::write(&target, "old").unwrap();
-        let names = || -> Vec<String> {
-            std::fs::read_dir(&dir)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect()
-        };
         // A writer that fails midway: the target keeps its content, no temporary file stays.
         let failed = write_through_temp(&target, ".png", |temp| {
             assert!(
@@ -205,13 +203,13 @@ mod tests {
             Err(Error::Input("drawing failed".into()))
         });
         assert!(failed.is_err());
-        assert_eq!(names(), vec!["plot.png".to_string()]);
+        assert_eq!(names(&dir), vec!["plot.png".to_string()]);
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "old");
         write_through_temp(&target, ".png", |temp| {
             std::fs::write(temp, "new").map_err(|e| Error::io(temp, e))
         })
         .unwrap();
-        assert_eq!(names(), vec!["plot.png".to_string()]);
+        assert_eq!(names(&dir), vec!["plot.png".to_string()]);
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
         std::fs::remove_dir_all(&dir).unwrap();
     }

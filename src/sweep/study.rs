@@ -600,11 +600,12 @@ fn run_units(
 /// map, else in `traces/more/`.
 fn unit_trace(dir: &Path, unit: &str, heat_map: bool) -> PathBuf {
     let traces = dir.join("traces");
-    let file = format!("{unit}.jsonl");
-    match heat_map {
-        true => traces.join(file),
-        false => traces.join("more").join(file),
-    }
+    let folder = if heat_map {
+        traces
+    } else {
+        traces.join("more")
+    };
+    folder.join(format!("{unit}.jsonl"))
 }
 
 /// A unit's trace in the results directory, wherever it is kept.

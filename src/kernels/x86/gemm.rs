@@ -558,9 +558,10 @@ pub(super) trait Quad {
     const TOP: u8;
     /// Whether [`kquant`] takes a super-block's eight groups one by one with constant indexes
     /// rather than in a loop. Measured on the AMD EPYC Zen 3 (`cargo bench --bench kernels`, one
-    /// thread, 1536 × 8960, six alternations): for groups read in place, 1.4× on Q4_K and 1.8× on
-    /// Q6_K at one activation row, 1.4× on Q6_K at four (the loop stayed a loop, with variable
-    /// shifts and spills); for interleaved tiles 7–9% slower on Q4_K at 32 and 256 rows.
+    /// thread, 1536 × 8960, five alternations): for groups read in place, Q4_K 1.32× at one
+    /// activation row and 1.35× at four and eight, Q6_K 1.22× at one and 1.48× at eight (the loop
+    /// stayed a loop, with variable shifts and spills); unrolled, interleaved tiles were 7–9% slower
+    /// on Q4_K at 32 and 256 rows, so they keep the loop.
     const UNROLL: bool;
     /// Whether any row scales per 16 weights (Q6_K): then the chunks are summed two by two.
     fn by_16(&self) -> bool;

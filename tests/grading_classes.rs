@@ -206,3 +206,41 @@ fn grade_takes_answers_that_start_with_a_hyphen() {
         assert_eq!(v["correct"], correct, "{pred} {gold}: {v}");
     }
 }
+
+/// An answer that is nothing once tidied is "no_answer" (as an output's empty `\boxed{}` is), not an
+/// incorrect answer; a gold answer that is nothing is refused (exit 2) from the flag and from a cases
+/// file, naming the line, before any verdict is printed.
+#[test]
+fn blank_answers_are_none_and_blank_gold_is_refused() {
+    let grade = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .arg("grade")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for pred in ["", "  ", "$$", "."] {
+        let out = grade(&["--pred", pred, "--gold", "3"]);
+        assert!(out.status.success(), "{pred:?}: {out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["verdict"], "no_answer", "{pred:?}: {v}");
+        assert_eq!(v["correct"], false, "{pred:?}: {v}");
+    }
+    let out = grade(&["--pred", "3", "--gold", " "]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--gold"));
+    let dir = std::env::temp_dir().join(format!("kvbench-blank-gold-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = dir.join("cases.jsonl");
+    std::fs::write(
+        &cases,
+        "{\"pred\":\"3\",\"gold\":\"3\"}\n{\"pred\":\"3\",\"gold\":\"$ $\"}\n",
+    )
+    .unwrap();
+    let out = grade(&["--cases", cases.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(err.contains("cases.jsonl:2"), "{err}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

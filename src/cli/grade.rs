@@ -44,8 +44,27 @@ pub struct GradeArgs {
     pub cases: Option<PathBuf>,
 }
 
+/// Whether an answer normalises to nothing.
+fn blank(answer: &str) -> bool {
+    grade::normalize(&grade::extract::tidy(answer)).is_empty()
+}
+
+/// A gold answer that normalises to nothing grades every prediction wrong (or a blank one right):
+/// refused, naming where it came from.
+fn check_gold(gold: &str, at: &str) -> anyhow::Result<()> {
+    if blank(gold) {
+        return Err(
+            kvbench::Error::Input(format!("{at}: the gold answer {gold:?} is empty")).into(),
+        );
+    }
+    Ok(())
+}
+
 fn decide(id: &str, kind: Kind, pred: &str, gold: &str, args: &GradeArgs) -> serde_json::Value {
     let (extracted, verdict) = match kind {
+        // An answer that is nothing once tidied (blank, `$$`, a bare period) is none, as an output's
+        // empty `\boxed{}` is.
+        Kind::Answer if blank(pred) => (None, "no_answer"),
         Kind::Answer => {
             let ok = grade::equivalent(pred, gold);
             (
@@ -76,6 +95,7 @@ fn decide(id: &str, kind: Kind, pred: &str, gold: &str, args: &GradeArgs) -> ser
 pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if let (Some(pred), Some(gold)) = (&args.pred, &args.gold) {
+        check_gold(gold, "--gold")?;
         writeln!(out, "{}", decide("-", args.kind, pred, gold, &args))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -84,45 +104,72 @@ pub fn run(args: GradeArgs) -> anyhow::Result<ExitCode> {
     };
     let text = kvbench::files::read_text(path, kvbench::files::DATA_LIMIT)
         .map_err(|e| e.naming(path, format!("--cases {}", path.display())))?;
-    let mut graded = 0usize;
-    for (i, line) in text
+    // Every line is read and checked before the first verdict is printed: a bad line prints nothing.
+    let cases = text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let at = format!("{}:{}", path.display(), i + 1);
-        let row: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| kvbench::Error::Input(format!("{at}: not a JSON object: {e}")))?;
-        let field = |k: &str| -> anyhow::Result<String> {
-            row.get(k)
-                .and_then(|v| v.as_str())
-                .map(String::from)
-                .ok_or_else(|| kvbench::Error::Input(format!("{at}: no string field '{k}'")).into())
-        };
-        let kind = match row.get("kind").and_then(|v| v.as_str()).unwrap_or("answer") {
-            "answer" => Kind::Answer,
-            "output" => Kind::Output,
-            other => {
-                return Err(kvbench::Error::Input(format!(
-                    "{at}: kind '{other}' (expected answer or output)"
-                ))
-                .into())
-            }
-        };
-        let id = row
-            .get("id")
-            .map(|v| v.as_str().map_or(v.to_string(), String::from))
-            .unwrap_or_else(|| format!("line-{}", i + 1));
-        let v = decide(&id, kind, &field("pred")?, &field("gold")?, &args);
-        writeln!(out, "{v}")?;
-        graded += 1;
-    }
-    if graded == 0 {
+        .map(|(i, line)| Case::parse(line, i + 1, path))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if cases.is_empty() {
         return Err(kvbench::Error::Input(format!(
             "{}: no cases (one JSON object per line: id, kind, pred, gold)",
             path.display()
         ))
         .into());
     }
+    for c in &cases {
+        writeln!(out, "{}", decide(&c.id, c.kind, &c.pred, &c.gold, &args))?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line of a cases file.
+struct Case {
+    id: String,
+    kind: Kind,
+    pred: String,
+    gold: String,
+}
+
+impl Case {
+    /// Line `number` of `path`: a JSON object with string fields `pred` and `gold`, optionally `kind`
+    /// (answer, the default, or output) and `id` (the line's number when absent).
+    fn parse(line: &str, number: usize, path: &std::path::Path) -> anyhow::Result<Self> {
+        let at = format!("{}:{number}", path.display());
+        let bad = |what: String| -> anyhow::Error {
+            kvbench::Error::Input(format!("{at}: {what}")).into()
+        };
+        let row: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| bad(format!("not a JSON object: {e}")))?;
+        if !row.is_object() {
+            return Err(bad("not a JSON object".into()));
+        }
+        let field = |k: &str| -> anyhow::Result<String> {
+            row.get(k)
+                .and_then(|v| v.as_str())
+                .map(String::from)
+                .ok_or_else(|| bad(format!("no string field '{k}'")))
+        };
+        let kind = match row.get("kind") {
+            None => Kind::Answer,
+            Some(v) => match v.as_str() {
+                Some("answer") => Kind::Answer,
+                Some("output") => Kind::Output,
+                _ => return Err(bad(format!("kind {v} (expected \"answer\" or \"output\")"))),
+            },
+        };
+        let id = row
+            .get("id")
+            .map(|v| v.as_str().map_or(v.to_string(), String::from))
+            .unwrap_or_else(|| format!("line-{number}"));
+        let gold = field("gold")?;
+        check_gold(&gold, &format!("{at}: 'gold'"))?;
+        Ok(Self {
+            id,
+            kind,
+            pred: field("pred")?,
+            gold,
+        })
+    }
 }

@@ -249,16 +249,23 @@ impl PolicyFlags {
     }
 
     /// The policies named (as kvbench names them: `R-KV` is `rkv`), or `default` when `--policy` was
-    /// not given. A name that is no policy is kept as written, for [`PolicySpec`]'s error.
-    fn names(&self, default: &[&str]) -> Vec<String> {
+    /// not given. A name that is no policy is kept as written, for [`PolicySpec`]'s error; an empty
+    /// one (`--policy rkv,`) is refused here.
+    fn names(&self, default: &[&str]) -> Result<Vec<String>> {
         if self.policy.is_empty() {
-            default.iter().map(|s| s.to_string()).collect()
-        } else {
-            self.policy
-                .iter()
-                .map(|n| crate::policy::canonical_name(n).map_or_else(|| n.clone(), str::to_string))
-                .collect()
+            return Ok(default.iter().map(|s| s.to_string()).collect());
         }
+        if self.policy.iter().any(|n| n.trim().is_empty()) {
+            return Err(Error::Input(format!(
+                "--policy {}: an empty policy name (a comma with no name on one side)",
+                self.policy.join(",")
+            )));
+        }
+        Ok(self
+            .policy
+            .iter()
+            .map(|n| crate::policy::canonical_name(n).map_or_else(|| n.clone(), str::to_string))
+            .collect())
     }
 
     /// Every (policy, budget) the flags name, parsed and checked, policies in the order given and
@@ -266,7 +273,7 @@ impl PolicyFlags {
     /// its parameter; with several, each goes to the policies that take its key, and a key none takes
     /// is an error.
     pub fn grid(&self, default_policies: &[&str], rule: BudgetRule) -> Result<Vec<PolicySpec>> {
-        let names = self.names(default_policies);
+        let names = self.names(default_policies)?;
         if names.is_empty() {
             return Err(Error::Input("--policy: no policy named".into()));
         }
@@ -319,6 +326,7 @@ impl PolicyFlags {
     /// The one (policy, budget) of a command that runs one (`run`, `fidelity`): `default` when
     /// `--policy` is not given; a list is refused naming `command`.
     pub fn single(&self, default: &str, command: &str) -> Result<PolicySpec> {
+        self.names(&[default])?;
         if self.policy.len() > 1 || self.budget.len() > 1 {
             return Err(Error::Input(format!(
                 "--policy/--budget: `kvbench {command}` runs one policy at one budget; a sweep runs several (`kvbench sweep CONFIG --policy A,B --budget X,Y`)"
@@ -394,6 +402,23 @@ mod tests {
         assert!(e.is_input_error() && e.to_string().contains("kvbench run"));
         let s = flags(&[], &[], &[]).single("full", "run").unwrap();
         assert_eq!(s.name(), "full");
+    }
+
+    #[test]
+    fn an_empty_policy_name_is_named_as_such() {
+        for policy in [&["rkv", ""][..], &[""], &["", "h2o"], &[" "]] {
+            let f = flags(policy, &[64.0], &[]);
+            for e in [
+                f.single("full", "run").unwrap_err(),
+                f.grid(&[], BudgetRule::Ratio).unwrap_err(),
+            ] {
+                assert!(e.is_input_error(), "{policy:?}: {e}");
+                assert!(
+                    e.to_string().contains("empty policy name"),
+                    "{policy:?}: {e}"
+                );
+            }
+        }
     }
 
     #[test]

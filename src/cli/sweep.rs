@@ -69,6 +69,9 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             policy: args.policy.clone(),
         },
     )?;
+    for w in cfg.warnings() {
+        kvbench::say!("warning: {}: {w}", args.config.display());
+    }
     // A results directory that cannot be made and a device that cannot be used are refused before
     // anything is fetched (the plan resolves the model: a first run downloads it), printed or
     // written. A dry run needs neither; an emitted script runs this binary on the cluster's GPUs, so

@@ -176,6 +176,7 @@ impl SweepConfig {
             }
             let args = arg_strings(&p.args);
             let list = if p.name == "full" {
+                // Runs once at any budget ([`SweepConfig::warnings`] names a list of its own).
                 vec![1.0]
             } else {
                 p.budgets.clone().unwrap_or_else(|| budgets.clone())
@@ -481,6 +482,21 @@ impl SweepConfig {
         toml::to_string(self).unwrap_or_else(|e| format!("# not representable as TOML: {e}\n"))
     }
 
+    /// What the config says that the sweep does not do: a `full` table's own budgets (it keeps
+    /// every entry and runs once). For the command to print; reading the config again (`report`)
+    /// says nothing.
+    pub fn warnings(&self) -> Vec<String> {
+        self.policies
+            .iter()
+            .filter(|p| p.name == "full")
+            .filter_map(|p| p.budgets.as_ref())
+            .filter(|b| b.iter().any(|&x| x != 1.0))
+            .map(|b| {
+                format!("[[policy]] 'full' keeps every entry and runs once: its budgets {b:?} are ignored")
+            })
+            .collect()
+    }
+
     /// Every (policy, budget) of the sweep, parsed when the config was built. `full` runs once,
     /// without a budget.
     pub fn policy_specs(&self) -> Vec<PolicySpec> {
@@ -608,6 +624,32 @@ mod tests {
             e.contains("line 4: ") && e.contains("`R2`") && e.contains("`greedy`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_full_table_s_own_budgets_are_warned_of_and_run_once() {
+        let c = config(&format!(
+            "{HEAD}budgets = [64]\n[[policy]]\nname = \"full\"\nbudgets = [0.1, 0.5]\n[[policy]]\nname = \"rkv\"\n"
+        ));
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("'full'") && w[0].contains("[0.1, 0.5]"),
+            "{w:?}"
+        );
+        assert_eq!(
+            c.policy_specs()
+                .iter()
+                .filter(|s| s.name() == "full")
+                .count(),
+            1
+        );
+        for quiet in ["", "budgets = [1.0]\n"] {
+            let c = config(&format!(
+                "{HEAD}budgets = [64]\n[[policy]]\nname = \"full\"\n{quiet}[[policy]]\nname = \"rkv\"\n"
+            ));
+            assert!(c.warnings().is_empty(), "{quiet:?}");
+        }
     }
 
     #[test]

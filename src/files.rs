@@ -70,7 +70,35 @@ pub fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>> {
     if bytes.len() as u64 > limit {
         return Err(too_large());
     }
+    if bytes.is_empty() && is_pipe(&meta) {
+        return Err(empty_pipe(path));
+    }
     Ok(bytes)
+}
+
+/// The error of a pipe that gave no bytes at all: said as such, not as the empty file's own error
+/// ("no problems", a missing key), since a named pipe that no process has open for writing reads as
+/// empty at once ([`open`]).
+pub fn empty_pipe(path: &Path) -> Error {
+    Error::Input(format!(
+        "{}: a pipe that gave no bytes (a named pipe reads as empty unless a process has it open \
+         for writing: start its writer first, or pass the data by process substitution)",
+        path.display()
+    ))
+}
+
+/// Whether `meta` is a pipe's (named or not).
+pub fn is_pipe(meta: &std::fs::Metadata) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        meta.file_type().is_fifo()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        false
+    }
 }
 
 /// The UTF-8 byte order mark some editors and Windows tools write at a file's start.

@@ -291,6 +291,12 @@ fn streams_are_read_once_and_a_pipe_with_no_writer_does_not_hang() {
         started.elapsed() < Duration::from_secs(20),
         "the FIFO was waited on"
     );
+    // Named as a pipe that gave nothing, not as an empty problem set.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("fifo.jsonl: a pipe that gave no bytes"),
+        "{err}"
+    );
     // Data on standard input: the recorded hash is of the bytes read.
     let line = "{\"id\":\"s1\",\"problem\":\"What is 1+1?\",\"answer\":\"2\"}\n";
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))

@@ -198,6 +198,9 @@ fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
             kept.push(p, n)?;
         }
     }
+    if total == 0 && crate::files::is_pipe(&meta) {
+        return Err(crate::files::empty_pipe(path));
+    }
     Ok(Read {
         problems: kept.problems,
         rows,

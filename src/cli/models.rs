@@ -27,11 +27,7 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<ExitCode> {
     println!("\nrandom weights at real shapes (`--model random:NAME[@SEED]`; speed and memory only, no accuracy):");
     for m in RANDOM_MODELS {
         let c = m.config();
-        let params = c.num_layers
-            * (c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-                + c.num_heads * c.head_dim * c.hidden_size
-                + 3 * c.hidden_size * c.intermediate_size)
-            + c.vocab_size * c.hidden_size * if c.tie_word_embeddings { 1 } else { 2 };
+        let params = c.matrix_parameters();
         println!(
             "  random:{:<15} {} ({:.2} B parameters, {:.1} GiB in bf16)",
             m.name,

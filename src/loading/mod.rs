@@ -97,6 +97,7 @@ pub fn load_model(files: ModelFiles, opts: &LoadOptions) -> Result<Model> {
     opts.kv_type
         .check(config.head_dim, &opts.device)
         .map_err(Error::Input)?;
+    check_weights_fit(&files, &config, opts)?;
     let mut transformer = Transformer::load(&mut source, config, opts.format, &opts.device)?;
     transformer.set_kv_type(opts.kv_type);
     transformer.set_activations(opts.activations)?;
@@ -123,4 +124,124 @@ pub fn load_model(files: ModelFiles, opts: &LoadOptions) -> Result<Model> {
         files,
         name,
     })
+}
+
+/// The fewest bytes the weights of `files` hold on the device once loaded as `opts` asks: the file's
+/// own bytes (a GGUF file's blocks, the safetensors' tensors, a random model's bf16), or every matrix
+/// in f32 or Q8_0 under `--weights f32` / `q8`. Norms, biases and conversions on the way are left
+/// out: a lower bound, so that a model refused surely cannot load.
+fn weight_bytes_at_least(
+    files: &ModelFiles,
+    config: &crate::model::config::ModelConfig,
+    format: crate::model::weights::WeightFormat,
+) -> u64 {
+    use crate::model::weights::WeightFormat;
+    let params = config.matrix_parameters();
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    match (format, files) {
+        (WeightFormat::F32, _) => params.saturating_mul(4),
+        (WeightFormat::Q8, _) => params.saturating_mul(34) / 32,
+        (_, ModelFiles::Random(_)) => params.saturating_mul(2),
+        (_, ModelFiles::Gguf(p)) => size(p),
+        (_, ModelFiles::HfDir(dir)) => std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                    .map(|p| size(&p))
+                    .sum()
+            })
+            .unwrap_or(0),
+    }
+}
+
+/// Refuses, before any tensor is made, weights that cannot fit the memory of the device they are
+/// loaded on: a 14B model's 27.5 GiB of bf16 on a 24 GiB machine was generated or read until the
+/// kernel killed the process (no message, exit 137).
+fn check_weights_fit(
+    files: &ModelFiles,
+    config: &crate::model::config::ModelConfig,
+    opts: &crate::model::LoadOptions,
+) -> Result<()> {
+    let Some((total, where_)) = crate::device::memory_capacity(&opts.device) else {
+        return Ok(());
+    };
+    refuse_over(
+        files,
+        weight_bytes_at_least(files, config, opts.format),
+        total,
+        where_,
+    )
+}
+
+/// [`check_weights_fit`]'s verdict on `need` bytes against `total` (named `where_`).
+fn refuse_over(files: &ModelFiles, need: u64, total: u64, where_: &str) -> Result<()> {
+    if need > total {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(Error::Input(format!(
+            "--model {}: its weights need at least {:.1} GiB, more than {where_} {:.1} GiB of memory",
+            files.describe(),
+            gib(need),
+            gib(total)
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::weights::WeightFormat;
+
+    #[test]
+    fn weights_that_cannot_fit_are_refused_by_their_size() {
+        let spec = |name: &str| random::RandomSpec::parse(name).unwrap().unwrap();
+        let big = ModelFiles::Random(spec("random:r1-distill-qwen-14b"));
+        let ModelFiles::Random(s) = &big else {
+            unreachable!()
+        };
+        let cfg = s.config();
+        let params = cfg.matrix_parameters();
+        // 14.77 billion parameters: 27.5 GiB in bf16, twice that in f32.
+        assert!((14.7e9..14.8e9).contains(&(params as f64)), "{params}");
+        assert_eq!(
+            weight_bytes_at_least(&big, &cfg, WeightFormat::Auto),
+            2 * params
+        );
+        assert_eq!(
+            weight_bytes_at_least(&big, &cfg, WeightFormat::F32),
+            4 * params
+        );
+        assert_eq!(
+            weight_bytes_at_least(&big, &cfg, WeightFormat::Q8),
+            34 * params / 32
+        );
+        let e = refuse_over(&big, 2 * params, 24 << 30, "this machine's").unwrap_err();
+        let msg = e.to_string();
+        assert!(e.is_input_error(), "{msg}");
+        assert!(
+            msg.contains("--model random:r1-distill-qwen-14b@0") && msg.contains("27.5 GiB"),
+            "{msg}"
+        );
+        assert!(refuse_over(&big, 2 * params, 32 << 30, "this machine's").is_ok());
+        // A file's own bytes where it keeps them.
+        let dir = std::env::temp_dir().join(format!("kvbench-fit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let gguf = dir.join("m.gguf");
+        std::fs::write(&gguf, vec![0u8; 1000]).unwrap();
+        std::fs::write(dir.join("a.safetensors"), vec![0u8; 300]).unwrap();
+        std::fs::write(dir.join("b.safetensors"), vec![0u8; 200]).unwrap();
+        let files = ModelFiles::Gguf(gguf);
+        assert_eq!(
+            weight_bytes_at_least(&files, &cfg, WeightFormat::Auto),
+            1000
+        );
+        let files = ModelFiles::HfDir(dir.clone());
+        assert_eq!(
+            weight_bytes_at_least(&files, &cfg, WeightFormat::Native),
+            500
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -102,6 +102,33 @@ impl ModelConfig {
         }
     }
 
+    /// Parameters of the model's matrices and embeddings (an untied output head counted apart); the
+    /// norms and biases, a few per ten thousand, are left out. Saturates rather than overflows (a
+    /// shape is checked before it is used, not before it is counted).
+    pub fn matrix_parameters(&self) -> u64 {
+        let [layers, hidden, heads, kv_heads, head_dim, inter, vocab] = [
+            self.num_layers,
+            self.hidden_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.intermediate_size,
+            self.vocab_size,
+        ]
+        .map(|x| x as u64);
+        let attention = hidden
+            .saturating_mul(heads.saturating_add(kv_heads.saturating_mul(2)))
+            .saturating_mul(head_dim)
+            .saturating_add(heads.saturating_mul(head_dim).saturating_mul(hidden));
+        let mlp = hidden.saturating_mul(inter).saturating_mul(3);
+        let embeddings = vocab
+            .saturating_mul(hidden)
+            .saturating_mul(if self.tie_word_embeddings { 1 } else { 2 });
+        layers
+            .saturating_mul(attention.saturating_add(mlp))
+            .saturating_add(embeddings)
+    }
+
     /// Bytes of keys and values a full cache of `entries` tokens holds across all layers, stored
     /// as `kv` (the reference of every KV ratio): entries times a token's bytes, except under KIVI,
     /// whose full-precision window costs more than its packed entries.

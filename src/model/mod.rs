@@ -114,19 +114,9 @@ impl Model {
     /// device the model runs on (this machine's, or the GPU's), naming the numbers and `flag`;
     /// checked before anything is allocated, where the memory is known. Keys and values in f32.
     pub fn check_batch_memory(&self, batch: usize, tokens: usize, flag: &str) -> Result<()> {
-        let device = self.transformer.device();
-        let total = if device.is_cpu() {
-            crate::metrics::total_memory_bytes()
-        } else {
-            crate::device::memory_total_bytes(device)
-        };
-        let Some(total) = total else {
+        let Some((total, where_)) = crate::device::memory_capacity(self.transformer.device())
+        else {
             return Ok(());
-        };
-        let where_ = if device.is_cpu() {
-            "this machine's"
-        } else {
-            "the GPU's"
         };
         let per_sequence = self
             .transformer

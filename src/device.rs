@@ -295,17 +295,18 @@ pub fn describe(spec: DeviceSpec, device: &Device) -> DeviceInfo {
     }
 }
 
-/// The device's memory in bytes, on a GPU; `None` on the CPU.
 /// The memory a model and its caches on `device` can have at most, in bytes, with its name for a
-/// message ("this machine's" physical memory on the CPU, "the GPU's" on a GPU), where it is known.
+/// message (this machine's physical memory, or its control group's limit where that is less, on the
+/// CPU; the GPU's on a GPU), where it is known.
 pub fn memory_capacity(device: &Device) -> Option<(u64, &'static str)> {
     if device.is_cpu() {
-        crate::metrics::total_memory_bytes().map(|b| (b, "this machine's"))
+        crate::metrics::memory_limit_bytes()
     } else {
         memory_total_bytes(device).map(|b| (b, "the GPU's"))
     }
 }
 
+/// The device's memory in bytes, on a GPU; `None` on the CPU.
 pub fn memory_total_bytes(device: &Device) -> Option<u64> {
     if device.is_cpu() {
         return None;

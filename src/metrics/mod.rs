@@ -20,6 +20,58 @@ pub fn total_memory_bytes() -> Option<u64> {
     kib_field("/proc/meminfo", "MemTotal:")
 }
 
+/// The memory this process may use at most, named for a message: the machine's
+/// ([`total_memory_bytes`]) or, when less, the limit of its control group and the groups above it (a
+/// container's, or a Slurm job's `--mem`), cgroup v2 or v1, where readable.
+pub fn memory_limit_bytes() -> Option<(u64, &'static str)> {
+    let total = total_memory_bytes()?;
+    let groups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    Some(
+        match cgroup_limit(&groups, |p| std::fs::read_to_string(p).ok()) {
+            Some(limit) if limit < total => (limit, "this process's control group's"),
+            _ => (total, "this machine's"),
+        },
+    )
+}
+
+/// The least memory limit along this process's control groups, as `/proc/self/cgroup` (`groups`)
+/// names them: cgroup v2's `memory.max` (line `0::PATH`) and v1's `memory.limit_in_bytes` (the
+/// `memory` controller's line), in the group and each group above it. `read` gives a file's text.
+fn cgroup_limit(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    let mut least: Option<u64> = None;
+    for line in groups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (root, file) = match controllers {
+            "" => ("/sys/fs/cgroup", "memory.max"),
+            c if c.split(',').any(|x| x == "memory") => {
+                ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+            }
+            _ => continue,
+        };
+        let mut dir = std::path::PathBuf::from(path.trim());
+        loop {
+            let at = format!(
+                "{root}{}/{file}",
+                dir.display().to_string().trim_end_matches('/')
+            );
+            // "max" (v2) or a huge number (v1's unlimited) is no limit.
+            if let Some(v) = read(&at).and_then(|t| t.trim().parse::<u64>().ok()) {
+                if v < 1 << 60 {
+                    least = Some(least.map_or(v, |l| l.min(v)));
+                }
+            }
+            if !dir.pop() {
+                break;
+            }
+        }
+    }
+    least
+}
+
 /// The `key: N kB` line of a /proc file, in bytes.
 fn kib_field(path: &str, key: &str) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
@@ -132,5 +184,48 @@ mod tests {
         assert_eq!(super::median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(super::percentile(&[0.0, 10.0], 90.0), Some(9.0));
         assert_eq!(super::median(&[]), None);
+    }
+
+    /// A Slurm job's `--mem` (cgroup v2, a limit two levels up from the process's group) and a
+    /// container's (v1): the least limit along the path; "max" and v1's unlimited are none.
+    #[test]
+    fn the_least_limit_along_the_control_groups_is_found() {
+        let files = |map: &'static [(&'static str, &'static str)]| {
+            move |p: &str| {
+                map.iter()
+                    .find(|(k, _)| *k == p)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let v2 = "0::/system.slice/job_7/step_0/user/task_0\n";
+        let read = files(&[
+            ("/sys/fs/cgroup/memory.max", "max\n"),
+            (
+                "/sys/fs/cgroup/system.slice/job_7/memory.max",
+                "17179869184\n",
+            ),
+            (
+                "/sys/fs/cgroup/system.slice/job_7/step_0/memory.max",
+                "max\n",
+            ),
+        ]);
+        assert_eq!(super::cgroup_limit(v2, read), Some(16 << 30));
+        let v1 = "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n";
+        let read = files(&[
+            (
+                "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes",
+                "8589934592",
+            ),
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712",
+            ),
+        ]);
+        assert_eq!(super::cgroup_limit(v1, read), Some(8 << 30));
+        // In a namespace the group is "/": the root's own file.
+        let read = files(&[("/sys/fs/cgroup/memory.max", "4294967296")]);
+        assert_eq!(super::cgroup_limit("0::/\n", read), Some(4 << 30));
+        assert_eq!(super::cgroup_limit("0::/\n", files(&[])), None);
+        assert_eq!(super::cgroup_limit("garbage\n\n", files(&[])), None);
     }
 }

@@ -251,13 +251,7 @@ impl ChunkSummary {
         let n = self.covered;
         let chunks = n.div_ceil(self.chunk);
         // 1. Sign of the group-summed query; 2. dimensions with the largest mean |q|.
-        let positive: Vec<bool> = (0..d)
-            .map(|c| (0..g).map(|r| q[r * d + c]).sum::<f32>() > 0.0)
-            .collect();
-        let mag: Vec<f32> = (0..d)
-            .map(|c| (0..g).map(|r| q[r * d + c].abs()).sum::<f32>() / g as f32)
-            .collect();
-        let kept = top_k(&mag, dims);
+        let (positive, kept) = query_dims(q, d, dims);
         // Each kept dimension's bound of every chunk: its maxima or its minima, by the sign.
         let bounds: Vec<&[f32]> = kept
             .iter()
@@ -311,6 +305,19 @@ impl ChunkSummary {
         }
         out
     }
+}
+
+/// Stage 2's first two steps for a group's queries (`[g][d]`): the sign of each dimension of the
+/// group-summed query, and the `dims` dimensions with the largest mean |q|.
+fn query_dims(q: &[f32], d: usize, dims: usize) -> (Vec<bool>, Vec<usize>) {
+    let g = q.len() / d;
+    let positive: Vec<bool> = (0..d)
+        .map(|c| (0..g).map(|r| q[r * d + c]).sum::<f32>() > 0.0)
+        .collect();
+    let mag: Vec<f32> = (0..d)
+        .map(|c| (0..g).map(|r| q[r * d + c].abs()).sum::<f32>() / g as f32)
+        .collect();
+    (positive, top_k(&mag, dims))
 }
 
 /// `z += a·x`, element by element (a product, then a sum: the same bits on every path).
@@ -536,8 +543,8 @@ mod tests {
 
     /// The summaries extended a few keys at a time give, bit for bit, what the bounds computed
     /// directly from the keys give through the formula summed dimension by dimension per chunk (the
-    /// layout before the summaries were held per dimension): every group size, chunk size (a last
-    /// chunk short or full) and number of kept dimensions.
+    /// layout before the summaries were held per dimension), for the same kept dimensions: every
+    /// group size, chunk size (a last chunk short or full) and number of kept dimensions.
     #[test]
     fn chunk_probs_are_the_direct_formula_s_bit_for_bit() {
         let d = 16;
@@ -558,13 +565,7 @@ mod tests {
                     false => rows.fold(f32::INFINITY, f32::min),
                 }
             };
-            let positive: Vec<bool> = (0..d)
-                .map(|c| (0..g).map(|r| q[r * d + c]).sum::<f32>() > 0.0)
-                .collect();
-            let mag: Vec<f32> = (0..d)
-                .map(|c| (0..g).map(|r| q[r * d + c].abs()).sum::<f32>() / g as f32)
-                .collect();
-            let kept = top_k(&mag, dims);
+            let (positive, kept) = query_dims(&q, d, dims);
             let mut want = vec![0f32; chunks];
             for r in 0..g {
                 let qr = &q[r * d..(r + 1) * d];

@@ -134,7 +134,7 @@ struct Case {
 
 impl Case {
     /// Line `number` of `path`: a JSON object with string fields `pred` and `gold`, optionally `kind`
-    /// (answer, the default, or output) and `id` (the line's number when absent).
+    /// (answer, the default when absent or null, or output) and `id` (the line's number when absent).
     fn parse(line: &str, number: usize, path: &std::path::Path) -> anyhow::Result<Self> {
         let at = format!("{}:{number}", path.display());
         let bad = |what: String| -> anyhow::Error {
@@ -151,7 +151,7 @@ impl Case {
                 .map(String::from)
                 .ok_or_else(|| bad(format!("no string field '{k}'")))
         };
-        let kind = match row.get("kind") {
+        let kind = match row.get("kind").filter(|v| !v.is_null()) {
             None => Kind::Answer,
             Some(v) => match v.as_str() {
                 Some("answer") => Kind::Answer,

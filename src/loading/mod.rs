@@ -143,15 +143,8 @@ fn weight_bytes_at_least(
         (WeightFormat::Q8, _) => params.saturating_mul(34) / 32,
         (_, ModelFiles::Random(_)) => params.saturating_mul(2),
         (_, ModelFiles::Gguf(p)) => size(p),
-        (_, ModelFiles::HfDir(dir)) => std::fs::read_dir(dir)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                    .map(|p| size(&p))
-                    .sum()
-            })
+        (_, ModelFiles::HfDir(dir)) => source::safetensors_files(dir)
+            .map(|files| files.iter().map(|p| size(p)).sum())
             .unwrap_or(0),
     }
 }

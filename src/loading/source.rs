@@ -173,12 +173,7 @@ impl WeightSource {
         let config = hf
             .to_model_config()
             .map_err(|e| Error::model(&config_path, e))?;
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(dir, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
+        let files = safetensors_files(dir).map_err(|e| Error::io(dir, e))?;
         if files.is_empty() {
             return Err(Error::model(
                 dir,
@@ -348,6 +343,16 @@ pub fn hf_name(gguf: &str) -> String {
         other => other,
     };
     format!("model.layers.{layer}.{tail}")
+}
+
+/// A model directory's weight files, `*.safetensors`, in name order.
+pub(crate) fn safetensors_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 #[cfg(test)]

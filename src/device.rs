@@ -306,6 +306,16 @@ pub fn memory_capacity(device: &Device) -> Option<(u64, &'static str)> {
     }
 }
 
+/// The memory a model on `device` could take now, in bytes, with its subject for a message: what this
+/// machine (or its control group) has available on the CPU, the GPU's free memory on a GPU.
+pub fn memory_available(device: &Device) -> Option<(u64, &'static str)> {
+    if device.is_cpu() {
+        crate::metrics::memory_available_bytes()
+    } else {
+        cuda_memory(device).map(|(free, _)| (free, "the GPU has"))
+    }
+}
+
 /// The device's memory in bytes, on a GPU; `None` on the CPU.
 pub fn memory_total_bytes(device: &Device) -> Option<u64> {
     if device.is_cpu() {

@@ -160,12 +160,29 @@ fn check_weights_fit(
     let Some((total, where_)) = crate::device::memory_capacity(&opts.device) else {
         return Ok(());
     };
-    refuse_over(
-        files,
-        weight_bytes_at_least(files, config, opts.format),
-        total,
-        where_,
-    )
+    let need = weight_bytes_at_least(files, config, opts.format);
+    refuse_over(files, need, total, where_)?;
+    if let Some((available, who)) = crate::device::memory_available(&opts.device) {
+        if let Some(w) = warn_over(files, need, available, who) {
+            crate::say!("warning: {w}");
+        }
+    }
+    Ok(())
+}
+
+/// [`check_weights_fit`]'s warning for weights that fit the total but not what is free now: other
+/// processes hold the rest, and loading may swap or be stopped by the kernel (or fail on a GPU).
+fn warn_over(files: &ModelFiles, need: u64, available: u64, who: &str) -> Option<String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    (need > available).then(|| {
+        format!(
+            "--model {}: its weights need at least {:.1} GiB and {who} {:.1} GiB available now: \
+             other processes hold the rest, and loading may swap or be stopped for want of memory",
+            files.describe(),
+            gib(need),
+            gib(available)
+        )
+    })
 }
 
 /// [`check_weights_fit`]'s verdict on `need` bytes against `total` (named `where_`).
@@ -209,6 +226,15 @@ mod tests {
         assert_eq!(
             weight_bytes_at_least(&big, &cfg, WeightFormat::Q8),
             34 * params / 32
+        );
+        let w = warn_over(&big, 2 * params, 20 << 30, "this machine has").unwrap();
+        assert!(
+            w.contains("need at least 27.5 GiB and this machine has 20.0 GiB available"),
+            "{w}"
+        );
+        assert_eq!(
+            warn_over(&big, 2 * params, 28 << 30, "this machine has"),
+            None
         );
         let e = refuse_over(&big, 2 * params, 24 << 30, "this machine's").unwrap_err();
         let msg = e.to_string();

@@ -38,6 +38,27 @@ pub fn memory_limit_bytes() -> Option<(u64, &'static str)> {
 /// names them: cgroup v2's `memory.max` (line `0::PATH`) and v1's `memory.limit_in_bytes` (the
 /// `memory` controller's line), in the group and each group above it. `read` gives a file's text.
 fn cgroup_limit(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    cgroup_least(groups, &read, |limit, _| Some(limit))
+}
+
+/// The least room left along this process's control groups: each limited group's limit less its
+/// working set (usage, v2 `memory.current` or v1 `memory.usage_in_bytes`, less the inactive page
+/// cache the kernel reclaims first, `memory.stat`'s `inactive_file` or v1's `total_inactive_file`,
+/// as container runtimes count it), as [`cgroup_limit`] reads them.
+fn cgroup_headroom(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    cgroup_least(groups, &read, |limit, usage| {
+        usage.map(|u| limit.saturating_sub(u))
+    })
+}
+
+/// The least of `value(limit, usage)` over every group along the paths `groups` names that has a
+/// limit ("max" (v2) or a huge number (v1's unlimited) is none).
+fn cgroup_least(
+    groups: &str,
+    read: &impl Fn(&str) -> Option<String>,
+    value: impl Fn(u64, Option<u64>) -> Option<u64>,
+) -> Option<u64> {
+    let number = |at: String| read(&at).and_then(|t| t.trim().parse::<u64>().ok());
     let mut least: Option<u64> = None;
     for line in groups.lines() {
         let mut parts = line.splitn(3, ':');
@@ -45,22 +66,37 @@ fn cgroup_limit(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u
         else {
             continue;
         };
-        let (root, file) = match controllers {
-            "" => ("/sys/fs/cgroup", "memory.max"),
-            c if c.split(',').any(|x| x == "memory") => {
-                ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
-            }
+        let (root, limit_file, usage_file, inactive_key) = match controllers {
+            "" => (
+                "/sys/fs/cgroup",
+                "memory.max",
+                "memory.current",
+                "inactive_file",
+            ),
+            c if c.split(',').any(|x| x == "memory") => (
+                "/sys/fs/cgroup/memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+                "total_inactive_file",
+            ),
             _ => continue,
         };
         let mut dir = std::path::PathBuf::from(path.trim());
         loop {
-            let at = format!(
-                "{root}{}/{file}",
-                dir.display().to_string().trim_end_matches('/')
-            );
-            // "max" (v2) or a huge number (v1's unlimited) is no limit.
-            if let Some(v) = read(&at).and_then(|t| t.trim().parse::<u64>().ok()) {
-                if v < 1 << 60 {
+            let base = format!("{root}{}", dir.display().to_string().trim_end_matches('/'));
+            if let Some(limit) = number(format!("{base}/{limit_file}")).filter(|&v| v < 1 << 60) {
+                let inactive = read(&format!("{base}/memory.stat")).and_then(|t| {
+                    t.lines().find_map(|l| {
+                        let (key, n) = l.split_once(' ')?;
+                        if key != inactive_key {
+                            return None;
+                        }
+                        n.trim().parse::<u64>().ok()
+                    })
+                });
+                let usage = number(format!("{base}/{usage_file}"))
+                    .map(|u| u.saturating_sub(inactive.unwrap_or(0)));
+                if let Some(v) = value(limit, usage) {
                     least = Some(least.map_or(v, |l| l.min(v)));
                 }
             }
@@ -70,6 +106,19 @@ fn cgroup_limit(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u
         }
     }
     least
+}
+
+/// The memory this process could take now without the kernel reclaiming from others, named for a
+/// message: the machine's `MemAvailable` or, when less, the least room left in its control groups.
+pub fn memory_available_bytes() -> Option<(u64, &'static str)> {
+    let available = kib_field("/proc/meminfo", "MemAvailable:")?;
+    let groups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    Some(
+        match cgroup_headroom(&groups, |p| std::fs::read_to_string(p).ok()) {
+            Some(room) if room < available => (room, "this process's control group has"),
+            _ => (available, "this machine has"),
+        },
+    )
 }
 
 /// The `key: N kB` line of a /proc file, in bytes.
@@ -227,5 +276,52 @@ mod tests {
         assert_eq!(super::cgroup_limit("0::/\n", read), Some(4 << 30));
         assert_eq!(super::cgroup_limit("0::/\n", files(&[])), None);
         assert_eq!(super::cgroup_limit("garbage\n\n", files(&[])), None);
+    }
+
+    /// The room left is the least of limit less usage over the limited groups; a group without a
+    /// limit, or whose usage cannot be read, gives none.
+    #[test]
+    fn the_least_room_along_the_control_groups_is_found() {
+        let map = [
+            ("/sys/fs/cgroup/memory.max", "max\n"),
+            ("/sys/fs/cgroup/memory.current", "999999999999\n"),
+            ("/sys/fs/cgroup/job/memory.max", "17179869184\n"),
+            ("/sys/fs/cgroup/job/memory.current", "13958643712\n"),
+            (
+                "/sys/fs/cgroup/job/memory.stat",
+                "anon 1\nfile 2\nactive_file 5\ninactive_file 1073741824\n",
+            ),
+            ("/sys/fs/cgroup/job/step/memory.max", "34359738368\n"),
+            ("/sys/fs/cgroup/job/step/memory.current", "1073741824\n"),
+            ("/sys/fs/cgroup/job/step/task/memory.max", "2147483648\n"),
+        ];
+        let read = |p: &str| {
+            map.iter()
+                .find(|(k, _)| *k == p)
+                .map(|(_, v)| v.to_string())
+        };
+        // job: 16 GiB less 13 in use of which 1 is inactive page cache; step: 32 less 1; task: a
+        // limit without a usage file.
+        let groups = "0::/job/step/task\n";
+        assert_eq!(super::cgroup_headroom(groups, read), Some(4 << 30));
+        assert_eq!(super::cgroup_limit(groups, read), Some(2 << 30));
+        // v1: its own key in memory.stat; usage past the limit is no room, not a wrap-around.
+        let v1 = |inactive: &'static str| {
+            move |p: &str| match p {
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes" => Some("1000".to_string()),
+                "/sys/fs/cgroup/memory/memory.usage_in_bytes" => Some("2000".to_string()),
+                "/sys/fs/cgroup/memory/memory.stat" => Some(format!("cache 5\n{inactive}\n")),
+                _ => None,
+            }
+        };
+        let groups = "5:memory:/\n";
+        assert_eq!(
+            super::cgroup_headroom(groups, v1("inactive_file 1500")),
+            Some(0)
+        );
+        assert_eq!(
+            super::cgroup_headroom(groups, v1("total_inactive_file 1500")),
+            Some(500)
+        );
     }
 }

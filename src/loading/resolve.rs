@@ -44,14 +44,25 @@ impl ModelFiles {
     }
 }
 
-/// kvbench's cache directory: `$KVBENCH_CACHE`, else `<user cache dir>/kvbench`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("KVBENCH_CACHE") {
-        return PathBuf::from(dir);
+/// kvbench's cache directory: `$KVBENCH_CACHE`, else (unset or empty, as XDG's variables read)
+/// `<user cache dir>/kvbench`. A `KVBENCH_CACHE` that names something other than a directory is an
+/// input error naming the variable (an empty one used to put the cache in the working directory).
+pub fn cache_dir() -> Result<PathBuf> {
+    match std::env::var_os("KVBENCH_CACHE").filter(|d| !d.is_empty()) {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            match std::fs::metadata(&dir) {
+                Ok(m) if !m.is_dir() => Err(Error::Input(format!(
+                    "KVBENCH_CACHE={}: not a directory (kvbench's cache of models and datasets)",
+                    dir.display()
+                ))),
+                _ => Ok(dir),
+            }
+        }
+        None => Ok(dirs::cache_dir()
+            .unwrap_or_else(std::env::temp_dir)
+            .join("kvbench")),
     }
-    dirs::cache_dir()
-        .unwrap_or_else(std::env::temp_dir)
-        .join("kvbench")
 }
 
 /// Resolves a model name or path to files, fetching the built-in default when needed.
@@ -64,7 +75,7 @@ pub fn resolve(name: &str) -> Result<ModelFiles> {
         return classify_local(path);
     }
     if let Some(model) = builtin(name) {
-        return fetch_builtin(model, &cache_dir().join("models")).map(ModelFiles::Gguf);
+        return fetch_builtin(model, &cache_dir()?.join("models")).map(ModelFiles::Gguf);
     }
     hub_repo_id(name)?;
     super::hub::resolve_repo(name)

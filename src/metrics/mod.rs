@@ -44,10 +44,11 @@ fn cgroup_limit(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u
 /// The least room left along this process's control groups: each limited group's limit less its
 /// working set (usage, v2 `memory.current` or v1 `memory.usage_in_bytes`, less the inactive page
 /// cache the kernel reclaims first, `memory.stat`'s `inactive_file` or v1's `total_inactive_file`,
-/// as container runtimes count it), as [`cgroup_limit`] reads them.
+/// as container runtimes count it), as [`cgroup_limit`] reads them; a group whose usage cannot be
+/// read has its whole limit.
 fn cgroup_headroom(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
     cgroup_least(groups, &read, |limit, usage| {
-        usage.map(|u| limit.saturating_sub(u))
+        Some(limit.saturating_sub(usage.unwrap_or(0)))
     })
 }
 
@@ -279,7 +280,7 @@ mod tests {
     }
 
     /// The room left is the least of limit less usage over the limited groups; a group without a
-    /// limit, or whose usage cannot be read, gives none.
+    /// limit gives none, one whose usage cannot be read its limit.
     #[test]
     fn the_least_room_along_the_control_groups_is_found() {
         let map = [
@@ -293,7 +294,7 @@ mod tests {
             ),
             ("/sys/fs/cgroup/job/step/memory.max", "34359738368\n"),
             ("/sys/fs/cgroup/job/step/memory.current", "1073741824\n"),
-            ("/sys/fs/cgroup/job/step/task/memory.max", "2147483648\n"),
+            ("/sys/fs/cgroup/job/step/task/memory.max", "6442450944\n"),
         ];
         let read = |p: &str| {
             map.iter()
@@ -301,10 +302,17 @@ mod tests {
                 .map(|(_, v)| v.to_string())
         };
         // job: 16 GiB less 13 in use of which 1 is inactive page cache; step: 32 less 1; task: a
-        // limit without a usage file.
+        // limit of 6 without a usage file.
         let groups = "0::/job/step/task\n";
         assert_eq!(super::cgroup_headroom(groups, read), Some(4 << 30));
-        assert_eq!(super::cgroup_limit(groups, read), Some(2 << 30));
+        assert_eq!(super::cgroup_limit(groups, read), Some(6 << 30));
+        assert_eq!(
+            super::cgroup_headroom("0::/job/step/task\n", |p: &str| match p {
+                "/sys/fs/cgroup/job/step/task/memory.max" => Some("6442450944".into()),
+                _ => None,
+            }),
+            Some(6 << 30)
+        );
         // v1: its own key in memory.stat; usage past the limit is no room, not a wrap-around.
         let v1 = |inactive: &'static str| {
             move |p: &str| match p {

@@ -193,7 +193,96 @@ impl SampleMetrics {
     }
 }
 
+/// The most tokens a record may count in a prompt or an output: no model's context comes near 2³².
+const MAX_RECORD_TOKENS: usize = u32::MAX as usize;
+
+/// The longest time a record may count: a year (one sample's generation takes minutes to hours).
+const MAX_RECORD_SECS: f64 = 365.25 * 24.0 * 3600.0;
+
 impl SampleRecord {
+    /// What every record kvbench writes satisfies, checked where one is read back: the grade agrees
+    /// with its verdict, budgets are positive, token counts fit a context, every time, byte count,
+    /// mean and share is finite and not negative (a share at most 1), and no time passes a year. A record that fails
+    /// was damaged or edited, and a report built on it would print its numbers as measured.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.correct != self.verdict.is_correct() {
+            return Err(format!(
+                "`correct` is {} but `verdict` is {:?}",
+                self.correct, self.verdict
+            ));
+        }
+        if let Some(b) = self.budget {
+            if !(b.is_finite() && b > 0.0) {
+                return Err(format!("`budget` {b} is not a positive number"));
+            }
+        }
+        // Quantities that are finite and not negative; of them, times (at most a year).
+        let mut values: Vec<(&str, f64)> = Vec::new();
+        let mut secs: Vec<(&str, f64)> = Vec::new();
+        values.extend(self.full_mean_tokens.map(|t| ("full_mean_tokens", t)));
+        let mut counts = vec![("tokens", self.tokens)];
+        if let Some(m) = &self.metrics {
+            counts.push(("metrics.prompt_tokens", m.prompt_tokens));
+            if m.batch == 0 {
+                return Err("`metrics.batch` is 0".into());
+            }
+            secs.extend([
+                ("metrics.prefill_secs", m.prefill_secs),
+                ("metrics.decode_secs", m.decode_secs),
+                ("metrics.decode_share_secs", m.decode_share_secs),
+                ("metrics.policy_secs", m.policy_secs),
+                ("metrics.tpot_p50_secs", m.tpot_p50_secs),
+                ("metrics.tpot_p90_secs", m.tpot_p90_secs),
+            ]);
+            secs.extend(
+                m.prefill_share_secs
+                    .map(|s| ("metrics.prefill_share_secs", s)),
+            );
+            secs.extend(
+                m.policy_prefill_secs
+                    .map(|s| ("metrics.policy_prefill_secs", s)),
+            );
+            values.extend([
+                ("metrics.kv_bytes_mean", m.kv_bytes_mean),
+                ("metrics.kv_bytes_full_mean", m.kv_bytes_full_mean),
+                ("metrics.entries_mean", m.entries_mean),
+                ("metrics.entries_full_mean", m.entries_full_mean),
+                ("metrics.repetition", m.repetition),
+            ]);
+            if !(0.0..=1.0).contains(&m.repetition) {
+                return Err(format!(
+                    "`metrics.repetition` {} is not a share",
+                    m.repetition
+                ));
+            }
+        }
+        if let Some(f) = &self.fidelity {
+            values.extend([
+                ("fidelity.mean_rank", f.mean_rank),
+                ("fidelity.top1_agreement", f.top1_agreement),
+            ]);
+            if !(0.0..=1.0).contains(&f.top1_agreement) || !f.mean_kl.is_finite() {
+                return Err(format!(
+                    "`fidelity` has agreement {} and mean KL {}",
+                    f.top1_agreement, f.mean_kl
+                ));
+            }
+        }
+        let mut all = values.iter().chain(&secs);
+        if let Some((name, v)) = all.find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+            return Err(format!("`{name}` {v:?} is not a finite number at least 0"));
+        }
+        if let Some((name, v)) = secs.iter().find(|(_, v)| *v > MAX_RECORD_SECS) {
+            return Err(format!("`{name}` {v:?} is more seconds than a year"));
+        }
+        if let Some((name, n)) = counts.iter().find(|(_, n)| *n > MAX_RECORD_TOKENS) {
+            return Err(format!(
+                "`{name}` {n} is more tokens than any model's context"
+            ));
+        }
+        Ok(())
+    }
+
     /// (Re)computes the grading fields from the output and the gold answer with this grader.
     pub fn grade(&mut self, lenient: bool) {
         let (extracted, verdict) =
@@ -275,6 +364,8 @@ pub fn read_file(path: &std::path::Path, allow_torn: bool) -> crate::Result<File
         }
         let r: SampleRecord =
             serde_json::from_str(text).map_err(|e| bad(n, format!("not a sample record: {e}")))?;
+        r.check()
+            .map_err(|e| bad(n, format!("a damaged sample record: {e}")))?;
         out.records.push(r);
     }
     Ok(out)
@@ -294,4 +385,101 @@ pub fn write_records(path: &std::path::Path, records: &[SampleRecord]) -> crate:
         writeln!(f, "{line}").map_err(|e| crate::Error::io(path, e))?;
     }
     f.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record as kvbench writes one, as JSON.
+    fn record() -> serde_json::Value {
+        serde_json::from_str(
+            r#"{"problem_id": "p1", "sample": 0, "seed": 0, "gold": "2", "output": "\\boxed{2}",
+            "thinking": false, "extracted": "2", "normalized_pred": "2", "normalized_gold": "2",
+            "verdict": "correct", "correct": true, "grader": "g", "lenient": false, "tokens": 5,
+            "finish": "eos", "policy": "rkv", "prompt": "R1", "template_hash": "h", "dataset": "d",
+            "unit": "u", "policy_name": "rkv", "budget": 0.5, "model": "m",
+            "metrics": {
+                "prompt_tokens": 10, "prefill_secs": 0.5, "decode_secs": 1.0,
+                "decode_share_secs": 1.0, "batch": 1, "policy_secs": 0.1, "kv_bytes_peak": 100,
+                "kv_bytes_mean": 80.0, "kv_bytes_full_peak": 200, "kv_bytes_full_mean": 150.0,
+                "entries_mean": 8.0, "entries_full_mean": 12.0, "entries_peak": 10, "events": 1,
+                "tpot_p50_secs": 0.2, "tpot_p90_secs": 0.3, "repetition": 0.0, "machine": "cpu"}}"#,
+        )
+        .unwrap()
+    }
+
+    /// Edited or damaged records whose every field parses are refused by line and field: a report
+    /// printed their numbers (a negative decode time, 1e308 seconds of prefill, `correct` against a
+    /// `no_answer` verdict) as measured.
+    #[test]
+    fn records_that_parse_but_no_run_could_write_are_refused_by_line_and_field() {
+        let dir = std::env::temp_dir().join(format!("kvbench-damaged-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("samples.jsonl");
+        let good = record();
+        let write = |second: &serde_json::Value| {
+            std::fs::write(&path, format!("{good}\n{second}\n")).unwrap();
+        };
+        write(&good);
+        assert_eq!(read_records(&path).unwrap().len(), 2);
+        let edits: [(&str, &str, serde_json::Value, &str); 9] = [
+            (
+                "metrics",
+                "decode_secs",
+                (-1.0).into(),
+                "`metrics.decode_secs` -1",
+            ),
+            (
+                "metrics",
+                "prefill_secs",
+                1e308.into(),
+                "`metrics.prefill_secs` 1e308",
+            ),
+            (
+                "metrics",
+                "repetition",
+                1.5.into(),
+                "`metrics.repetition` 1.5",
+            ),
+            ("metrics", "batch", 0.into(), "`metrics.batch` is 0"),
+            (
+                "",
+                "correct",
+                false.into(),
+                "`correct` is false but `verdict` is Correct",
+            ),
+            ("", "budget", (-3.0).into(), "`budget` -3"),
+            ("", "budget", 0.0.into(), "`budget` 0"),
+            (
+                "",
+                "tokens",
+                10u64.pow(15).into(),
+                "`tokens` 1000000000000000",
+            ),
+            (
+                "",
+                "full_mean_tokens",
+                (-2.0).into(),
+                "`full_mean_tokens` -2",
+            ),
+        ];
+        for (table, key, value, says) in edits {
+            let mut bad = good.clone();
+            match table {
+                "" => bad[key] = value,
+                t => bad[t][key] = value,
+            }
+            write(&bad);
+            let e = read_records(&path)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                e.contains("samples.jsonl:2: a damaged sample record") && e.contains(says),
+                "{key}: {e}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

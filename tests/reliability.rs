@@ -651,7 +651,7 @@ fn a_run_trace_holds_every_unit_and_replaces_only_a_trace() {
     let trace = dir.join("trace.jsonl");
     ok(&run("a", Some(&trace)));
     let first = std::fs::read(&trace).unwrap();
-    let lines = kvbench::results::trace::read_trace(&trace).unwrap();
+    let lines = kvbench::results::trace::read_trace(&trace, 1 << 20).unwrap();
     let sequences: std::collections::BTreeSet<&str> =
         lines.iter().map(|l| l.sequence.as_str()).collect();
     assert_eq!(sequences.len(), 2, "{sequences:?}");
@@ -683,5 +683,32 @@ fn a_run_trace_holds_every_unit_and_replaces_only_a_trace() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("without a trace"), "{err}");
     assert!(!untraced.exists());
+
+    // A trace edited to an event past its sample's tokens (10^15 of them aborted the report
+    // allocating the heat map's column) is refused by file and line before anything is written.
+    let drawn = std::fs::read_dir(&traces)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .unwrap();
+    let mut text = std::fs::read_to_string(&drawn).unwrap();
+    let sequence = &lines[0].sequence;
+    text.push_str(&format!(
+        "{{\"sequence\":\"{sequence}\",\"generated\":1,\"seen\":1000000000000000,\"layer\":0,\"head\":0,\"kept\":[0]}}\n"
+    ));
+    std::fs::write(&drawn, text).unwrap();
+    let report = dir.join("a").join("report");
+    let out = kvbench(&["report", dir.join("a").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("{}:", drawn.display()))
+            && err.contains("an event after 1000000000000000 tokens"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty() && !report.exists(),
+        "written before the refusal"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

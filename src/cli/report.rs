@@ -60,6 +60,31 @@ fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every trace of a record the report has, with its heat maps' label.
+fn read_traces(
+    c: &kvbench::report::Collection,
+) -> anyhow::Result<Vec<(Vec<kvbench::results::trace::TraceLine>, String)>> {
+    let mut out = Vec::new();
+    for t in &c.traces {
+        let unit = t.file_stem().map(|s| s.to_string_lossy().to_string());
+        let Some(rec) = c.records.iter().find(|r| Some(&r.unit) == unit.as_ref()) else {
+            continue;
+        };
+        let label = match rec.budget {
+            Some(b) => format!("{} at budget {b}", rec.policy_name),
+            None => rec.policy_name.clone(),
+        };
+        // The most tokens its events can have seen: the sample's prompt and output (a record of a
+        // kvbench without metrics: a context of 2^24, far beyond any traced run).
+        let most_seen = rec
+            .metrics
+            .as_ref()
+            .map_or(1 << 24, |m| m.prompt_tokens + rec.tokens);
+        out.push((kvbench::results::trace::read_trace(t, most_seen)?, label));
+    }
+    Ok(out)
+}
+
 pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let dirs = if args.dirs.is_empty() {
         default_dirs()?
@@ -97,6 +122,11 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     });
     super::check_dir_flag("--out", &out)?;
     let summary = summarize(&c.records);
+    // The traces too: a damaged one is refused before anything is printed or written.
+    let traces = match args.no_plots || summary.rows.is_empty() {
+        true => Vec::new(),
+        false => read_traces(&c)?,
+    };
     let md = table::markdown(&summary);
     print!("{md}");
     std::fs::create_dir_all(&out).map_err(|e| kvbench::Error::io(&out, e))?;
@@ -132,17 +162,8 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     if !args.no_plots && !summary.rows.is_empty() {
         files.extend(plot::summary_plots(&summary, &out)?);
         let subject = summary.subject();
-        for t in &c.traces {
-            let unit = t.file_stem().map(|s| s.to_string_lossy().to_string());
-            let Some(rec) = c.records.iter().find(|r| Some(&r.unit) == unit.as_ref()) else {
-                continue;
-            };
-            let label = match rec.budget {
-                Some(b) => format!("{} at budget {b}", rec.policy_name),
-                None => rec.policy_name.clone(),
-            };
-            let trace = kvbench::results::trace::read_trace(t)?;
-            files.extend(plot::heatmaps(&trace, &label, &subject, &out)?);
+        for (trace, label) in &traces {
+            files.extend(plot::heatmaps(trace, label, &subject, &out)?);
         }
     }
     println!();

@@ -146,15 +146,19 @@ impl TraceWriter {
     }
 }
 
-/// Reads a trace file, every line with its whole `kept` list (compact lines rebuilt); a bad line, or a
-/// compact line with no earlier event of its head, is an error naming the file and line.
-pub fn read_trace(path: &Path) -> Result<Vec<TraceLine>> {
+/// Reads a trace file, every line with its whole `kept` list (compact lines rebuilt); a bad line, a
+/// compact line with no earlier event of its head, a line that saw more than `most_seen` tokens (its
+/// sample's prompt and output) or kept a position it had not seen, is an error naming the file and
+/// line: a heat map holds a column of `seen` shares per event, and an edited `seen` of 10^15 aborted
+/// the report allocating it.
+pub fn read_trace(path: &Path, most_seen: usize) -> Result<Vec<TraceLine>> {
     let text = crate::files::read_text(path, crate::files::DATA_LIMIT)?;
     let mut last: std::collections::HashMap<(String, usize, usize), Vec<u32>> =
         std::collections::HashMap::new();
     let bad = |i: usize, why: String| Error::Input(format!("{}:{}: {why}", path.display(), i + 1));
-    let mut out = Vec::new();
+    let mut out: Vec<TraceLine> = Vec::new();
     for (i, l) in text.lines().enumerate() {
+        let checked = out.len();
         if l.trim().is_empty() {
             continue;
         }
@@ -191,6 +195,26 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceLine>> {
                 }
             }
         }
+        for t in &out[checked..] {
+            if t.seen > most_seen {
+                return Err(bad(
+                    i,
+                    format!(
+                        "an event after {} tokens, more than its sample's {most_seen} (prompt and output)",
+                        t.seen
+                    ),
+                ));
+            }
+            if let Some(p) = t.kept.iter().find(|&&p| p as usize >= t.seen) {
+                return Err(bad(
+                    i,
+                    format!(
+                        "layer {}, head {} keeps position {p} after {} tokens: a position not yet seen",
+                        t.layer, t.head, t.seen
+                    ),
+                ));
+            }
+        }
     }
     Ok(out)
 }
@@ -206,7 +230,7 @@ mod tests {
         let path = dir.join("t.jsonl");
         let ev = |generated: usize, head: usize, kept: Vec<u32>| TraceEvent {
             generated,
-            seen: 10 + generated,
+            seen: 300 + generated,
             layer: 0,
             head,
             kept,
@@ -227,7 +251,7 @@ mod tests {
         w.write("p#0", &events).unwrap();
         w.finish().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        let back = read_trace(&path).unwrap();
+        let back = read_trace(&path, 1 << 20).unwrap();
         assert_eq!(back.len(), events.len());
         // Lines come back grouped by step (whole lists, then changes); compare as sets of events.
         let mut back = back;
@@ -257,8 +281,28 @@ mod tests {
             "{\"sequence\":\"p\",\"generated\":1,\"seen\":2,\"changes\":[[0,0,[1],[2]]]}\n",
         )
         .unwrap();
-        let e = read_trace(&path).unwrap_err().to_string();
+        let e = read_trace(&path, 1 << 20).unwrap_err().to_string();
         assert!(e.contains("t.jsonl:1"), "{e}");
+        // More tokens than the sample had, and a position not yet seen (a compact line's too).
+        for (text, says) in [
+            (
+                "{\"sequence\":\"p\",\"generated\":1,\"seen\":1000000000000000,\"layer\":0,\"head\":0,\"kept\":[0]}",
+                "t.jsonl:1: an event after 1000000000000000 tokens, more than its sample's 100",
+            ),
+            (
+                "{\"sequence\":\"p\",\"generated\":1,\"seen\":5,\"layer\":2,\"head\":1,\"kept\":[0,5]}",
+                "t.jsonl:1: layer 2, head 1 keeps position 5 after 5 tokens",
+            ),
+            (
+                "{\"sequence\":\"p\",\"generated\":1,\"seen\":5,\"layer\":0,\"head\":0,\"kept\":[0,4]}\n\
+                 {\"sequence\":\"p\",\"generated\":2,\"seen\":6,\"changes\":[[0,0,[0],[9]]]}",
+                "t.jsonl:2: layer 0, head 0 keeps position 9 after 6 tokens",
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = read_trace(&path, 100).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -60,10 +60,9 @@ fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every trace of a record the report has, with its heat maps' label.
-fn read_traces(
-    c: &kvbench::report::Collection,
-) -> anyhow::Result<Vec<(Vec<kvbench::results::trace::TraceLine>, String)>> {
+/// Every trace of a record the report has, read through (a damaged one refused) and planned for its
+/// heat maps.
+fn read_traces(c: &kvbench::report::Collection) -> anyhow::Result<Vec<plot::TracePlan>> {
     let mut out = Vec::new();
     for t in &c.traces {
         let unit = t.file_stem().map(|s| s.to_string_lossy().to_string());
@@ -80,7 +79,7 @@ fn read_traces(
             .metrics
             .as_ref()
             .map_or(1 << 24, |m| m.prompt_tokens + rec.tokens);
-        out.push((kvbench::results::trace::read_trace(t, most_seen)?, label));
+        out.push(plot::plan_heatmaps(t, most_seen, label)?);
     }
     Ok(out)
 }
@@ -162,8 +161,8 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     if !args.no_plots && !summary.rows.is_empty() {
         files.extend(plot::summary_plots(&summary, &out)?);
         let subject = summary.subject();
-        for (trace, label) in &traces {
-            files.extend(plot::heatmaps(trace, label, &subject, &out)?);
+        for plan in &traces {
+            files.extend(plot::heatmaps(plan, &subject, &out)?);
         }
     }
     println!();

@@ -522,28 +522,81 @@ struct Column {
     kept: Vec<f32>,
 }
 
-/// Heat-map columns of one sequence of a trace: one per distinct `seen` with events.
-fn columns(lines: &[TraceLine]) -> Vec<Column> {
-    let mut by_seen: BTreeMap<usize, Vec<&TraceLine>> = BTreeMap::new();
-    for l in lines {
-        by_seen.entry(l.seen).or_default().push(l);
-    }
-    by_seen
-        .into_iter()
-        .map(|(seen, ls)| {
-            let mut kept = vec![0f32; seen];
-            for l in &ls {
-                for &p in &l.kept {
-                    if let Some(k) = kept.get_mut(p as usize) {
-                        *k += 1.0;
-                    }
-                }
+/// The most columns a heat map draws: a policy that evicts every step (H2O) has an event a token, and
+/// a column for each event of a 32K-token output took 32K columns of 32K shares (4 GB) and an SVG to
+/// match; past this many, evenly spaced events stand for the rest (the title says how many).
+const MAX_HEAT_COLUMNS: usize = 1_000;
+
+/// Heat-map columns of one sequence, built a trace line at a time: per `seen`, how many of the
+/// event's heads keep each position, and how many heads there were.
+#[derive(Default)]
+struct ColumnBuilder {
+    counts: BTreeMap<usize, (Vec<f32>, usize)>,
+}
+
+impl ColumnBuilder {
+    fn add(&mut self, l: &TraceLine) {
+        let (kept, heads) = self
+            .counts
+            .entry(l.seen)
+            .or_insert_with(|| (vec![0f32; l.seen], 0));
+        for &p in &l.kept {
+            if let Some(k) = kept.get_mut(p as usize) {
+                *k += 1.0;
             }
-            let n = ls.len() as f32;
-            kept.iter_mut().for_each(|k| *k /= n);
-            Column { seen, kept }
-        })
+        }
+        *heads += 1;
+    }
+
+    /// One column per distinct `seen`, in order, each position's count over the event's heads.
+    fn finish(self) -> Vec<Column> {
+        self.counts
+            .into_iter()
+            .map(|(seen, (mut kept, heads))| {
+                let n = heads as f32;
+                kept.iter_mut().for_each(|k| *k /= n);
+                Column { seen, kept }
+            })
+            .collect()
+    }
+}
+
+/// Which of a sequence's events (their `seen`, ascending and distinct) its heat map draws: all of
+/// them up to `most`, else `most` evenly spaced, the first and the last among them.
+fn chosen_events(seen: &[usize], most: usize) -> Vec<usize> {
+    if seen.len() <= most || most < 2 {
+        return seen.iter().copied().take(most.max(1)).collect();
+    }
+    (0..most)
+        .map(|i| seen[i * (seen.len() - 1) / (most - 1)])
         .collect()
+}
+
+/// A trace checked and ready to draw: its file, the most tokens its sample saw, the label of its row,
+/// and each traced sequence's events (their `seen`, ascending).
+pub struct TracePlan {
+    path: PathBuf,
+    most_seen: usize,
+    label: String,
+    events: BTreeMap<String, Vec<usize>>,
+}
+
+/// Reads the trace at `path` once through ([`crate::results::trace::visit_trace`], which refuses a
+/// damaged line by file and line) for the events of each sequence, holding no kept list.
+pub fn plan_heatmaps(path: &Path, most_seen: usize, label: String) -> Result<TracePlan> {
+    let mut events: BTreeMap<String, std::collections::BTreeSet<usize>> = BTreeMap::new();
+    crate::results::trace::visit_trace(path, most_seen, |t| {
+        events.entry(t.sequence).or_default().insert(t.seen);
+    })?;
+    Ok(TracePlan {
+        path: path.to_path_buf(),
+        most_seen,
+        label,
+        events: events
+            .into_iter()
+            .map(|(s, e)| (s, e.into_iter().collect()))
+            .collect(),
+    })
 }
 
 fn draw_heatmap<DB: DrawingBackend>(
@@ -630,27 +683,39 @@ fn spans(cols: &[Column], max_seen: usize) -> Vec<(f64, f64, usize, u8)> {
     out
 }
 
-/// Writes one heat map per traced sequence of `trace` into `dir`, named after `label`.
-pub fn heatmaps(
-    trace: &[TraceLine],
-    label: &str,
-    subject: &str,
-    dir: &Path,
-) -> Result<Vec<PathBuf>> {
-    let mut by_seq: BTreeMap<&str, Vec<TraceLine>> = BTreeMap::new();
-    for l in trace {
-        by_seq
-            .entry(l.sequence.as_str())
-            .or_default()
-            .push(l.clone());
-    }
+/// Writes one heat map per traced sequence of `plan` into `dir`, named after its label: the trace
+/// read a second time, only the chosen events' lists counted ([`MAX_HEAT_COLUMNS`]).
+pub fn heatmaps(plan: &TracePlan, subject: &str, dir: &Path) -> Result<Vec<PathBuf>> {
+    let chosen: BTreeMap<&str, std::collections::HashSet<usize>> = plan
+        .events
+        .iter()
+        .map(|(s, e)| {
+            let keep = chosen_events(e, MAX_HEAT_COLUMNS);
+            (s.as_str(), keep.into_iter().collect())
+        })
+        .collect();
+    let mut builders: BTreeMap<String, ColumnBuilder> = BTreeMap::new();
+    crate::results::trace::visit_trace(&plan.path, plan.most_seen, |t| {
+        if chosen
+            .get(t.sequence.as_str())
+            .is_some_and(|c| c.contains(&t.seen))
+        {
+            builders.entry(t.sequence.clone()).or_default().add(&t);
+        }
+    })?;
     let mut files = Vec::new();
-    for (seq, lines) in by_seq {
-        let cols = columns(&lines);
+    for (seq, builder) in builders {
+        let cols = builder.finish();
         if cols.is_empty() {
             continue;
         }
-        let title = format!("Kept KV positions: {label}, {seq}, {subject}");
+        let all = plan.events.get(&seq).map_or(cols.len(), Vec::len);
+        let shown = match all > cols.len() {
+            true => format!(" ({} of {all} events)", cols.len()),
+            false => String::new(),
+        };
+        let label = &plan.label;
+        let title = format!("Kept KV positions: {label}, {seq}, {subject}{shown}");
         // File names keep letters, digits and '-' only (a '.' would read as an extension).
         let slug: String = format!("keep_{label}_{seq}")
             .chars()
@@ -707,10 +772,28 @@ mod tests {
             head,
             kept: kept.to_vec(),
         };
-        let cols = columns(&[line(4, 0, &[0, 3]), line(4, 1, &[0, 2]), line(6, 0, &[5])]);
+        let mut b = ColumnBuilder::default();
+        for l in [line(4, 0, &[0, 3]), line(4, 1, &[0, 2]), line(6, 0, &[5])] {
+            b.add(&l);
+        }
+        let cols = b.finish();
         assert_eq!(cols.len(), 2);
         assert_eq!(cols[0].kept, vec![1.0, 0.0, 0.5, 0.5]);
         assert_eq!(cols[1].seen, 6);
         assert_eq!(cols[1].kept[5], 1.0);
+    }
+
+    #[test]
+    fn a_long_trace_draws_evenly_spaced_events_first_and_last_included() {
+        let seen: Vec<usize> = (100..5_100).collect();
+        let c = chosen_events(&seen, 1_000);
+        assert_eq!(c.len(), 1_000);
+        assert_eq!((c[0], c[999]), (100, 5_099));
+        assert!(
+            c.windows(2).all(|w| w[0] < w[1] && w[1] - w[0] <= 6),
+            "evenly spaced"
+        );
+        assert_eq!(chosen_events(&seen[..10], 1_000), &seen[..10]);
+        assert!(chosen_events(&[], 1_000).is_empty());
     }
 }

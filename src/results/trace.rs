@@ -146,23 +146,59 @@ impl TraceWriter {
     }
 }
 
-/// Reads a trace file, every line with its whole `kept` list (compact lines rebuilt); a bad line, a
+/// Reads a trace file, every line with its whole `kept` list (compact lines rebuilt): [`visit_trace`]
+/// collected.
+pub fn read_trace(path: &Path, most_seen: usize) -> Result<Vec<TraceLine>> {
+    let mut out = Vec::new();
+    visit_trace(path, most_seen, |t| out.push(t))?;
+    Ok(out)
+}
+
+/// Streams a trace file to `f` a line at a time, every line with its whole `kept` list (compact lines
+/// rebuilt), holding only each head's latest list: a long run's trace rebuilt whole takes far more
+/// than its file (a change line of a few bytes stands for a list of the budget's size). A bad line, a
 /// compact line with no earlier event of its head, a line that saw more than `most_seen` tokens (its
 /// sample's prompt and output) or kept a position it had not seen, is an error naming the file and
-/// line: a heat map holds a column of `seen` shares per event, and an edited `seen` of 10^15 aborted
-/// the report allocating it.
-pub fn read_trace(path: &Path, most_seen: usize) -> Result<Vec<TraceLine>> {
-    let text = crate::files::read_text(path, crate::files::DATA_LIMIT)?;
+/// line (a heat map holds a column of `seen` shares, and an edited `seen` of 10^15 aborted the report
+/// allocating it).
+pub fn visit_trace(path: &Path, most_seen: usize, mut f: impl FnMut(TraceLine)) -> Result<()> {
+    use std::io::BufRead;
+    crate::files::check_readable(path, crate::files::DATA_LIMIT)?;
+    let (file, _) = crate::files::open(path)?;
+    let reader = std::io::BufReader::with_capacity(1 << 20, file);
     let mut last: std::collections::HashMap<(String, usize, usize), Vec<u32>> =
         std::collections::HashMap::new();
     let bad = |i: usize, why: String| Error::Input(format!("{}:{}: {why}", path.display(), i + 1));
-    let mut out: Vec<TraceLine> = Vec::new();
-    for (i, l) in text.lines().enumerate() {
-        let checked = out.len();
+    let check = |i: usize, t: &TraceLine| -> Result<()> {
+        if t.seen > most_seen {
+            return Err(bad(
+                i,
+                format!(
+                    "an event after {} tokens, more than its sample's {most_seen} (prompt and output)",
+                    t.seen
+                ),
+            ));
+        }
+        match t.kept.iter().find(|&&p| p as usize >= t.seen) {
+            Some(p) => Err(bad(
+                i,
+                format!(
+                    "layer {}, head {} keeps position {p} after {} tokens: a position not yet seen",
+                    t.layer, t.head, t.seen
+                ),
+            )),
+            None => Ok(()),
+        }
+    };
+    for (i, l) in reader.lines().enumerate() {
+        let l = l.map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => bad(i, "not UTF-8 text".into()),
+            _ => Error::io(path, e),
+        })?;
         if l.trim().is_empty() {
             continue;
         }
-        let line: AnyLine = serde_json::from_str(l).map_err(|e| {
+        let line: AnyLine = serde_json::from_str(&l).map_err(|e| {
             bad(
                 i,
                 format!("not a trace line (a head's kept list or a step's changes): {e}"),
@@ -170,8 +206,9 @@ pub fn read_trace(path: &Path, most_seen: usize) -> Result<Vec<TraceLine>> {
         })?;
         match line {
             AnyLine::Full(t) => {
+                check(i, &t)?;
                 last.insert((t.sequence.clone(), t.layer, t.head), t.kept.clone());
-                out.push(t);
+                f(t);
             }
             AnyLine::Changes(c) => {
                 for (layer, head, dropped, added) in c.changes {
@@ -182,41 +219,22 @@ pub fn read_trace(path: &Path, most_seen: usize) -> Result<Vec<TraceLine>> {
                             format!("a change of layer {layer}, head {head} with no earlier event"),
                         )
                     })?;
-                    let kept = apply(prev, &dropped, &added);
-                    last.insert(key, kept.clone());
-                    out.push(TraceLine {
+                    let t = TraceLine {
                         sequence: c.sequence.clone(),
                         generated: c.generated,
                         seen: c.seen,
                         layer,
                         head,
-                        kept,
-                    });
+                        kept: apply(prev, &dropped, &added),
+                    };
+                    check(i, &t)?;
+                    last.insert(key, t.kept.clone());
+                    f(t);
                 }
             }
         }
-        for t in &out[checked..] {
-            if t.seen > most_seen {
-                return Err(bad(
-                    i,
-                    format!(
-                        "an event after {} tokens, more than its sample's {most_seen} (prompt and output)",
-                        t.seen
-                    ),
-                ));
-            }
-            if let Some(p) = t.kept.iter().find(|&&p| p as usize >= t.seen) {
-                return Err(bad(
-                    i,
-                    format!(
-                        "layer {}, head {} keeps position {p} after {} tokens: a position not yet seen",
-                        t.layer, t.head, t.seen
-                    ),
-                ));
-            }
-        }
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

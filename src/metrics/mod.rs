@@ -48,16 +48,17 @@ fn cgroup_limit(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u
 /// read has its whole limit.
 fn cgroup_headroom(groups: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
     cgroup_least(groups, &read, |limit, usage| {
-        Some(limit.saturating_sub(usage.unwrap_or(0)))
+        Some(limit.saturating_sub(usage().unwrap_or(0)))
     })
 }
 
 /// The least of `value(limit, usage)` over every group along the paths `groups` names that has a
-/// limit ("max" (v2) or a huge number (v1's unlimited) is none).
+/// limit ("max" (v2) or a huge number (v1's unlimited) is none); `usage` reads the group's working
+/// set when `value` asks for it (the limit alone reads no usage files).
 fn cgroup_least(
     groups: &str,
     read: &impl Fn(&str) -> Option<String>,
-    value: impl Fn(u64, Option<u64>) -> Option<u64>,
+    value: impl Fn(u64, &dyn Fn() -> Option<u64>) -> Option<u64>,
 ) -> Option<u64> {
     let number = |at: String| read(&at).and_then(|t| t.trim().parse::<u64>().ok());
     let mut least: Option<u64> = None;
@@ -86,18 +87,20 @@ fn cgroup_least(
         loop {
             let base = format!("{root}{}", dir.display().to_string().trim_end_matches('/'));
             if let Some(limit) = number(format!("{base}/{limit_file}")).filter(|&v| v < 1 << 60) {
-                let inactive = read(&format!("{base}/memory.stat")).and_then(|t| {
-                    t.lines().find_map(|l| {
-                        let (key, n) = l.split_once(' ')?;
-                        if key != inactive_key {
-                            return None;
-                        }
-                        n.trim().parse::<u64>().ok()
-                    })
-                });
-                let usage = number(format!("{base}/{usage_file}"))
-                    .map(|u| u.saturating_sub(inactive.unwrap_or(0)));
-                if let Some(v) = value(limit, usage) {
+                let usage = || {
+                    let inactive = read(&format!("{base}/memory.stat")).and_then(|t| {
+                        t.lines().find_map(|l| {
+                            let (key, n) = l.split_once(' ')?;
+                            if key != inactive_key {
+                                return None;
+                            }
+                            n.trim().parse::<u64>().ok()
+                        })
+                    });
+                    number(format!("{base}/{usage_file}"))
+                        .map(|u| u.saturating_sub(inactive.unwrap_or(0)))
+                };
+                if let Some(v) = value(limit, &usage) {
                     least = Some(least.map_or(v, |l| l.min(v)));
                 }
             }

@@ -527,6 +527,10 @@ struct Column {
 /// match; past this many, evenly spaced events stand for the rest (the title says how many).
 const MAX_HEAT_COLUMNS: usize = 1_000;
 
+/// The most shares a heat map's columns hold together (256 MiB of f32): fewer columns than
+/// [`MAX_HEAT_COLUMNS`] where each is longer than 65,536 tokens (at least two, the first and last).
+const MAX_HEAT_CELLS: usize = 1 << 26;
+
 /// Heat-map columns of one sequence, built a trace line at a time: per `seen`, how many of the
 /// event's heads keep each position, and how many heads there were.
 #[derive(Default)]
@@ -684,13 +688,16 @@ fn spans(cols: &[Column], max_seen: usize) -> Vec<(f64, f64, usize, u8)> {
 }
 
 /// Writes one heat map per traced sequence of `plan` into `dir`, named after its label: the trace
-/// read a second time, only the chosen events' lists counted ([`MAX_HEAT_COLUMNS`]).
+/// read a second time, only the chosen events' lists counted ([`MAX_HEAT_COLUMNS`],
+/// [`MAX_HEAT_CELLS`]).
 pub fn heatmaps(plan: &TracePlan, subject: &str, dir: &Path) -> Result<Vec<PathBuf>> {
     let chosen: BTreeMap<&str, std::collections::HashSet<usize>> = plan
         .events
         .iter()
         .map(|(s, e)| {
-            let keep = chosen_events(e, MAX_HEAT_COLUMNS);
+            let longest = e.last().copied().unwrap_or(1).max(1);
+            let most = MAX_HEAT_COLUMNS.min(MAX_HEAT_CELLS / longest).max(2);
+            let keep = chosen_events(e, most);
             (s.as_str(), keep.into_iter().collect())
         })
         .collect();

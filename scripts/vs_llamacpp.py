@@ -14,7 +14,9 @@ the median and range of each engine and of the ratio, and each process's peak RS
 accounting, from wait4). A benchmark, not a test.
 
 usage: scripts/vs_llamacpp.py [--model NAME_OR_GGUF ...] [--rounds 3] [--threads 2] [--repeats 1]
-                              [--pairs 6] [--llamacpp DIR] [--kvbench PATH]
+                              [--pairs 6] [--deep TOKENS] [--llamacpp DIR] [--kvbench PATH]
+--deep TOKENS adds, after the rounds, --pairs adjacent batch-1 pairs after TOKENS of context (llama-bench
+`-d TOKENS`); with --rounds 0 only those.
 --repeats N measures prefill and batch-1 decoding N times within each process of a round (kvbench
 `--repeats N` after its warm-up, llama-bench `-r N`), and takes the median of each engine's N: on a
 machine whose speed drifts within a process, one slow stretch then moves a round less.
@@ -67,7 +69,8 @@ def gguf_path(model):
     return found[0]
 
 
-def kvbench_perf(kvbench, model, threads, batches, decode_tokens, repeats=1, prompt_tokens=512):
+def kvbench_perf(kvbench, model, threads, batches, decode_tokens, repeats=1, prompt_tokens=512,
+                 context=DECODE_CONTEXT):
     """One `kvbench perf` process: its rows keyed as llama.cpp's (each the median of its `repeats`),
     and its peak RSS."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,7 +78,7 @@ def kvbench_perf(kvbench, model, threads, batches, decode_tokens, repeats=1, pro
         _, rss = run_rss(
             [kvbench, "perf", "--model", model, "--threads", str(threads),
              "--prompt-tokens", str(prompt_tokens),
-             "--batch", batches, "--decode-prompt-tokens", str(DECODE_CONTEXT),
+             "--batch", batches, "--decode-prompt-tokens", str(context),
              "--decode-tokens", str(decode_tokens), "--warmup", "1", "--repeats", str(repeats),
              "--no-bandwidth", "--export-json", str(out)],
             1800,
@@ -135,9 +138,9 @@ def llama_round(tools, path, threads, repeats):
     return got, rss_bench, rss_batched
 
 
-def batch1_pairs(kvbench, tools, model, path, threads, pairs):
+def batch1_pairs(kvbench, tools, model, path, threads, pairs, context=DECODE_CONTEXT):
     """Batch-1 decoding alone, kvbench and llama-bench in adjacent short processes (128 tokens after
-    DECODE_CONTEXT, one measurement each after a warm-up), the order swapped every pair. This machine's
+    `context` tokens, one measurement each after a warm-up), the order swapped every pair. This machine's
     memory bandwidth jumps between two levels (about 34 and 57 GB/s read by two threads, measured
     2026-11-26) within a minute; at batch 1 both engines follow it, so a ratio is only like with like
     when its two runs are seconds apart. Returns the two engines' rates and the ratio of each pair."""
@@ -145,11 +148,12 @@ def batch1_pairs(kvbench, tools, model, path, threads, pairs):
     for i in range(pairs):
         for engine in ("kvbench", "llama") if i % 2 == 0 else ("llama", "kvbench"):
             if engine == "kvbench":
-                got, _ = kvbench_perf(kvbench, model, threads, "1", 128, 1, prompt_tokens=16)
+                got, _ = kvbench_perf(kvbench, model, threads, "1", 128, 1, prompt_tokens=16,
+                                      context=context)
                 kv.append(got["decode b1"])
             else:
-                got, _ = llama_bench(tools, path, threads, 1, 0, [DECODE_CONTEXT])
-                ll.append(got[f"tg128 d{DECODE_CONTEXT}"])
+                got, _ = llama_bench(tools, path, threads, 1, 0, [context])
+                ll.append(got[f"tg128 d{context}"])
     return kv, ll, [x / y for x, y in zip(kv, ll)]
 
 
@@ -166,11 +170,16 @@ def main():
                     help="measurements of prefill and batch-1 decoding per process (median taken)")
     ap.add_argument("--pairs", type=int, default=6,
                     help="adjacent batch-1 runs of each engine after the rounds (0: none)")
+    ap.add_argument("--deep", type=int, default=0, metavar="TOKENS",
+                    help="also --pairs adjacent batch-1 runs after this many tokens of context "
+                         "(llama-bench -d TOKENS): decoding where a reasoning model's chain of thought is")
     ap.add_argument("--llamacpp", default=str(pathlib.Path.home() / ".cache" / "llamacpp-anchor"))
     ap.add_argument("--kvbench", default=str(ROOT / "target" / "release" / "kvbench"))
     a = ap.parse_args()
-    if a.rounds < 1 or a.repeats < 1 or a.threads < 1 or a.pairs < 0:
-        ap.error("--rounds, --repeats and --threads must be at least 1, --pairs at least 0")
+    if a.rounds < 0 or a.repeats < 1 or a.threads < 1 or a.pairs < 0 or a.deep < 0:
+        ap.error("--repeats and --threads must be at least 1, --rounds, --pairs and --deep at least 0")
+    if a.rounds == 0 and not (a.pairs and a.deep):
+        ap.error("--rounds 0 measures only the --deep pairs: give --deep TOKENS and --pairs N")
     models = a.model or ["qwen2.5-coder-1.5b", "smollm2-135m"]
     tools = pathlib.Path(a.llamacpp) / "build" / "bin"
     if not (tools / "llama-batched-bench").exists():
@@ -180,6 +189,7 @@ def main():
           "medians (min–max) of tokens/s, ratio kvbench/llama.cpp per round")
     for model in models:
         kv, ll = {}, {}
+        path = gguf_path(model) if a.rounds == 0 else None
         rss = {k: [] for k in ("kvbench, batch 1", "llama-bench", "kvbench, batches 1/8/32",
                                "llama-batched-bench")}
         for r in range(a.rounds):
@@ -196,7 +206,10 @@ def main():
             rss["kvbench, batches 1/8/32"].append(r_kv)
             rss["llama-batched-bench"].append(r_bb)
             print(f"  {model}: round {r + 1} of {a.rounds} done", file=sys.stderr)
-        b1 = batch1_pairs(a.kvbench, tools, model, path, a.threads, a.pairs) if a.pairs else None
+        b1 = (batch1_pairs(a.kvbench, tools, model, path, a.threads, a.pairs)
+              if a.pairs and a.rounds else None)
+        deep = (batch1_pairs(a.kvbench, tools, model, path, a.threads, a.pairs, a.deep)
+                if a.pairs and a.deep else None)
         print(f"\n{model} ({path.name}, {path.stat().st_size / 2**20:.0f} MiB)\n")
         print("| measure | kvbench | llama.cpp | ratio | target |")
         print("|---|---:|---:|---:|---:|")
@@ -214,12 +227,15 @@ def main():
                 ratios = [x / y for x, y in zip(kv[k_kv], ll[k_ll])]
                 print(f"| {label} | {spread(kv[k_kv])} | {spread(ll[k_ll])} | "
                       f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {target} |")
-        if b1:
-            kv1, ll1, ratios = b1
-            print(f"| decode batch 1, 128 tokens after {DECODE_CONTEXT}, {len(ratios)} adjacent pairs "
-                  f"(vs llama-bench tg128 -d {DECODE_CONTEXT}) | {spread(kv1)} | {spread(ll1)} | "
-                  f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | ≥ 1.0 |")
+        for context, got in ((DECODE_CONTEXT, b1), (a.deep, deep)):
+            if got:
+                kv1, ll1, ratios = got
+                print(f"| decode batch 1, 128 tokens after {context}, {len(ratios)} adjacent pairs "
+                      f"(vs llama-bench tg128 -d {context}) | {spread(kv1)} | {spread(ll1)} | "
+                      f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | ≥ 1.0 |")
         print()
+        if not a.rounds:
+            continue
         for name, values in rss.items():
             print(f"peak RSS {name}: {spread(values)} MiB")
         for ours, theirs in (("kvbench, batch 1", "llama-bench"),

@@ -780,3 +780,29 @@ fn perf_says_when_max_batch_capped_the_batch_that_fits() {
     assert!(!out.contains("capped at"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `kvbench models` lists every model in one column (a long random name ran into its description),
+/// and the test model's size in millions, not as 0.00 billion.
+#[test]
+fn the_model_list_keeps_its_columns() {
+    let out = kvbench(&["models"]);
+    ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("  ")).collect();
+    assert!(rows.len() >= 12, "{text}");
+    // Where each row's description starts: after its name and the padding.
+    let starts: Vec<usize> = rows
+        .iter()
+        .map(|r| {
+            let name_end = 2 + r[2..].find(' ').unwrap();
+            name_end + r[name_end..].find(|c: char| c != ' ').unwrap()
+        })
+        .collect();
+    assert!(starts.iter().all(|&s| s == starts[0]), "{text}");
+    let tiny = rows.iter().find(|r| r.contains("random:tiny ")).unwrap();
+    assert!(
+        tiny.contains(" M parameters") && tiny.contains(" MiB in bf16"),
+        "{tiny}"
+    );
+    assert!(!text.contains("0.00 B"), "{text}");
+}

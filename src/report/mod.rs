@@ -12,6 +12,7 @@ pub mod paired;
 pub mod pairs;
 pub mod plot;
 pub mod table;
+mod ticks;
 
 pub use collect::{collect, resume_command, Collection};
 pub use paired::{paired, Interval, Paired};

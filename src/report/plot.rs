@@ -3,7 +3,7 @@
 //! (from trace files). Text is drawn with DejaVu Sans, embedded in the binary (`assets/fonts`, Bitstream
 //! Vera licence), so PNGs render the same on machines without fonts.
 
-use super::{Row, Summary};
+use super::{ticks, Row, Summary};
 use crate::error::{Error, Result};
 use crate::results::trace::TraceLine;
 use plotters::coord::Shift;
@@ -92,12 +92,19 @@ fn color(i: usize, label: &str) -> RGBColor {
     C[i % C.len()]
 }
 
+/// An axis's range around `values`, padded by `pad` of their spread; one value alone (a run at one
+/// budget) sits in the middle of an axis half its size either side (an axis a hundredth of it wide
+/// labelled its ticks 0.0995, 0.0996, ...).
 fn range(values: impl Iterator<Item = f64>, pad: f64) -> (f64, f64) {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
         (a.min(v), b.max(v))
     });
     if !lo.is_finite() {
         return (0.0, 1.0);
+    }
+    if lo == hi {
+        let half = if hi == 0.0 { 0.5 } else { hi.abs() / 2.0 };
+        return (lo - half, hi + half);
     }
     let span = (hi - lo).max(hi.abs() * 0.1).max(1e-9);
     (lo - pad * span, hi + pad * span)
@@ -145,22 +152,19 @@ impl LineChart {
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(&err)?;
         let log_x = self.log_x;
+        // Each tick with the digits that tell it from its neighbours (`ticks`).
+        let n = ticks::LABELS;
         chart
             .configure_mesh()
+            .x_labels(n)
+            .y_labels(n)
             .x_desc(self.x_label.as_str())
             .y_desc(self.y_label.as_str())
-            .x_label_formatter(&|x| {
-                let v = if log_x { 10f64.powf(*x) } else { *x };
-                // Two significant digits on a log axis, three decimals at most on a linear one.
-                let v = if log_x && v != 0.0 {
-                    let p = 10f64.powf(v.abs().log10().floor() - 1.0);
-                    (v / p).round() * p
-                } else {
-                    (v * 1000.0).round() / 1000.0
-                };
-                format!("{v}")
+            .x_label_formatter(&|&x| match log_x {
+                true => ticks::log10(x, x1 - x0, n),
+                false => ticks::linear(x, x1 - x0, n),
             })
-            .y_label_formatter(&|y| format!("{}", (y * 100.0).round() / 100.0))
+            .y_label_formatter(&|&y| ticks::linear(y, y1 - y0, n))
             .label_style(("sans-serif", 15))
             .axis_desc_style(("sans-serif", 17))
             .draw()
@@ -370,10 +374,20 @@ pub fn summary_plots(s: &Summary, dir: &Path) -> Result<Vec<PathBuf>> {
         .copied()
         .filter(|r| r.policy == "full" || in_axis(r))
         .collect();
-    let x_budget = if fractional {
-        "KV budget (fraction of tokens seen)"
-    } else {
-        "KV budget (entries per layer and head)"
+    // A fraction is of the full run's mean output length (the papers' rule, `ratio`, and `held`),
+    // resolved into entries there; under `seen` it is of the tokens seen, and none is resolved.
+    let fractions = on_axis.iter().filter(|r| r.budget.is_some());
+    let resolved = fractions
+        .clone()
+        .filter(|r| r.full_mean_tokens.is_some())
+        .count();
+    let x_budget = match (fractional, resolved) {
+        (false, _) => "KV budget (entries per layer and head)",
+        (true, n) if n == fractions.count() => {
+            "KV budget (ratio of the full run's mean output length)"
+        }
+        (true, 0) => "KV budget (fraction of tokens seen)",
+        (true, _) => "KV budget (ratio; each row's rule in the table)",
     };
     let log_x = !fractional;
     let budget_of = |r: &Row| r.budget.unwrap_or(1.0);
@@ -612,16 +626,20 @@ fn draw_heatmap<DB: DrawingBackend>(
     let err = plot_err(path);
     let max_seen = cols.iter().map(|c| c.seen).max().unwrap_or(1);
     let first = cols.first().map_or(0, |c| c.seen.saturating_sub(1));
+    let (x0, x1, y1) = (first as f64, max_seen as f64 + 1.0, max_seen as f64);
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 18))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
-        .build_cartesian_2d(first as f64..max_seen as f64 + 1.0, 0f64..max_seen as f64)
+        .build_cartesian_2d(x0..x1, 0f64..y1)
         .map_err(&err)?;
+    // Token counts and positions: ticks on whole numbers only.
     chart
         .configure_mesh()
         .disable_mesh()
+        .x_labels(ticks::whole(x1 - x0))
+        .y_labels(ticks::whole(y1))
         .x_desc(
             "tokens seen at each compression event (shade: share of cache heads keeping an entry)",
         )

@@ -204,6 +204,14 @@ pub(super) fn prompt_of(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// A row's policy: its name, and its budget unless it is the full cache (which takes none).
+fn policy_label(spec: &PolicySpec) -> String {
+    match spec.name() {
+        "full" => "full cache".into(),
+        name => format!("{name} budget {}", spec.budget()),
+    }
+}
+
 fn summary(xs: &[f64]) -> String {
     let med = metrics::median(xs).unwrap_or(f64::NAN);
     let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
@@ -375,9 +383,8 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 )
             });
             println!(
-                "| decode, {} budget {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of decode time, KV bytes ratio {:.3}, attention reads {:.0} KiB per step and sequence; reads {:.1} GB/s{}{fits}{device_peak} | {} |",
-                spec.name(),
-                spec.budget(),
+                "| decode, {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of decode time, KV bytes ratio {:.3}, attention reads {:.0} KiB per step and sequence; reads {:.1} GB/s{}{fits}{device_peak} | {} |",
+                policy_label(&spec),
                 args.decode_prompt_tokens,
                 args.decode_tokens,
                 metrics::median(&d.policy_share).unwrap_or(0.0),
@@ -394,7 +401,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             let profile = d.profile.as_ref().map(|(times, profiled)| {
                 let unprofiled = b as f64 / rate.max(1e-12);
                 profiles.push((
-                    format!("{} budget {}, batch {b}", spec.name(), spec.budget()),
+                    format!("{}, batch {b}", policy_label(&spec)),
                     times.clone(),
                     *profiled,
                     unprofiled,

@@ -330,6 +330,10 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
         args.prompt_tokens,
         summary(&rates)
     );
+    let mut spreads = vec![(
+        format!("prefill, {}-token prompt", args.prompt_tokens),
+        metrics::spread(&rates),
+    )];
     let mut exported = vec![export_row(
         serde_json::json!({"phase": "prefill", "prompt_tokens": args.prompt_tokens}),
         &rates,
@@ -398,6 +402,10 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 },
                 summary(&d.rates)
             );
+            spreads.push((
+                format!("{}, batch {b}", policy_label(spec)),
+                metrics::spread(&d.rates),
+            ));
             let profile = d.profile.as_ref().map(|(times, profiled)| {
                 let unprofiled = b as f64 / rate.max(1e-12);
                 profiles.push((
@@ -436,6 +444,9 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                 args.mem_limit.unwrap_or(0.0)
             );
         }
+    }
+    if let Some(note) = spread_note(&spreads, args.repeats) {
+        println!("\n{note}");
     }
     if !profiles.is_empty() {
         print_profiles(&profiles);
@@ -516,6 +527,27 @@ fn profile_json(times: &PhaseTimes, profiled: f64, unprofiled: f64) -> serde_jso
     })
 }
 
+/// Repeats further apart than this (fastest over slowest) get a note under the table.
+const NOISY_SPREAD: f64 = 1.25;
+
+/// A note when some row's repeats are more than [`NOISY_SPREAD`] apart, naming the widest: the
+/// machine's speed changed during the measurement (another process, the clock, a neighbour on a
+/// shared host's memory), and one figure from such a run is not worth its digits. Rows measured
+/// once say nothing.
+fn spread_note(spreads: &[(String, Option<f64>)], repeats: usize) -> Option<String> {
+    let noisy: Vec<(&str, f64)> = spreads
+        .iter()
+        .filter_map(|(label, s)| s.filter(|&s| s > NOISY_SPREAD).map(|s| (label.as_str(), s)))
+        .collect();
+    let (label, worst) = noisy.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1))?;
+    Some(format!(
+        "note: the repeats of {} of {} rows are more than {:.0}% apart (fastest over slowest; the widest {worst:.2}×, {label}): the machine's speed changed while measuring. Compare medians of more repeats (--repeats, now {repeats}), or two builds alternated in one run, rather than figures from separate runs.",
+        noisy.len(),
+        spreads.len(),
+        100.0 * (NOISY_SPREAD - 1.0),
+    ))
+}
+
 /// One exported row: what was measured, tokens/s as median, min, max and every repeat.
 fn export_row(what: serde_json::Value, rates: &[f64]) -> serde_json::Value {
     serde_json::json!({
@@ -523,6 +555,7 @@ fn export_row(what: serde_json::Value, rates: &[f64]) -> serde_json::Value {
         "tokens_per_s_median": metrics::median(rates),
         "tokens_per_s_min": rates.iter().copied().reduce(f64::min),
         "tokens_per_s_max": rates.iter().copied().reduce(f64::max),
+        "spread": metrics::spread(rates),
         "tokens_per_s": rates,
     })
 }
@@ -530,4 +563,25 @@ fn export_row(what: serde_json::Value, rates: &[f64]) -> serde_json::Value {
 /// Whether decoding attends through candle's operations (a GPU), where `--attention` applies.
 fn on_device_path(model: &Model) -> bool {
     !model.transformer.device().is_cpu()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_note_names_the_widest_spread_only_past_the_threshold() {
+        let row = |l: &str, s: Option<f64>| (l.to_string(), s);
+        let quiet = [row("prefill", Some(1.1)), row("full cache, batch 1", None)];
+        assert_eq!(super::spread_note(&quiet, 3), None);
+        let noisy = [
+            row("prefill", Some(1.3)),
+            row("full cache, batch 1", Some(1.8)),
+            row("full cache, batch 8", Some(1.05)),
+        ];
+        let note = super::spread_note(&noisy, 3).unwrap();
+        assert!(
+            note.contains("2 of 3 rows") && note.contains("1.80×, full cache, batch 1"),
+            "{note}"
+        );
+        assert!(note.contains("--repeats, now 3"), "{note}");
+    }
 }

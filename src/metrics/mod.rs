@@ -170,6 +170,14 @@ pub fn median(xs: &[f64]) -> Option<f64> {
     percentile(xs, 50.0)
 }
 
+/// How far apart a measurement's repeats are: the fastest over the slowest (1 when they agree);
+/// `None` with fewer than two, or a repeat that is not a positive number.
+pub fn spread(xs: &[f64]) -> Option<f64> {
+    let lo = xs.iter().copied().reduce(f64::min)?;
+    let hi = xs.iter().copied().reduce(f64::max)?;
+    (xs.len() >= 2 && lo > 0.0 && hi.is_finite()).then(|| hi / lo)
+}
+
 /// Linear-interpolated percentile `p` in [0, 100].
 pub fn percentile(xs: &[f64], p: f64) -> Option<f64> {
     if xs.is_empty() {
@@ -237,6 +245,16 @@ mod tests {
         assert_eq!(super::median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(super::percentile(&[0.0, 10.0], 90.0), Some(9.0));
         assert_eq!(super::median(&[]), None);
+    }
+
+    #[test]
+    fn spread_is_fastest_over_slowest_of_two_or_more_positive_repeats() {
+        assert_eq!(super::spread(&[100.0, 150.0, 120.0]), Some(1.5));
+        assert_eq!(super::spread(&[80.0, 80.0]), Some(1.0));
+        assert_eq!(super::spread(&[80.0]), None);
+        assert_eq!(super::spread(&[]), None);
+        assert_eq!(super::spread(&[0.0, 5.0]), None);
+        assert_eq!(super::spread(&[5.0, f64::INFINITY]), None);
     }
 
     /// A Slurm job's `--mem` (cgroup v2, a limit two levels up from the process's group) and a

@@ -388,7 +388,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             });
             println!(
                 "| decode, {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of decode time, KV bytes ratio {:.3}, attention reads {:.0} KiB per step and sequence; reads {:.1} GB/s{}{fits}{device_peak} | {} |",
-                policy_label(&spec),
+                policy_label(spec),
                 args.decode_prompt_tokens,
                 args.decode_tokens,
                 metrics::median(&d.policy_share).unwrap_or(0.0),
@@ -409,7 +409,7 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
             let profile = d.profile.as_ref().map(|(times, profiled)| {
                 let unprofiled = b as f64 / rate.max(1e-12);
                 profiles.push((
-                    format!("{}, batch {b}", policy_label(&spec)),
+                    format!("{}, batch {b}", policy_label(spec)),
                     times.clone(),
                     *profiled,
                     unprofiled,

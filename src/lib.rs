@@ -14,6 +14,7 @@ pub mod eval;
 pub mod files;
 pub mod flags;
 pub mod generate;
+pub mod host_copy;
 pub mod kernels;
 pub mod loading;
 pub mod metrics;

@@ -191,12 +191,7 @@ impl LayerCache {
         }
         drop(k_store);
         let view = HostKeys {
-            keys: Cow::Owned(
-                self.keys()?
-                    .to_dtype(DType::F32)?
-                    .flatten_all()?
-                    .to_vec1()?,
-            ),
+            keys: Cow::Owned(crate::host_copy::flat_f32(&self.keys()?)?),
             stride: self.len,
             len: self.len,
             head_dim: self.head_dim,
@@ -260,7 +255,7 @@ impl LayerCache {
         if !held.device().is_cpu() {
             return blocks.dequantize_tensor(&held);
         }
-        let bytes = held.flatten_all()?.to_vec1::<u8>()?;
+        let bytes = crate::host_copy::flat::<u8>(&held)?;
         let row = blocks.row_bytes(self.head_dim);
         let mut out = Vec::with_capacity(self.kv_heads * self.len * self.head_dim);
         let mut vals = Vec::with_capacity(self.head_dim);
@@ -327,9 +322,9 @@ impl LayerCache {
             .narrow(0, heads.start, heads.len())?
             .narrow(1, rows.start, rows.len())?;
         let Some(blocks) = self.kv_type.keys.blocks() else {
-            return part.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+            return crate::host_copy::flat_f32(&part);
         };
-        let bytes = part.flatten_all()?.to_vec1::<u8>()?;
+        let bytes = crate::host_copy::flat::<u8>(&part)?;
         let mut vals = Vec::with_capacity(d);
         for r in bytes.chunks_exact(blocks.row_bytes(d)) {
             blocks.dequantize(r, &mut vals);
@@ -375,7 +370,7 @@ impl LayerCache {
             p.extend((first_pos..first_pos + t).map(|x| x as u32));
         }
         if let Some(store) = &mut self.kivi {
-            let host = |x: &Tensor| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+            let host = crate::host_copy::flat_f32;
             let (ks, vs) = (host(k)?, host(v)?);
             let per = t * self.head_dim;
             for h in 0..self.kv_heads {
@@ -428,7 +423,7 @@ impl LayerCache {
             return x.to_dtype(elem.dtype())?.contiguous();
         };
         let (h, t, d) = x.dims3()?;
-        let vals = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let vals = crate::host_copy::flat_f32(x)?;
         let row = blocks.row_bytes(d);
         let mut bytes = vec![0u8; h * t * row];
         for (v, b) in vals.chunks_exact(d).zip(bytes.chunks_exact_mut(row)) {

@@ -38,7 +38,7 @@ impl LayerCache {
             candle_core::bail!("read_scores: the cache holds no scores");
         };
         let held = s.narrow(1, 0, self.len)?.flatten_from(1)?;
-        held.to_dtype(DType::F32)?.to_vec2::<f32>()
+        crate::host_copy::rows::<f32>(&held.to_dtype(DType::F32)?)
     }
 
     /// The scores, taken back by a policy that keeps them itself from now on (`None`: the cache

@@ -32,7 +32,7 @@ pub fn greedy_tokens(logits: &Tensor) -> candle_core::Result<Option<Vec<u32>>> {
     // logits are finite.
     let finite = logits.sub(&logits)?.sum(1)?.eq(0f32)?;
     let chosen = finite.where_cond(&first, &sentinel.broadcast_as(rows)?)?;
-    let chosen = chosen.to_vec1::<u32>()?;
+    let chosen = crate::host_copy::flat::<u32>(&chosen)?;
     Ok((!chosen.contains(&(vocab as u32))).then_some(chosen))
 }
 

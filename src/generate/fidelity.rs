@@ -88,7 +88,7 @@ pub fn teacher_forced(
     let mut full = model.new_state_with(Box::new(Full), crate::cache::KvType::F32)?;
     let mut other = model.new_state_with(policy, kv_type.unwrap_or(model.kv_type()))?;
     let mut sampler = Sampler::new(sampling);
-    let last_row = |t: candle_core::Tensor| -> Result<Vec<f32>> { Ok(t.squeeze(0)?.to_vec1()?) };
+    let last_row = |t: candle_core::Tensor| -> Result<Vec<f32>> { Ok(crate::host_copy::flat(&t)?) };
     let mut p = last_row(model.forward(&mut [SeqInput {
         tokens: prompt,
         state: &mut full,
@@ -106,18 +106,17 @@ pub fn teacher_forced(
         if eos.contains(&token) || kls.len() == max_new {
             break;
         }
-        let logits = model
-            .forward(&mut [
-                SeqInput {
-                    tokens: &[token],
-                    state: &mut full,
-                },
-                SeqInput {
-                    tokens: &[token],
-                    state: &mut other,
-                },
-            ])?
-            .to_vec2::<f32>()?;
+        let logits = model.forward(&mut [
+            SeqInput {
+                tokens: &[token],
+                state: &mut full,
+            },
+            SeqInput {
+                tokens: &[token],
+                state: &mut other,
+            },
+        ])?;
+        let logits = crate::host_copy::rows::<f32>(&logits)?;
         let mut rows = logits.into_iter();
         p = rows.next().unwrap_or_default();
         q = rows.next().unwrap_or_default();

@@ -88,6 +88,11 @@ pub struct Generation {
     /// The most device memory in use after any step, on a GPU (shared with the batch).
     #[serde(default)]
     pub device_memory_peak: Option<u64>,
+    /// Copies to the host from the end of prefill to the batch's last token (`crate::host_copy`,
+    /// counted process-wide: exact when nothing else generates meanwhile, as in `perf`), and the
+    /// decoding steps they span (shared with the batch).
+    #[serde(skip)]
+    pub decode_host_copies: (crate::host_copy::Copies, usize),
 }
 
 /// Per-step callback: `(sequence index, token)`.
@@ -246,6 +251,7 @@ fn generate(
     for s in seqs.iter_mut() {
         s.decode_start = decode_start;
     }
+    let (copies_before, mut steps) = (crate::host_copy::counted(), 0usize);
     loop {
         let active: Vec<usize> = (0..seqs.len())
             .filter(|&i| seqs[i].finish.is_none())
@@ -284,9 +290,10 @@ fn generate(
         };
         let choice = match choice {
             Some(c) => c,
-            None => Choice::Logits(logits.to_vec2::<f32>()?),
+            None => Choice::Logits(crate::host_copy::rows::<f32>(&logits)?),
         };
         let step = step_start.elapsed().as_secs_f32();
+        steps += 1;
         device_memory.sample(model.device());
         let mut drawn = match choice {
             Choice::Tokens(tokens) => tokens.into_iter().map(Ok).collect(),
@@ -314,6 +321,7 @@ fn generate(
             }
         }
     }
+    let decode_host_copies = (crate::host_copy::counted() - copies_before, steps);
     Ok(seqs
         .into_iter()
         .map(|mut s| {
@@ -341,6 +349,7 @@ fn generate(
                 policy_state_bytes_peak: s.side_peak,
                 trace: s.state.trace.take(),
                 device_memory_peak: device_memory.peak_bytes,
+                decode_host_copies,
             }
         })
         .collect())
@@ -490,7 +499,7 @@ fn prefill_pass(
         model.forward(&mut inputs)?
     };
     // The copy to the host waits for the device: the time is the work's, not its queueing.
-    let logits = logits.to_vec2::<f32>()?;
+    let logits = crate::host_copy::rows::<f32>(&logits)?;
     let time = start.elapsed();
     device_memory.sample(model.device());
     let tokens: usize = members.iter().map(|&i| pending[i].prompt.len()).sum();

@@ -661,9 +661,7 @@ impl Transformer {
             .zip(spans)
             .any(|(s, &(_, t))| wanted(s, t))
         {
-            true => Ok(Some(
-                x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-            )),
+            true => Ok(Some(crate::host_copy::flat_f32(x)?)),
             false => candle_core::Result::Ok(None),
         };
         let (q_host, k_host) = (to_host(q, &host_query)?, to_host(k, &host_keys)?);

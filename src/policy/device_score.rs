@@ -125,7 +125,7 @@ pub fn window_scores_batch(
             _ => per_row.sum(1)?,
         });
     }
-    let rows = Tensor::cat(&parts, 0)?.to_vec2::<f32>()?;
+    let rows = crate::host_copy::rows::<f32>(&Tensor::cat(&parts, 0)?)?;
     Ok(Some(rows.chunks(heads).map(<[_]>::to_vec).collect()))
 }
 
@@ -230,7 +230,7 @@ fn redundancy_chunked(keys: &Tensor, threshold: f32, chunk_bytes: usize) -> Resu
         let col = ((sums - zeroed_per_col)? / n as f64)?;
         scores.push(candle_nn::ops::softmax_last_dim(&col)?);
     }
-    Tensor::cat(&scores, 0)?.to_vec2::<f32>()
+    crate::host_copy::rows::<f32>(&Tensor::cat(&scores, 0)?)
 }
 
 #[cfg(test)]

@@ -757,7 +757,5 @@ pub(crate) fn host_probs(
 
 /// A host copy of a `[heads, t, d]` query tensor.
 pub(crate) fn host_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
-    t.to_dtype(candle_core::DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()
+    crate::host_copy::flat_f32(t)
 }

@@ -242,11 +242,7 @@ impl Transformer {
         steps: &[StepInfo],
     ) -> candle_core::Result<(Tensor, Tensor, Option<Tensor>)> {
         let (b, hkv, d) = (batch.len(), self.config.num_kv_heads, self.config.head_dim);
-        let to_host = |x: &Tensor| {
-            x.to_dtype(candle_core::DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()
-        };
+        let to_host = crate::host_copy::flat_f32;
         let (q_host, k_host) = (to_host(q)?, to_host(k)?);
         // Sequence `i`'s rows of a `[heads, batch, d]` layer on the host, `[heads·d]`.
         let own = |all: &[f32], i: usize| -> Vec<f32> {

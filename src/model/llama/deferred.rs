@@ -18,7 +18,7 @@
 use super::{Handed, SeqInput, Transformer};
 use crate::cache::pool;
 use crate::policy::StepInfo;
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 /// One layer's policy calls left for the end of the step.
@@ -92,7 +92,10 @@ impl Transformer {
             .collect();
         let (evicted, rows) = match evictions.first() {
             None => (Vec::new(), 0),
-            Some(first) => (Tensor::cat(&evictions, 0)?.to_vec1::<u32>()?, first.dim(0)?),
+            Some(first) => (
+                crate::host_copy::flat::<u32>(&Tensor::cat(&evictions, 0)?)?,
+                first.dim(0)?,
+            ),
         };
         let copy_share = started.elapsed() / evictions.len().max(1) as u32;
         let mut accumulated = evicted.chunks(rows.max(1));
@@ -110,7 +113,7 @@ impl Transformer {
                 DeferredProbs::Each(each) => each
                     .into_iter()
                     .map(|e| match e {
-                        Some((q, p)) => Ok(Some((q, Item::Probs(p.to_device(&Device::Cpu)?)))),
+                        Some((q, p)) => Ok(Some((q, Item::Probs(crate::host_copy::to_cpu(&p)?)))),
                         None => Ok(None),
                     })
                     .collect::<candle_core::Result<_>>()?,
@@ -120,7 +123,7 @@ impl Transformer {
                     lens,
                     readers,
                 } => {
-                    let host = probs.to_device(&Device::Cpu)?;
+                    let host = crate::host_copy::to_cpu(&probs)?;
                     // The group, or 1 when it was summed on the device (`probs_for_policy`).
                     let g = host.dim(1)?;
                     let mut out = Vec::with_capacity(readers.len());

@@ -101,6 +101,9 @@ struct Decode {
     device_peak: Option<u64>,
     /// `--profile`: the phases' times over the extra run's steps, and that run's time per step.
     profile: Option<(PhaseTimes, f64)>,
+    /// Copies to the host and bytes copied per decoding step, of the batch (the last measured
+    /// repeat's; `kvbench::host_copy`).
+    host_copies_per_step: (f64, f64),
 }
 
 fn measure_decode(
@@ -119,6 +122,7 @@ fn measure_decode(
         read_per_step_per_seq: 0.0,
         device_peak: None,
         profile: None,
+        host_copies_per_step: (0.0, 0.0),
     };
     let runs = args.warmup + args.repeats + usize::from(args.profile);
     for i in 0..runs {
@@ -180,6 +184,11 @@ fn measure_decode(
                 .filter_map(|g| g.device_memory_peak)
                 .chain(d.device_peak)
                 .max();
+            if let Some(g) = gens.first() {
+                let (c, steps) = g.decode_host_copies;
+                let steps = steps.max(1) as f64;
+                d.host_copies_per_step = (c.copies as f64 / steps, c.bytes as f64 / steps);
+            }
             d.read_per_step_per_seq = gens
                 .iter()
                 .map(|g| g.decode_bytes_read as f64 / (g.tokens.len().max(2) - 1) as f64)
@@ -386,8 +395,17 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                     b as f64 / (1u64 << 30) as f64
                 )
             });
+            // Off the CPU each copy to the host is a transfer and a wait for the device.
+            let (copies, copied) = d.host_copies_per_step;
+            let host_copies = match on_device_path(&model) {
+                true => format!(
+                    "; {copies:.1} copies to the host per step ({:.1} KiB)",
+                    copied / 1024.0
+                ),
+                false => String::new(),
+            };
             println!(
-                "| decode, {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of decode time, KV bytes ratio {:.3}, attention reads {:.0} KiB per step and sequence; reads {:.1} GB/s{}{fits}{device_peak} | {} |",
+                "| decode, {}, batch {b} ({}-token prompts, {} new tokens each), aggregate; policy {:.1}% of decode time, KV bytes ratio {:.3}, attention reads {:.0} KiB per step and sequence; reads {:.1} GB/s{}{fits}{device_peak}{host_copies} | {} |",
                 policy_label(spec),
                 args.decode_prompt_tokens,
                 args.decode_tokens,
@@ -431,6 +449,8 @@ pub fn run(args: PerfArgs) -> anyhow::Result<ExitCode> {
                     "fits_mem_limit": fit.is_some_and(|(f, _, _)| f == b),
                     "batch_that_fits": fit.filter(|&(f, _, _)| f == b).map(|(_, _, all)| all),
                     "device_memory_peak_bytes": d.device_peak,
+                    "host_copies_per_step": on_device_path(&model).then_some(copies),
+                    "host_bytes_per_step": on_device_path(&model).then_some(copied),
                     "profile": profile,
                 }),
                 &d.rates,

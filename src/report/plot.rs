@@ -149,7 +149,7 @@ impl LineChart {
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(72)
-            .build_cartesian_2d(x0..x1, y0..y1)
+            .build_cartesian_2d(ticks::XAxis::new(x0..x1, self.log_x), y0..y1)
             .map_err(&err)?;
         let log_x = self.log_x;
         // Each tick with the digits that tell it from its neighbours (`ticks`).
@@ -161,7 +161,7 @@ impl LineChart {
             .x_desc(self.x_label.as_str())
             .y_desc(self.y_label.as_str())
             .x_label_formatter(&|&x| match log_x {
-                true => ticks::log10(x, x1 - x0, n),
+                true => ticks::power_of_two(x, x1 - x0, n),
                 false => ticks::linear(x, x1 - x0, n),
             })
             .y_label_formatter(&|&y| ticks::linear(y, y1 - y0, n))

@@ -4,6 +4,9 @@
 //! such a step. A fixed precision printed "0.1" eleven times under a one-budget run's point (an axis
 //! a thousandth wide around it) and a heat map's event counts as "58 58 58 59 59".
 
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
+use plotters::coord::types::RangedCoordf64;
+
 /// Ticks labelled on a chart's axes, at most (plotters' own default).
 pub const LABELS: usize = 11;
 
@@ -57,6 +60,65 @@ pub fn log10(x: f64, span: f64, labels: usize) -> String {
     format!("{}", round_decimals(v, digits - 1 - magnitude))
 }
 
+/// A chart's x axis: plotters' own linear axis, or over log10 values (KV budgets in entries) one
+/// whose ticks fall on powers of two, every `m`-th where there are more than asked, as budgets are
+/// 64, 128, 256... (ticks a nice step apart in log10 read "63" under a point at 64); within one
+/// doubling, the linear axis's ticks.
+pub struct XAxis {
+    linear: RangedCoordf64,
+    log2_ticks: bool,
+}
+
+impl XAxis {
+    pub fn new(range: std::ops::Range<f64>, log2_ticks: bool) -> Self {
+        Self {
+            linear: range.into(),
+            log2_ticks,
+        }
+    }
+}
+
+impl Ranged for XAxis {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        self.linear.map(value, limit)
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        let most = hint.max_num_points();
+        let r = self.linear.range();
+        let step = 2f64.log10();
+        let (first, last) = (
+            (r.start / step).ceil() as i64,
+            (r.end / step).floor() as i64,
+        );
+        if !self.log2_ticks || last < first || most == 0 {
+            return self.linear.key_points(most);
+        }
+        let every = ((last - first + 1) as usize).div_ceil(most) as i64;
+        (first..=last)
+            .filter(|k| k.rem_euclid(every) == 0)
+            .map(|k| k as f64 * step)
+            .collect()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.linear.range()
+    }
+}
+
+/// The label of a tick on an [`XAxis`] of log10 values: a power of two as its value (64, 0.5), any
+/// other tick as [`log10`] prints it.
+pub fn power_of_two(x: f64, span: f64, labels: usize) -> String {
+    let k = x / 2f64.log10();
+    if (k - k.round()).abs() < 1e-9 && k.abs() < 64.0 {
+        return format!("{}", 2f64.powi(k.round() as i32));
+    }
+    log10(x, span, labels)
+}
+
 /// Ticks to label on an axis of whole numbers `span` wide (a heat map's token counts): one a step at
 /// most, so that no tick falls between two whole numbers; [`LABELS`] at most, one at least.
 pub fn whole(span: f64) -> usize {
@@ -66,8 +128,6 @@ pub fn whole(span: f64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plotters::coord::ranged1d::Ranged;
-    use plotters::coord::types::RangedCoordf64;
     use rand::{Rng, SeedableRng};
 
     /// The ticks plotters draws over `lo..hi` when asked for at most `n` labels.
@@ -118,6 +178,48 @@ mod tests {
             let t = ticks(lo, hi, n);
             let labels: Vec<String> = t.iter().map(|&x| log10(x, hi - lo, n)).collect();
             assert!(distinct(&labels), "log {lo}..{hi}, {n}: {t:?} → {labels:?}");
+        }
+    }
+
+    #[test]
+    fn a_budget_axis_in_entries_ticks_powers_of_two() {
+        let axis = |lo: f64, hi: f64| XAxis::new(lo.log10()..hi.log10(), true);
+        let labels = |a: &XAxis| -> Vec<String> {
+            let r = a.range();
+            a.key_points(LABELS)
+                .iter()
+                .map(|&x| power_of_two(x, r.end - r.start, LABELS))
+                .collect()
+        };
+        assert_eq!(labels(&axis(48.0, 300.0)), ["64", "128", "256"]);
+        // One budget of 64, half its log either side (`range`): 8 to 512.
+        assert_eq!(
+            labels(&axis(8.0, 512.0)),
+            ["8", "16", "32", "64", "128", "256", "512"]
+        );
+        // More doublings than labels: every second, third...
+        let wide = labels(&axis(1.0, 1e6));
+        assert!(wide.len() <= LABELS && wide.len() >= 5, "{wide:?}");
+        assert!(wide.contains(&"1024".to_string()) || wide.contains(&"4096".to_string()));
+        // Within one doubling: plotters' ticks, still distinct.
+        let narrow = labels(&axis(70.0, 90.0));
+        assert!(narrow.len() >= 2 && distinct(&narrow), "{narrow:?}");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..20_000 {
+            let lo = 10f64.powf(rng.random_range(-1.0..5.0));
+            let hi = lo * 10f64.powf(rng.random_range(1e-4..4.0));
+            let n = rng.random_range(2..=12usize);
+            let a = axis(lo, hi);
+            let l: Vec<String> = a
+                .key_points(n)
+                .iter()
+                .map(|&x| power_of_two(x, hi.log10() - lo.log10(), n))
+                .collect();
+            assert!(
+                !l.is_empty() && l.len() <= n.max(1) + 1,
+                "{lo}..{hi}, {n}: {l:?}"
+            );
+            assert!(distinct(&l), "{lo}..{hi}, {n}: {l:?}");
         }
     }
 

@@ -2,7 +2,8 @@
 //! span, a step of 1, 2 or 5 times a power of ten apart, and that step is more than `span / (n + 1)`
 //! (the ends are rounded inwards to the step); a label prints its tick with just enough digits for
 //! such a step. A fixed precision printed "0.1" eleven times under a one-budget run's point (an axis
-//! a thousandth wide around it) and a heat map's event counts as "58 58 58 59 59".
+//! a thousandth wide around it) and a heat map's event counts as "58 58 58 59 59". A budget axis in
+//! entries ticks powers of two ([`XAxis`]).
 
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::coord::types::RangedCoordf64;

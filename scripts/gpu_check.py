@@ -369,7 +369,7 @@ def speed_compressed(c):
     runs = [("compressed", "full,rkv,snapkv,h2o,lazy", None, ""),
             ("h2o_host_scores", "h2o", {"KVBENCH_HOST_SCORES": "1"}, "_host_scores"),
             ("each", "rkv,h2o", {"KVBENCH_COMPRESS_EACH": "1"}, "_each")]
-    rate = {}
+    rate, copied = {}, {}
     for name, policies, env, suffix in runs:
         path = c.out / f"perf_{name}.json"
         c.kv("perf", "--model", s["model"], "--device", c.args.device, "--prompt-tokens", s["prompt"],
@@ -383,7 +383,9 @@ def speed_compressed(c):
             if r["measurement"].get("phase") == "decode":
                 policy = r["measurement"]["policy"].split()[0]
                 rate[policy + suffix] = r["tokens_per_s_median"]
+                copied[policy + suffix] = host_copies(r)
     res["rate"] = rate
+    res["host_copies_per_step"] = copied
     if rate.get("full"):
         res["rate_over_full"] = {p: x / rate["full"] for p, x in rate.items() if p != "full"}
     return res
@@ -397,7 +399,7 @@ def speed_sparse(c):
     budget = 16 if c.args.quick else 256
     batches = f"1,{s['batches'][-1]}"
     res = {"shapes": s, "budget": budget}
-    rate = {}
+    rate, copied = {}, {}
     for name, policies, attention in [("sparse", "full,rocket", "batched"),
                                       ("sparse_per_sequence", "rocket", "per-sequence")]:
         path = c.out / f"perf_{name}.json"
@@ -410,9 +412,20 @@ def speed_sparse(c):
         for r in res[name]["rows"]:
             m = r["measurement"]
             if m.get("phase") == "decode":
-                rate[f"{m['policy'].split()[0]}_{attention}_b{m['batch']}"] = r["tokens_per_s_median"]
+                key = f"{m['policy'].split()[0]}_{attention}_b{m['batch']}"
+                rate[key] = r["tokens_per_s_median"]
+                copied[key] = host_copies(r)
     res["rate"] = rate
+    res["host_copies_per_step"] = copied
     return res
+
+
+def host_copies(row):
+    """A perf decode row's copies to the host per step and their KiB, for the whole batch (kvbench's
+    `host_copy` count; null on the CPU's own loop)."""
+    m = row["measurement"]
+    n, b = m.get("host_copies_per_step"), m.get("host_bytes_per_step")
+    return None if n is None else {"copies": round(n, 2), "kib": round(b / 1024, 2)}
 
 
 def prefill_batch(c):

@@ -4,8 +4,9 @@
 //! `perf` can show the copies and bytes of a decoding step on a device, and a test can hold a step
 //! to what it must copy (the tokens it chose). Counted where data is read into host memory, on
 //! every device (on the CPU, running the path a GPU takes, a "copy" is a tensor read into a `Vec`),
-//! in totals for the whole process. A tensor moved to the CPU and then read in parts counts its
-//! parts as copies: the bytes are exact, the count of transfers may be higher than a GPU's.
+//! in totals for the whole process. A tensor moved to the CPU as a tensor (`to_device`) is counted
+//! where it is read, once; read in parts, it counts its parts as copies: the bytes are exact, the
+//! count of transfers may be higher than a GPU's.
 
 use candle_core::{Tensor, WithDType};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,12 +56,6 @@ pub fn flat<T: WithDType>(t: &Tensor) -> candle_core::Result<Vec<T>> {
 /// `t` (any shape) as a flat vector of f32, converted where it is before the copy.
 pub fn flat_f32(t: &Tensor) -> candle_core::Result<Vec<f32>> {
     flat(&t.to_dtype(candle_core::DType::F32)?)
-}
-
-/// `t` moved to the CPU as a tensor, not counted: its data is counted where it is read into host
-/// memory ([`flat`], [`rows`]), so that data moved first and read after is counted once.
-pub fn to_cpu(t: &Tensor) -> candle_core::Result<Tensor> {
-    t.to_device(&candle_core::Device::Cpu)
 }
 
 /// A matrix `t` as rows of `T`.

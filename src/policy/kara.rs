@@ -14,9 +14,7 @@
 
 use super::params::Params;
 use super::score::{softmax, top_k, GroupLogits};
-use super::{
-    host_vec, layer_slot, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo,
-};
+use super::{layer_slot, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
 use crate::cache::LayerCache;
 use crate::error::Result;
 use std::sync::Arc;
@@ -199,7 +197,7 @@ impl Policy for Kara {
         if w_q != ws {
             candle_core::bail!("kara: query window holds {w_q} queries, expected {ws}");
         }
-        let q = host_vec(queries)?;
+        let q = crate::host_copy::flat_f32(queries)?;
         let heads = cache.kv_heads();
         let g = hq / heads;
         let scale = 1.0 / (d as f32).sqrt();

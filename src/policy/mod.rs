@@ -752,10 +752,5 @@ pub(crate) fn host_probs(
     let Some(probs) = view.probs else {
         candle_core::bail!("{policy}: the engine gave no attention probabilities");
     };
-    Ok((probs.dims4()?, host_vec(probs)?))
-}
-
-/// A host copy of a `[heads, t, d]` query tensor.
-pub(crate) fn host_vec(t: &Tensor) -> candle_core::Result<Vec<f32>> {
-    crate::host_copy::flat_f32(t)
+    Ok((probs.dims4()?, crate::host_copy::flat_f32(probs)?))
 }

@@ -13,7 +13,7 @@
 
 use super::params::{GqaAgg, Params, Pool, QueryReduce, RocketSplit, SoftmaxDomain};
 use super::score::{pool, top_k, window_scores, GroupLogits};
-use super::{host_vec, AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
+use super::{AttentionView, Budget, BuildContext, Capabilities, Policy, StepInfo};
 use crate::cache::LayerCache;
 use crate::error::Result;
 
@@ -66,7 +66,7 @@ fn stage1_scores(
         }
     }
     let (hq, w, d) = window.dims3()?;
-    let q = host_vec(window)?;
+    let q = crate::host_copy::flat_f32(window)?;
     let heads = cache.kv_heads();
     let g = hq / heads;
     let scale = 1.0 / (d as f32).sqrt();

@@ -12,9 +12,7 @@
 
 use super::params::{GqaAgg, KeptOrder, Params, Pool, QueryReduce, SoftmaxDomain, WindowMode};
 use super::score::{pool, redundancy, top_k, window_scores, GroupLogits};
-use super::{
-    host_vec, AttentionView, Budget, BuildContext, Capabilities, Policy, ScoreRequest, StepInfo,
-};
+use super::{AttentionView, Budget, BuildContext, Capabilities, Policy, ScoreRequest, StepInfo};
 use crate::cache::LayerCache;
 use crate::error::Result;
 use rayon::prelude::*;
@@ -358,7 +356,7 @@ impl WindowPolicy {
         let c = &self.config;
         let s = self.shape(queries, cache)?;
         let (g, w_q, d) = (s.g, s.w_q, s.d);
-        let q = host_vec(queries)?;
+        let q = crate::host_copy::flat_f32(queries)?;
         let scale = 1.0 / (d as f32).sqrt();
         let agg = self.aggregation(g);
         cache.with_host_keys(|kv| {

@@ -18,7 +18,7 @@
 use super::{Handed, SeqInput, Transformer};
 use crate::cache::pool;
 use crate::policy::StepInfo;
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 /// One layer's policy calls left for the end of the step.
@@ -113,7 +113,7 @@ impl Transformer {
                 DeferredProbs::Each(each) => each
                     .into_iter()
                     .map(|e| match e {
-                        Some((q, p)) => Ok(Some((q, Item::Probs(crate::host_copy::to_cpu(&p)?)))),
+                        Some((q, p)) => Ok(Some((q, Item::Probs(p.to_device(&Device::Cpu)?)))),
                         None => Ok(None),
                     })
                     .collect::<candle_core::Result<_>>()?,
@@ -123,7 +123,8 @@ impl Transformer {
                     lens,
                     readers,
                 } => {
-                    let host = crate::host_copy::to_cpu(&probs)?;
+                    // Counted as a copy where the policies read it (`host_copy`), not here.
+                    let host = probs.to_device(&Device::Cpu)?;
                     // The group, or 1 when it was summed on the device (`probs_for_policy`).
                     let g = host.dim(1)?;
                     let mut out = Vec::with_capacity(readers.len());

@@ -95,7 +95,7 @@ fn a_limited_read_stops_parsing_at_the_limit_and_hashes_the_whole_file() {
     let e = read(&path, &Fields::default(), &Want::All)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("line 1001"), "{e}");
+    assert!(e.contains(".jsonl:1001: "), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -168,14 +168,14 @@ fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
         }
         if line.len() > MAX_LINE && !line.ends_with(b"\n") {
             return Err(Error::Input(format!(
-                "{}: line {n} is longer than {} MiB, more than any problem",
-                path.display(),
+                "{}: the line is longer than {} MiB, more than any problem",
+                place(path, "line", n),
                 MAX_LINE >> 20
             )));
         }
         hasher.update(&line);
         let text = std::str::from_utf8(&line)
-            .map_err(|_| Error::Input(format!("{}:{n}: not UTF-8 text", path.display())))?;
+            .map_err(|_| Error::Input(format!("{}: not UTF-8 text", place(path, "line", n))))?;
         let text = match n {
             1 => crate::files::without_bom(text),
             _ => text,
@@ -189,8 +189,8 @@ fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
         }
         let row: serde_json::Value = serde_json::from_str(text).map_err(|e| {
             Error::Input(format!(
-                "{}: line {n}: not a JSON object: {e}",
-                path.display()
+                "{}: not a JSON object: {e}",
+                place(path, "line", n)
             ))
         })?;
         let p = problem_of(&row, fields, path, "line", n)?;
@@ -265,6 +265,15 @@ fn parquet_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
     })
 }
 
+/// Where line (or Parquet row) `n` of `path` is, as errors name it: `FILE:N` for a line (as every
+/// line-based file kvbench reads is named), `FILE: row N` for a row.
+fn place(path: &Path, unit: &str, n: usize) -> String {
+    match unit {
+        "line" => format!("{}:{n}", path.display()),
+        _ => format!("{}: {unit} {n}", path.display()),
+    }
+}
+
 /// Row (or line) `n` of `path` as a problem.
 fn problem_of(
     row: &serde_json::Value,
@@ -273,7 +282,7 @@ fn problem_of(
     unit: &str,
     n: usize,
 ) -> Result<Problem> {
-    let at = || format!("{}: {unit} {n}", path.display());
+    let at = || place(path, unit, n);
     if !row.is_object() {
         return Err(Error::Input(format!("{}: not a JSON object", at())));
     }
@@ -351,15 +360,12 @@ mod tests {
         .unwrap();
         let err = load(&bad, &Fields::default()).unwrap_err().to_string();
         assert!(
-            err.contains("bad.jsonl: line 3") && err.contains("answer"),
+            err.contains("bad.jsonl:3:") && err.contains("answer"),
             "{err}"
         );
         std::fs::write(&bad, "{\"problem\": \"y\", \"answer\": 2.5}\n[1]\n").unwrap();
         let err = load(&bad, &Fields::default()).unwrap_err().to_string();
-        assert!(
-            err.contains("bad.jsonl: line 2: not a JSON object"),
-            "{err}"
-        );
+        assert!(err.contains("bad.jsonl:2: not a JSON object"), "{err}");
         // A repeated id among the rows read names both lines (a read that stops early, at `--limit`
         // or the ids asked for, does not look further).
         std::fs::write(
@@ -390,7 +396,7 @@ mod tests {
         };
         let err = load(&bad, &named).unwrap_err().to_string();
         assert!(
-            err.contains("bad.jsonl: line 1: no 'uid' field") && err.contains("--id-field"),
+            err.contains("bad.jsonl:1: no 'uid' field") && err.contains("--id-field"),
             "{err}"
         );
         std::fs::write(&bad, "{\"uid\": 7, \"problem\": \"y\", \"answer\": 2}\n").unwrap();

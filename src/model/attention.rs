@@ -10,6 +10,8 @@ use crate::cache::quant::Blocks;
 use crate::cache::LayerCache;
 use crate::kernels::dispatch::Path;
 use crate::policy::score::dot_body;
+#[cfg(target_arch = "x86_64")]
+use crate::policy::score::dots_avx;
 use candle_core::{DType, Result, Storage, Tensor};
 
 /// Output of [`attend_one`]: the attention output `[heads·d]` and, when asked, the probabilities
@@ -339,7 +341,7 @@ fn attend_heads<R: CacheRows>(
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
                 Path::Avx2 => unsafe { attend_head_avx2(rows, q, s, head, scratch, p_h, o_h) },
-                _ => attend_head(rows, q, s, head, scratch, p_h, o_h),
+                _ => attend_head::<R, false>(rows, q, s, head, scratch, p_h, o_h),
             }
             r += rows_here;
         }
@@ -391,7 +393,8 @@ macro_rules! attend_head_for {
             p_h: &mut [f32],
             o_h: &mut [f32],
         ) {
-            attend_head(rows, q, s, head, scratch, p_h, o_h)
+            // These instances run only where the CPU has the features (AVX among them).
+            attend_head::<R, true>(rows, q, s, head, scratch, p_h, o_h)
         }
     };
 }
@@ -402,8 +405,11 @@ attend_head_for!(attend_head_avx512, "avx512f,avx512bw,avx2,fma,f16c");
 /// entries (or over `head.sub` only, whose probabilities are then a softmax over them, zero
 /// elsewhere), reading each key and value once. `p_h` (`[rows][n]`) receives the probabilities, `o_h`
 /// (`[rows][d]`) the output.
+///
+/// `AVX`: the CPU supports AVX (only the instances compiled for AVX2 and AVX-512 say so), and the
+/// scores may take [`dots_avx`].
 #[inline(always)]
-fn attend_head<R: CacheRows>(
+fn attend_head<R: CacheRows, const AVX: bool>(
     rows: &R,
     q: &[f32],
     s: &Shape,
@@ -428,7 +434,7 @@ fn attend_head<R: CacheRows>(
     match head.sub {
         None => {
             // 1. Scores of every query head of the group, reading each key once.
-            scores_into(rows, h, n, |k| k, queries, scale, &mut scratch.row, p_h);
+            scores_into::<R, AVX>(rows, h, n, |k| k, queries, scale, &mut scratch.row, p_h);
             // 2. Softmax per query head. Sums are accumulated in f64 so that the result does not
             //    depend on the order of the entries (policies store kept entries in score order).
             for p in p_h.chunks_exact_mut(n) {
@@ -449,7 +455,7 @@ fn attend_head<R: CacheRows>(
             // (f32 sums, as `policy::score::softmax`), placed at their entries; their weighted values.
             let m = idx.len();
             let mut scores = vec![0f32; group * m];
-            scores_into(
+            scores_into::<R, AVX>(
                 rows,
                 h,
                 m,
@@ -477,10 +483,12 @@ fn attend_head<R: CacheRows>(
 }
 
 /// `out[r][k] = q_r · key(entry(k)) · scale` for the `count` entries, every query row `r` of `queries`
-/// (`[rows][d]`), reading each key once (`out`: `[rows][count]`).
+/// (`[rows][d]`), reading each key once (`out`: `[rows][count]`). With `AVX` (the CPU supports it)
+/// the rows are scored eight at a time by [`dots_avx`], each chunk of the key loaded once for them;
+/// without, one after the other by [`dot_body`]: the same operations, so the same bits.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn scores_into<R: CacheRows>(
+fn scores_into<R: CacheRows, const AVX: bool>(
     rows: &R,
     h: usize,
     count: usize,
@@ -496,9 +504,53 @@ fn scores_into<R: CacheRows>(
             rows.prefetch(h, entry(k + AHEAD), true);
         }
         let key = rows.key(h, entry(k), row);
+        #[cfg(target_arch = "x86_64")]
+        if AVX {
+            // SAFETY: `AVX` says the CPU supports it.
+            unsafe { key_scores_avx(queries, key, scale, |r, s| out[r * count + k] = s) };
+            continue;
+        }
         for (r, qr) in queries.chunks_exact(d).enumerate() {
             out[r * count + k] = dot_body(qr, key) * scale;
         }
+    }
+}
+
+/// `emit(r, q_r · key · scale)` for every query row `r` of `queries` (`[rows][key.len()]`), eight
+/// rows at a time by [`dots_avx`]: [`dot_body`]'s bits, each chunk of the key loaded once per group.
+///
+/// # Safety
+/// The CPU must support AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn key_scores_avx(
+    queries: &[f32],
+    key: &[f32],
+    scale: f32,
+    mut emit: impl FnMut(usize, f32),
+) {
+    let d = key.len();
+    let rows = queries.len() / d;
+    let mut r = 0;
+    while r < rows {
+        let g = (rows - r).min(8);
+        let qs = &queries[r * d..(r + g) * d];
+        macro_rules! group_of {
+            ($($n:literal)*) => {
+                match g {
+                    $($n => {
+                        // SAFETY: the caller's promise.
+                        let got = unsafe { dots_avx::<$n>(qs, key) };
+                        for (i, s) in got.into_iter().enumerate() {
+                            emit(r + i, s * scale);
+                        }
+                    })*
+                    _ => unreachable!("groups of one to eight rows"),
+                }
+            };
+        }
+        group_of!(1 2 3 4 5 6 7 8);
+        r += g;
     }
 }
 
@@ -739,6 +791,36 @@ mod tests {
                         "{kv}, subset {}: {path:?} differs from the portable loop",
                         sub.is_some()
                     );
+                }
+            }
+        }
+    }
+
+    /// The same across GQA group sizes from one query head per cache head to more than eight (the
+    /// AVX paths score a key's query heads eight at a time) and head sizes with and without a tail
+    /// past the last eight values.
+    #[test]
+    fn every_path_gives_the_same_bits_for_every_group_size() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (d, kv) in [(20, "f32"), (128, "f16"), (36, "bf16")] {
+            let kv: KvType = kv.parse().unwrap();
+            let (hkv, n) = (2, 70);
+            let layer = cache(kv, hkv, d, n);
+            for group in 1..=11 {
+                let (q, subset) = queries_and_subset(hkv, group, d, n, group as u64);
+                for sub in [None, Some(&subset[..])] {
+                    let run = |path| {
+                        let a = attend_one_on(path, &layer, &q, group, 0.3, true, sub).unwrap();
+                        (bits(&a.out), bits(&a.probs.unwrap()))
+                    };
+                    let portable = run(Path::Portable);
+                    for path in [Path::Avx2, Path::Avx512] {
+                        assert!(
+                            run(path) == portable,
+                            "{kv}, d {d}, group {group}, subset {}: {path:?} differs",
+                            sub.is_some()
+                        );
+                    }
                 }
             }
         }

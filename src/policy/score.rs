@@ -74,6 +74,47 @@ pub(crate) fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// The dot products of `G` query rows (`queries`: `G` rows of `key.len()` values, one after the
+/// other) with one key, each by [`dot_body`]'s operations in its order (eight lane sums over the
+/// key's whole chunks of eight in turn, then added lane by lane, then the products past them): the
+/// same bits. The chunks are the outer loop, each loaded into a register once for all `G` rows:
+/// decoding attention scores a GQA group's query heads against each key, and loading the key again
+/// for every row made loads, not arithmetic, the bound (`benches/attention.rs`).
+///
+/// # Safety
+/// The CPU must support AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) unsafe fn dots_avx<const G: usize>(queries: &[f32], key: &[f32]) -> [f32; G] {
+    use std::arch::x86_64::{_mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps};
+    use std::arch::x86_64::{_mm256_setzero_ps, _mm256_storeu_ps};
+    let d = key.len();
+    let whole = d - d % 8;
+    assert!(queries.len() >= G * d, "{G} query rows of {d}");
+    let mut acc = [_mm256_setzero_ps(); G];
+    for c in (0..whole).step_by(8) {
+        // SAFETY: c + 8 <= d, and g·d + c + 8 <= G·d <= queries.len() (asserted above).
+        let kc = unsafe { _mm256_loadu_ps(key.as_ptr().add(c)) };
+        for (g, a) in acc.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let qc = unsafe { _mm256_loadu_ps(queries.as_ptr().add(g * d + c)) };
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, kc));
+        }
+    }
+    std::array::from_fn(|g| {
+        let mut lanes = [0f32; 8];
+        // SAFETY: eight lanes into eight f32.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[g]) };
+        let tail: f32 = queries[g * d + whole..(g + 1) * d]
+            .iter()
+            .zip(&key[whole..])
+            .map(|(x, y)| x * y)
+            .sum();
+        lanes.iter().sum::<f32>() + tail
+    })
+}
+
 /// Softmax of `x` in place (an empty slice stays empty).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -241,6 +282,58 @@ mod tests {
         assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
         for (x, y) in a.iter().zip(b) {
             assert!((x - y).abs() <= tol, "{a:?} vs {b:?}");
+        }
+    }
+
+    /// Scoring up to eight query rows against a key at once gives each row [`dot_body`]'s bits, over
+    /// lengths with and without a tail past the last eight values and values with signed zeros,
+    /// infinities, NaN, subnormals and sums that overflow.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn grouped_dots_are_dot_body_bit_for_bit() {
+        use rand::{Rng, SeedableRng};
+        if !crate::kernels::dispatch::has_avx2() {
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let special = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            -3e38,
+            3e38,
+        ];
+        let value = |rng: &mut rand_chacha::ChaCha8Rng| match rng.random_range(0..10) {
+            0 => special[rng.random_range(0..special.len())],
+            _ => rng.random_range(-4.0f32..4.0),
+        };
+        fn check<const G: usize>(q: &[f32], k: &[f32]) {
+            // SAFETY: the CPU has AVX2 (checked above).
+            let got = unsafe { dots_avx::<G>(q, k) };
+            for (g, x) in got.iter().enumerate() {
+                let want = dot_body(&q[g * k.len()..(g + 1) * k.len()], k);
+                assert!(
+                    x.to_bits() == want.to_bits() || (x.is_nan() && want.is_nan()),
+                    "G {G}, row {g}, d {}: {x} against {want}",
+                    k.len()
+                );
+            }
+        }
+        for round in 0..300 {
+            let d = [1, 7, 8, 9, 20, 64, 67, 128][round % 8];
+            let q: Vec<f32> = (0..8 * d).map(|_| value(&mut rng)).collect();
+            let k: Vec<f32> = (0..d).map(|_| value(&mut rng)).collect();
+            check::<1>(&q, &k);
+            check::<2>(&q, &k);
+            check::<3>(&q, &k);
+            check::<4>(&q, &k);
+            check::<5>(&q, &k);
+            check::<6>(&q, &k);
+            check::<7>(&q, &k);
+            check::<8>(&q, &k);
         }
     }
 

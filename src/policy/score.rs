@@ -60,17 +60,21 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 pub(crate) fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
+    let (ta, tb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
             acc[i] += x[i] * y[i];
         }
     }
+    lanes_and_tail(&acc, ta, tb)
+}
+
+/// The end of a dot product: its eight lane sums added in order, plus the products of the values
+/// past the last whole chunk of eight (`ta`, `tb`). One function for [`dot_body`] and [`dots_avx`],
+/// so that both add in the same order.
+#[inline(always)]
+fn lanes_and_tail(acc: &[f32; 8], ta: &[f32], tb: &[f32]) -> f32 {
+    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| x * y).sum();
     acc.iter().sum::<f32>() + tail
 }
 
@@ -81,11 +85,14 @@ pub(crate) fn dot_body(a: &[f32], b: &[f32]) -> f32 {
 /// decoding attention scores a GQA group's query heads against each key, and loading the key again
 /// for every row made loads, not arithmetic, the bound (`benches/attention.rs`).
 ///
+/// Always inlined, and only into code compiled for AVX or more (decoding attention's AVX2 and AVX-512
+/// loops), so that its intrinsics compile to instructions in the caller's loop: a function of its
+/// own, called per key and group, cost a call and a return through memory each.
+///
 /// # Safety
-/// The CPU must support AVX.
+/// The CPU must support AVX, and the caller be compiled for it.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn dots_avx<const G: usize>(queries: &[f32], key: &[f32]) -> [f32; G] {
     use std::arch::x86_64::{_mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps};
     use std::arch::x86_64::{_mm256_setzero_ps, _mm256_storeu_ps};
@@ -102,17 +109,14 @@ pub(crate) unsafe fn dots_avx<const G: usize>(queries: &[f32], key: &[f32]) -> [
             *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, kc));
         }
     }
-    std::array::from_fn(|g| {
+    let mut out = [0f32; G];
+    for (g, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
         let mut lanes = [0f32; 8];
         // SAFETY: eight lanes into eight f32.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[g]) };
-        let tail: f32 = queries[g * d + whole..(g + 1) * d]
-            .iter()
-            .zip(&key[whole..])
-            .map(|(x, y)| x * y)
-            .sum();
-        lanes.iter().sum::<f32>() + tail
-    })
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *a) };
+        *o = lanes_and_tail(&lanes, &queries[g * d + whole..(g + 1) * d], &key[whole..]);
+    }
+    out
 }
 
 /// Softmax of `x` in place (an empty slice stays empty).
@@ -310,9 +314,14 @@ mod tests {
             0 => special[rng.random_range(0..special.len())],
             _ => rng.random_range(-4.0f32..4.0),
         };
+        #[target_feature(enable = "avx")]
+        fn grouped<const G: usize>(q: &[f32], k: &[f32]) -> [f32; G] {
+            // SAFETY: compiled for AVX, called only where the CPU has it.
+            unsafe { dots_avx::<G>(q, k) }
+        }
         fn check<const G: usize>(q: &[f32], k: &[f32]) {
             // SAFETY: the CPU has AVX2 (checked above).
-            let got = unsafe { dots_avx::<G>(q, k) };
+            let got = unsafe { grouped::<G>(q, k) };
             for (g, x) in got.iter().enumerate() {
                 let want = dot_body(&q[g * k.len()..(g + 1) * k.len()], k);
                 assert!(

@@ -3,9 +3,12 @@
 //!
 //! Why it exists: attention converts every cached key and value once per step, so at a few thousand
 //! tokens these conversions are a large share of a step. Every function here is inlined into its
-//! caller; the vector versions carry `target_feature` and inline into attention's loop, which is
-//! compiled for AVX2 and AVX-512 (`model::attention`). The conversions are exact, so every path gives
-//! the same bits (a bf16 NaN may come out with another payload; it is a NaN either way).
+//! caller. The vector versions carry `target_feature` for callers compiled without it; attention's
+//! loops, compiled for AVX2 and AVX-512 (`model::attention`), take the `*_in::<true>` forms, whose
+//! vector steps are always inlined: LLVM left the `target_feature` functions as a call per row there.
+//! f16 and bf16 values also go straight to f64, which attention sums them in. The conversions are
+//! exact, so every path gives the same bits (a bf16 NaN may come out with another payload; it is a NaN
+//! either way).
 
 use half::{bf16, f16};
 
@@ -32,6 +35,70 @@ pub fn bf16s(x: &[bf16], out: &mut [f32]) {
     }
     for (o, v) in out.iter_mut().zip(x) {
         *o = v.to_f32();
+    }
+}
+
+/// [`f16s`] inside a loop that knows its instruction set: with `AVX2` the vector steps are written
+/// into the caller's loop (a call per row left the conversion out of line), else [`f16s`].
+///
+/// # Safety
+/// With `AVX2`, the CPU must support AVX2, FMA and F16C and the caller be compiled for them (else
+/// each intrinsic becomes a call).
+#[inline(always)]
+pub unsafe fn f16s_in<const AVX2: bool>(x: &[f16], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: the caller's.
+        return unsafe { x86::f16s_body(x, out) };
+    }
+    f16s(x, out)
+}
+
+/// [`bf16s`] inside a loop that knows its instruction set, as [`f16s_in`].
+///
+/// # Safety
+/// As [`f16s_in`].
+#[inline(always)]
+pub unsafe fn bf16s_in<const AVX2: bool>(x: &[bf16], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: the caller's.
+        return unsafe { x86::bf16s_body(x, out) };
+    }
+    bf16s(x, out)
+}
+
+/// `x` as f64 into `out` (`x.len()` values): what [`f16s`] then a widening give (both exact), without
+/// the f32 row between them. `AVX2` as for [`f16s_in`].
+///
+/// # Safety
+/// As [`f16s_in`].
+#[inline(always)]
+pub unsafe fn f16s_wide_in<const AVX2: bool>(x: &[f16], out: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: the caller's.
+        return unsafe { x86::f16s_wide_body(x, out) };
+    }
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = v.to_f32() as f64;
+    }
+}
+
+/// `x` as f64 into `out` (`x.len()` values), as [`bf16s`] then a widening give. `AVX2` as for
+/// [`f16s_in`].
+///
+/// # Safety
+/// As [`f16s_in`].
+#[inline(always)]
+pub unsafe fn bf16s_wide_in<const AVX2: bool>(x: &[bf16], out: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: the caller's.
+        return unsafe { x86::bf16s_wide_body(x, out) };
+    }
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = v.to_f32() as f64;
     }
 }
 
@@ -165,13 +232,25 @@ mod x86 {
     use half::{bf16, f16};
     use std::arch::x86_64::*;
 
-    /// [`super::f16s`]: `vcvtph2ps`, eight at a time.
+    /// [`super::f16s`]: [`f16s_body`] compiled for AVX2, FMA and F16C (for callers that are not).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub unsafe fn f16s(x: &[f16], out: &mut [f32]) {
+        // SAFETY: compiled for the features the caller promises.
+        unsafe { f16s_body(x, out) }
+    }
+
+    /// `x` as f32 into `out`: `vcvtph2ps`, eight at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; always inlined, so that its intrinsics become
+    /// instructions only in a caller compiled for them (decoding attention's AVX2 and AVX-512 loops,
+    /// or [`f16s`]).
+    #[inline(always)]
+    pub unsafe fn f16s_body(x: &[f16], out: &mut [f32]) {
         let n = x.len().min(out.len());
         let mut i = 0;
         while i + 8 <= n {
@@ -187,6 +266,62 @@ mod x86 {
         }
     }
 
+    /// Eight f32 lanes as f64 into `out` (eight values).
+    ///
+    /// # Safety
+    /// As [`f16s_body`]; `out` is valid for eight f64.
+    #[inline(always)]
+    unsafe fn store_wide(x: __m256, out: *mut f64) {
+        // SAFETY: the caller's.
+        unsafe {
+            _mm256_storeu_pd(out, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+            _mm256_storeu_pd(out.add(4), _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+        }
+    }
+
+    /// [`super::f16s_wide_in`]: `vcvtph2ps` then `vcvtps2pd`, eight at a time, in registers.
+    ///
+    /// # Safety
+    /// As [`f16s_body`].
+    #[inline(always)]
+    pub unsafe fn f16s_wide_body(x: &[f16], out: &mut [f64]) {
+        let n = x.len().min(out.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 ≤ n, inside both slices.
+            unsafe {
+                let h = _mm_loadu_si128(x.as_ptr().add(i).cast());
+                store_wide(_mm256_cvtph_ps(h), out.as_mut_ptr().add(i));
+            }
+            i += 8;
+        }
+        for (o, v) in out[i..n].iter_mut().zip(&x[i..n]) {
+            *o = v.to_f32() as f64;
+        }
+    }
+
+    /// [`super::bf16s_wide_in`]: as [`bf16s_body`], then `vcvtps2pd`, in registers.
+    ///
+    /// # Safety
+    /// As [`f16s_body`].
+    #[inline(always)]
+    pub unsafe fn bf16s_wide_body(x: &[bf16], out: &mut [f64]) {
+        let n = x.len().min(out.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 ≤ n, inside both slices.
+            unsafe {
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.as_ptr().add(i).cast()));
+                let f = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+                store_wide(f, out.as_mut_ptr().add(i));
+            }
+            i += 8;
+        }
+        for (o, v) in out[i..n].iter_mut().zip(&x[i..n]) {
+            *o = v.to_f32() as f64;
+        }
+    }
+
     /// [`super::f16_pair`]: one `vcvtph2ps` of the two values.
     ///
     /// # Safety
@@ -198,13 +333,23 @@ mod x86 {
         (_mm_cvtss_f32(x), _mm_cvtss_f32(_mm_movehdup_ps(x)))
     }
 
-    /// [`super::bf16s`]: sixteen bits widened and shifted up, eight at a time.
+    /// [`super::bf16s`]: [`bf16s_body`] compiled for AVX2, FMA and F16C (for callers that are not).
     ///
     /// # Safety
     /// As [`f16s`].
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub unsafe fn bf16s(x: &[bf16], out: &mut [f32]) {
+        // SAFETY: compiled for the features the caller promises.
+        unsafe { bf16s_body(x, out) }
+    }
+
+    /// `x` as f32 into `out`: sixteen bits widened and shifted up, eight at a time.
+    ///
+    /// # Safety
+    /// As [`f16s_body`].
+    #[inline(always)]
+    pub unsafe fn bf16s_body(x: &[bf16], out: &mut [f32]) {
         let n = x.len().min(out.len());
         let mut i = 0;
         while i + 8 <= n {
@@ -308,6 +453,44 @@ mod tests {
             bf16s(&b, &mut out);
             let want: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
             assert_eq!(out, want, "bf16, {n} values");
+            // The forms written into attention's loops, vector (where the CPU has AVX2) and not,
+            // to f32 and straight to f64.
+            let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let want_h: Vec<f64> = h.iter().map(|v| v.to_f32() as f64).collect();
+            let want_b: Vec<f64> = b.iter().map(|v| v.to_f32() as f64).collect();
+            let mut wide = vec![0f64; n];
+            for avx2 in [false, crate::kernels::dispatch::has_avx2()] {
+                // SAFETY: AVX2 only where the CPU has it (this test is not compiled for it: each
+                // intrinsic is a call, slower, the same operations).
+                unsafe {
+                    match avx2 {
+                        true => f16s_wide_in::<true>(&h, &mut wide),
+                        false => f16s_wide_in::<false>(&h, &mut wide),
+                    }
+                    assert_eq!(bits(&wide), bits(&want_h), "f16 to f64, {n} values");
+                    match avx2 {
+                        true => bf16s_wide_in::<true>(&b, &mut wide),
+                        false => bf16s_wide_in::<false>(&b, &mut wide),
+                    }
+                    assert_eq!(bits(&wide), bits(&want_b), "bf16 to f64, {n} values");
+                    out.fill(0.0);
+                    match avx2 {
+                        true => f16s_in::<true>(&h, &mut out),
+                        false => f16s_in::<false>(&h, &mut out),
+                    }
+                    assert_eq!(
+                        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        h.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<_>>(),
+                        "f16 in a loop, {n} values"
+                    );
+                    out.fill(0.0);
+                    match avx2 {
+                        true => bf16s_in::<true>(&b, &mut out),
+                        false => bf16s_in::<false>(&b, &mut out),
+                    }
+                    assert_eq!(out, want, "bf16 in a loop, {n} values");
+                }
+            }
             for bits in [2u8, 4] {
                 let bytes: Vec<u8> = (0..n * bits as usize / 8 + 1)
                     .map(|_| rng.random())

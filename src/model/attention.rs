@@ -147,12 +147,17 @@ struct Shape {
     scale: f32,
 }
 
-/// Where [`attend_heads`] reads the key and value of entry `j` of cache head `h`, as f32: in place
-/// when stored as f32, else converted (or dequantized) into `buf` (`d` values). Every implementation
-/// is inlined into the head's loop, so that it is compiled for the instructions that loop runs on.
+/// Where [`attend_heads`] reads the key and value of entry `j` of cache head `h`. Every
+/// implementation is inlined into the head's loop, so that it is compiled for the instructions that
+/// loop runs on; `AVX` says that loop is one compiled for AVX2 or AVX-512 (see [`attend_head`]), so
+/// that the conversions' vector steps may be written into it rather than called.
 trait CacheRows: Sync {
-    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32];
-    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32];
+    /// Entry `j`'s key as f32: in place when stored as f32, else converted (or dequantized) into
+    /// `buf` (`d` values).
+    fn key<'a, const AVX: bool>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32];
+    /// Entry `j`'s value as f32 widened to f64 into `out` (`d` values; `buf` as for [`Self::key`]),
+    /// exactly, straight from the stored type where that saves a pass.
+    fn value_wide<const AVX: bool>(&self, h: usize, j: usize, buf: &mut [f32], out: &mut [f64]);
     /// Asks for the bytes of entry `j`'s key (`keys`) or value to be brought into L1 (a hint).
     fn prefetch(&self, h: usize, j: usize, keys: bool);
 }
@@ -191,15 +196,20 @@ struct Buffers<'a, K, V> {
 
 impl<K: Stored, V: Stored> CacheRows for Buffers<'_, K, V> {
     #[inline(always)]
-    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    fn key<'a, const AVX: bool>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
         let w = self.widths.0;
-        K::as_f32(&self.k[(h * self.cap + j) * w..][..w], self.blocks.0, buf)
+        K::as_f32::<AVX>(&self.k[(h * self.cap + j) * w..][..w], self.blocks.0, buf)
     }
 
     #[inline(always)]
-    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    fn value_wide<const AVX: bool>(&self, h: usize, j: usize, buf: &mut [f32], out: &mut [f64]) {
         let w = self.widths.1;
-        V::as_f32(&self.v[(h * self.cap + j) * w..][..w], self.blocks.1, buf)
+        V::as_f64::<AVX>(
+            &self.v[(h * self.cap + j) * w..][..w],
+            self.blocks.1,
+            buf,
+            out,
+        )
     }
 
     #[inline(always)]
@@ -214,15 +224,15 @@ impl<K: Stored, V: Stored> CacheRows for Buffers<'_, K, V> {
 
 impl CacheRows for crate::cache::kivi::KiviStore {
     #[inline(always)]
-    fn key<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    fn key<'a, const AVX: bool>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
         self.key_into(h, j, buf);
         buf
     }
 
     #[inline(always)]
-    fn value<'a>(&'a self, h: usize, j: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    fn value_wide<const AVX: bool>(&self, h: usize, j: usize, buf: &mut [f32], out: &mut [f64]) {
         self.value_into(h, j, buf);
-        buf
+        widen(buf, out)
     }
 
     #[inline(always)]
@@ -237,41 +247,87 @@ impl CacheRows for crate::cache::kivi::KiviStore {
     }
 }
 
-/// An element type the cache stores, read back as f32 a row at a time.
+/// An element type the cache stores, read back a row at a time (`AVX` as for [`CacheRows`]).
 trait Stored: Copy + Send + Sync + candle_core::WithDType {
     /// `row` as f32: itself when stored as f32 (no copy, the reference path's exact reads), else
     /// converted (or, for bytes of `blocks`, dequantized) into `buf` (its length).
-    fn as_f32<'a>(row: &'a [Self], blocks: Option<Blocks>, buf: &'a mut [f32]) -> &'a [f32];
+    fn as_f32<'a, const AVX: bool>(
+        row: &'a [Self],
+        blocks: Option<Blocks>,
+        buf: &'a mut [f32],
+    ) -> &'a [f32];
+    /// `row` as f32 widened to f64 into `out`; the 16-bit types skip the f32 row (the same values).
+    #[inline(always)]
+    fn as_f64<const AVX: bool>(
+        row: &[Self],
+        blocks: Option<Blocks>,
+        buf: &mut [f32],
+        out: &mut [f64],
+    ) {
+        widen(Self::as_f32::<AVX>(row, blocks, buf), out)
+    }
 }
 
 impl Stored for f32 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [f32], _: Option<Blocks>, _: &'a mut [f32]) -> &'a [f32] {
+    fn as_f32<'a, const AVX: bool>(
+        row: &'a [f32],
+        _: Option<Blocks>,
+        _: &'a mut [f32],
+    ) -> &'a [f32] {
         row
     }
 }
 
-/// 16-bit types: the row converted as it is read (eight values an instruction where the CPU has AVX2:
-/// `cache::rows`).
+/// 16-bit types: the row converted as it is read, eight values an instruction where the CPU has
+/// AVX2 (`cache::rows`), in the loop's own instructions in the AVX2 and AVX-512 loops: a conversion
+/// called per row stayed a call (`perf`: a tenth of a call to attention over an f16 cache).
 impl Stored for half::f16 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut [f32]) -> &'a [f32] {
-        crate::cache::rows::f16s(row, buf);
+    fn as_f32<'a, const AVX: bool>(
+        row: &'a [Self],
+        _: Option<Blocks>,
+        buf: &'a mut [f32],
+    ) -> &'a [f32] {
+        // SAFETY: `AVX` only in the loops compiled for AVX2 or AVX-512 (with F16C), which run only
+        // where the CPU has them.
+        unsafe { crate::cache::rows::f16s_in::<AVX>(row, buf) };
         buf
+    }
+
+    #[inline(always)]
+    fn as_f64<const AVX: bool>(row: &[Self], _: Option<Blocks>, _: &mut [f32], out: &mut [f64]) {
+        // SAFETY: as above.
+        unsafe { crate::cache::rows::f16s_wide_in::<AVX>(row, out) }
     }
 }
 
 impl Stored for half::bf16 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [Self], _: Option<Blocks>, buf: &'a mut [f32]) -> &'a [f32] {
-        crate::cache::rows::bf16s(row, buf);
+    fn as_f32<'a, const AVX: bool>(
+        row: &'a [Self],
+        _: Option<Blocks>,
+        buf: &'a mut [f32],
+    ) -> &'a [f32] {
+        // SAFETY: as for f16.
+        unsafe { crate::cache::rows::bf16s_in::<AVX>(row, buf) };
         buf
+    }
+
+    #[inline(always)]
+    fn as_f64<const AVX: bool>(row: &[Self], _: Option<Blocks>, _: &mut [f32], out: &mut [f64]) {
+        // SAFETY: as for f16.
+        unsafe { crate::cache::rows::bf16s_wide_in::<AVX>(row, out) }
     }
 }
 
 impl Stored for u8 {
     #[inline(always)]
-    fn as_f32<'a>(row: &'a [u8], blocks: Option<Blocks>, buf: &'a mut [f32]) -> &'a [f32] {
+    fn as_f32<'a, const AVX: bool>(
+        row: &'a [u8],
+        blocks: Option<Blocks>,
+        buf: &'a mut [f32],
+    ) -> &'a [f32] {
         blocks
             .expect("a byte cache holds blocks")
             .dequantize_into(row, buf);
@@ -448,7 +504,7 @@ fn attend_head<R: CacheRows, const AVX: bool>(
                 p.iter_mut().for_each(|x| *x = (*x as f64 * inv) as f32);
             }
             // 3. Weighted values, reading each value once.
-            add_values(rows, h, n, |k| k, p_h, scratch);
+            add_values::<R, AVX>(rows, h, n, |k| k, p_h, scratch);
         }
         Some(idx) => {
             // Sparse attention: the scores of the entries `idx`, a softmax over them per query head
@@ -474,7 +530,7 @@ fn attend_head<R: CacheRows, const AVX: bool>(
                     p_r[j] = p;
                 }
             }
-            add_values(rows, h, m, |k| idx[k], p_h, scratch);
+            add_values::<R, AVX>(rows, h, m, |k| idx[k], p_h, scratch);
         }
     }
     o_h.iter_mut()
@@ -503,7 +559,7 @@ fn scores_into<R: CacheRows, const AVX: bool>(
         if k + AHEAD < count {
             rows.prefetch(h, entry(k + AHEAD), true);
         }
-        let key = rows.key(h, entry(k), row);
+        let key = rows.key::<AVX>(h, entry(k), row);
         #[cfg(target_arch = "x86_64")]
         if AVX {
             // SAFETY: `AVX` says the CPU supports it.
@@ -558,7 +614,7 @@ unsafe fn key_scores_avx(
 /// query row `r` (`p_h`: `[rows][n]`, `acc`: `[rows][d]`, the scratch sized for them): each value
 /// read once and widened once, a block of entries at a time (order-independent sums: `add_block`).
 #[inline(always)]
-fn add_values<R: CacheRows>(
+fn add_values<R: CacheRows, const AVX: bool>(
     rows: &R,
     h: usize,
     count: usize,
@@ -581,7 +637,7 @@ fn add_values<R: CacheRows>(
                 rows.prefetch(h, entry(k0 + k + AHEAD), false);
             }
             let j = entry(k0 + k);
-            widen(rows.value(h, j, row), &mut wide[k * d..(k + 1) * d]);
+            rows.value_wide::<AVX>(h, j, row, &mut wide[k * d..(k + 1) * d]);
             for (r, p_r) in p_h.chunks_exact(n).enumerate() {
                 weights[r * BLOCK + k] = p_r[j] as f64;
             }

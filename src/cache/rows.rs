@@ -4,11 +4,11 @@
 //! Why it exists: attention converts every cached key and value once per step, so at a few thousand
 //! tokens these conversions are a large share of a step. Every function here is inlined into its
 //! caller. The vector versions carry `target_feature` for callers compiled without it; attention's
-//! loops, compiled for AVX2 and AVX-512 (`model::attention`), take the `*_in::<true>` forms, whose
-//! vector steps are always inlined: LLVM left the `target_feature` functions as a call per row there.
-//! f16 and bf16 values also go straight to f64, which attention sums them in. The conversions are
-//! exact, so every path gives the same bits (a bf16 NaN may come out with another payload; it is a NaN
-//! either way).
+//! loops, compiled for AVX2 and AVX-512 (`model::attention`), take [`halves_in`] and
+//! [`halves_wide_in`] with `AVX2`, whose vector steps are always inlined: LLVM left the
+//! `target_feature` functions as a call per row there. f16 and bf16 values also go straight to f64,
+//! which attention sums them in. The conversions are exact, so every path gives the same bits (a bf16
+//! NaN may come out with another payload; it is a NaN either way).
 
 use half::{bf16, f16};
 
@@ -38,67 +38,96 @@ pub fn bf16s(x: &[bf16], out: &mut [f32]) {
     }
 }
 
-/// [`f16s`] inside a loop that knows its instruction set: with `AVX2` the vector steps are written
-/// into the caller's loop (a call per row left the conversion out of line), else [`f16s`].
+/// A 16-bit float type a cache stores (f16 or bf16), as the forms below convert it.
+pub trait Half: Copy + Sync {
+    /// The value as f32 (exact).
+    fn value(self) -> f32;
+    /// `x` as f32 into `out` ([`f16s`] or [`bf16s`]: for callers compiled without AVX2).
+    fn row(x: &[Self], out: &mut [f32]);
+    /// Eight values from `at` as f32 lanes.
+    ///
+    /// # Safety
+    /// As [`halves_in`] with `AVX2`; `at` is valid for eight values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn eight(at: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Half for f16 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self.to_f32()
+    }
+
+    #[inline(always)]
+    fn row(x: &[Self], out: &mut [f32]) {
+        f16s(x, out)
+    }
+
+    /// `vcvtph2ps`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn eight(at: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(at.cast())) }
+    }
+}
+
+impl Half for bf16 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self.to_f32()
+    }
+
+    #[inline(always)]
+    fn row(x: &[Self], out: &mut [f32]) {
+        bf16s(x, out)
+    }
+
+    /// Sixteen bits widened and shifted up: an f32's upper half.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn eight(at: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's.
+        unsafe {
+            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(at.cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+        }
+    }
+}
+
+/// [`f16s`] or [`bf16s`] inside a loop that knows its instruction set: with `AVX2` the vector steps
+/// are written into the caller's loop (LLVM left the `target_feature` functions as a call per row
+/// there), else [`Half::row`].
 ///
 /// # Safety
 /// With `AVX2`, the CPU must support AVX2, FMA and F16C and the caller be compiled for them (else
 /// each intrinsic becomes a call).
 #[inline(always)]
-pub unsafe fn f16s_in<const AVX2: bool>(x: &[f16], out: &mut [f32]) {
+pub unsafe fn halves_in<T: Half, const AVX2: bool>(x: &[T], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: the caller's.
-        return unsafe { x86::f16s_body(x, out) };
+        return unsafe { x86::halves_body(x, out) };
     }
-    f16s(x, out)
+    T::row(x, out)
 }
 
-/// [`bf16s`] inside a loop that knows its instruction set, as [`f16s_in`].
+/// `x` as f64 into `out` (`x.len()` values): what [`halves_in`] then a widening give (both exact),
+/// without the f32 row between them.
 ///
 /// # Safety
-/// As [`f16s_in`].
+/// As [`halves_in`].
 #[inline(always)]
-pub unsafe fn bf16s_in<const AVX2: bool>(x: &[bf16], out: &mut [f32]) {
+pub unsafe fn halves_wide_in<T: Half, const AVX2: bool>(x: &[T], out: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: the caller's.
-        return unsafe { x86::bf16s_body(x, out) };
+        return unsafe { x86::halves_wide_body(x, out) };
     }
-    bf16s(x, out)
-}
-
-/// `x` as f64 into `out` (`x.len()` values): what [`f16s`] then a widening give (both exact), without
-/// the f32 row between them. `AVX2` as for [`f16s_in`].
-///
-/// # Safety
-/// As [`f16s_in`].
-#[inline(always)]
-pub unsafe fn f16s_wide_in<const AVX2: bool>(x: &[f16], out: &mut [f64]) {
-    #[cfg(target_arch = "x86_64")]
-    if AVX2 {
-        // SAFETY: the caller's.
-        return unsafe { x86::f16s_wide_body(x, out) };
-    }
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = v.to_f32() as f64;
-    }
-}
-
-/// `x` as f64 into `out` (`x.len()` values), as [`bf16s`] then a widening give. `AVX2` as for
-/// [`f16s_in`].
-///
-/// # Safety
-/// As [`f16s_in`].
-#[inline(always)]
-pub unsafe fn bf16s_wide_in<const AVX2: bool>(x: &[bf16], out: &mut [f64]) {
-    #[cfg(target_arch = "x86_64")]
-    if AVX2 {
-        // SAFETY: the caller's.
-        return unsafe { x86::bf16s_wide_body(x, out) };
-    }
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = v.to_f32() as f64;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v.value() as f64;
     }
 }
 
@@ -229,10 +258,11 @@ fn codes_portable(codes: &[u8], bits: u8, out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::Half;
     use half::{bf16, f16};
     use std::arch::x86_64::*;
 
-    /// [`super::f16s`]: [`f16s_body`] compiled for AVX2, FMA and F16C (for callers that are not).
+    /// [`super::f16s`]: [`halves_body`] compiled for AVX2, FMA and F16C (for callers that are not).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
@@ -240,85 +270,60 @@ mod x86 {
     #[inline]
     pub unsafe fn f16s(x: &[f16], out: &mut [f32]) {
         // SAFETY: compiled for the features the caller promises.
-        unsafe { f16s_body(x, out) }
+        unsafe { halves_body(x, out) }
     }
 
-    /// `x` as f32 into `out`: `vcvtph2ps`, eight at a time.
+    /// [`super::bf16s`]: [`halves_body`] compiled for AVX2, FMA and F16C (for callers that are not).
+    ///
+    /// # Safety
+    /// As [`f16s`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn bf16s(x: &[bf16], out: &mut [f32]) {
+        // SAFETY: compiled for the features the caller promises.
+        unsafe { halves_body(x, out) }
+    }
+
+    /// `x` as f32 into `out`, eight at a time ([`Half::eight`]).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; always inlined, so that its intrinsics become
     /// instructions only in a caller compiled for them (decoding attention's AVX2 and AVX-512 loops,
-    /// or [`f16s`]).
+    /// or [`f16s`] and [`bf16s`]).
     #[inline(always)]
-    pub unsafe fn f16s_body(x: &[f16], out: &mut [f32]) {
+    pub unsafe fn halves_body<T: Half>(x: &[T], out: &mut [f32]) {
+        let n = x.len().min(out.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 ≤ n, inside both slices.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(i), T::eight(x.as_ptr().add(i))) };
+            i += 8;
+        }
+        for (o, &v) in out[i..n].iter_mut().zip(&x[i..n]) {
+            *o = v.value();
+        }
+    }
+
+    /// [`super::halves_wide_in`]: [`Half::eight`] then `vcvtps2pd`, eight at a time, in registers.
+    ///
+    /// # Safety
+    /// As [`halves_body`].
+    #[inline(always)]
+    pub unsafe fn halves_wide_body<T: Half>(x: &[T], out: &mut [f64]) {
         let n = x.len().min(out.len());
         let mut i = 0;
         while i + 8 <= n {
             // SAFETY: i + 8 ≤ n, inside both slices.
             unsafe {
-                let h = _mm_loadu_si128(x.as_ptr().add(i).cast());
-                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+                let f = T::eight(x.as_ptr().add(i));
+                let o = out.as_mut_ptr().add(i);
+                _mm256_storeu_pd(o, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+                _mm256_storeu_pd(o.add(4), _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
             }
             i += 8;
         }
-        for (o, v) in out[i..n].iter_mut().zip(&x[i..n]) {
-            *o = v.to_f32();
-        }
-    }
-
-    /// Eight f32 lanes as f64 into `out` (eight values).
-    ///
-    /// # Safety
-    /// As [`f16s_body`]; `out` is valid for eight f64.
-    #[inline(always)]
-    unsafe fn store_wide(x: __m256, out: *mut f64) {
-        // SAFETY: the caller's.
-        unsafe {
-            _mm256_storeu_pd(out, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
-            _mm256_storeu_pd(out.add(4), _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
-        }
-    }
-
-    /// [`super::f16s_wide_in`]: `vcvtph2ps` then `vcvtps2pd`, eight at a time, in registers.
-    ///
-    /// # Safety
-    /// As [`f16s_body`].
-    #[inline(always)]
-    pub unsafe fn f16s_wide_body(x: &[f16], out: &mut [f64]) {
-        let n = x.len().min(out.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 ≤ n, inside both slices.
-            unsafe {
-                let h = _mm_loadu_si128(x.as_ptr().add(i).cast());
-                store_wide(_mm256_cvtph_ps(h), out.as_mut_ptr().add(i));
-            }
-            i += 8;
-        }
-        for (o, v) in out[i..n].iter_mut().zip(&x[i..n]) {
-            *o = v.to_f32() as f64;
-        }
-    }
-
-    /// [`super::bf16s_wide_in`]: as [`bf16s_body`], then `vcvtps2pd`, in registers.
-    ///
-    /// # Safety
-    /// As [`f16s_body`].
-    #[inline(always)]
-    pub unsafe fn bf16s_wide_body(x: &[bf16], out: &mut [f64]) {
-        let n = x.len().min(out.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 ≤ n, inside both slices.
-            unsafe {
-                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.as_ptr().add(i).cast()));
-                let f = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-                store_wide(f, out.as_mut_ptr().add(i));
-            }
-            i += 8;
-        }
-        for (o, v) in out[i..n].iter_mut().zip(&x[i..n]) {
-            *o = v.to_f32() as f64;
+        for (o, &v) in out[i..n].iter_mut().zip(&x[i..n]) {
+            *o = v.value() as f64;
         }
     }
 
@@ -331,38 +336,6 @@ mod x86 {
     pub unsafe fn f16_pair(bits: u32) -> (f32, f32) {
         let x = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
         (_mm_cvtss_f32(x), _mm_cvtss_f32(_mm_movehdup_ps(x)))
-    }
-
-    /// [`super::bf16s`]: [`bf16s_body`] compiled for AVX2, FMA and F16C (for callers that are not).
-    ///
-    /// # Safety
-    /// As [`f16s`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    pub unsafe fn bf16s(x: &[bf16], out: &mut [f32]) {
-        // SAFETY: compiled for the features the caller promises.
-        unsafe { bf16s_body(x, out) }
-    }
-
-    /// `x` as f32 into `out`: sixteen bits widened and shifted up, eight at a time.
-    ///
-    /// # Safety
-    /// As [`f16s_body`].
-    #[inline(always)]
-    pub unsafe fn bf16s_body(x: &[bf16], out: &mut [f32]) {
-        let n = x.len().min(out.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 ≤ n, inside both slices.
-            unsafe {
-                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.as_ptr().add(i).cast()));
-                _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), _mm256_slli_epi32(h, 16));
-            }
-            i += 8;
-        }
-        for (o, v) in out[i..n].iter_mut().zip(&x[i..n]) {
-            *o = v.to_f32();
-        }
     }
 
     /// [`super::STEP`] (32) codes of `B` (2 or 4) bits at `codes` as f32 at `dst`: each 32-bit word
@@ -464,19 +437,19 @@ mod tests {
                 // intrinsic is a call, slower, the same operations).
                 unsafe {
                     match avx2 {
-                        true => f16s_wide_in::<true>(&h, &mut wide),
-                        false => f16s_wide_in::<false>(&h, &mut wide),
+                        true => halves_wide_in::<_, true>(&h, &mut wide),
+                        false => halves_wide_in::<_, false>(&h, &mut wide),
                     }
                     assert_eq!(bits(&wide), bits(&want_h), "f16 to f64, {n} values");
                     match avx2 {
-                        true => bf16s_wide_in::<true>(&b, &mut wide),
-                        false => bf16s_wide_in::<false>(&b, &mut wide),
+                        true => halves_wide_in::<_, true>(&b, &mut wide),
+                        false => halves_wide_in::<_, false>(&b, &mut wide),
                     }
                     assert_eq!(bits(&wide), bits(&want_b), "bf16 to f64, {n} values");
                     out.fill(0.0);
                     match avx2 {
-                        true => f16s_in::<true>(&h, &mut out),
-                        false => f16s_in::<false>(&h, &mut out),
+                        true => halves_in::<_, true>(&h, &mut out),
+                        false => halves_in::<_, false>(&h, &mut out),
                     }
                     assert_eq!(
                         out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -485,8 +458,8 @@ mod tests {
                     );
                     out.fill(0.0);
                     match avx2 {
-                        true => bf16s_in::<true>(&b, &mut out),
-                        false => bf16s_in::<false>(&b, &mut out),
+                        true => halves_in::<_, true>(&b, &mut out),
+                        false => halves_in::<_, false>(&b, &mut out),
                     }
                     assert_eq!(out, want, "bf16 in a loop, {n} values");
                 }

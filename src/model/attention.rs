@@ -282,7 +282,7 @@ impl Stored for f32 {
 /// 16-bit types: the row converted as it is read, eight values an instruction where the CPU has
 /// AVX2 (`cache::rows`), in the loop's own instructions in the AVX2 and AVX-512 loops: a conversion
 /// called per row stayed a call (`perf`: a tenth of a call to attention over an f16 cache).
-impl Stored for half::f16 {
+impl<T: crate::cache::rows::Half + candle_core::WithDType> Stored for T {
     #[inline(always)]
     fn as_f32<'a, const AVX: bool>(
         row: &'a [Self],
@@ -291,33 +291,14 @@ impl Stored for half::f16 {
     ) -> &'a [f32] {
         // SAFETY: `AVX` only in the loops compiled for AVX2 or AVX-512 (with F16C), which run only
         // where the CPU has them.
-        unsafe { crate::cache::rows::f16s_in::<AVX>(row, buf) };
+        unsafe { crate::cache::rows::halves_in::<T, AVX>(row, buf) };
         buf
     }
 
     #[inline(always)]
     fn as_f64<const AVX: bool>(row: &[Self], _: Option<Blocks>, _: &mut [f32], out: &mut [f64]) {
         // SAFETY: as above.
-        unsafe { crate::cache::rows::f16s_wide_in::<AVX>(row, out) }
-    }
-}
-
-impl Stored for half::bf16 {
-    #[inline(always)]
-    fn as_f32<'a, const AVX: bool>(
-        row: &'a [Self],
-        _: Option<Blocks>,
-        buf: &'a mut [f32],
-    ) -> &'a [f32] {
-        // SAFETY: as for f16.
-        unsafe { crate::cache::rows::bf16s_in::<AVX>(row, buf) };
-        buf
-    }
-
-    #[inline(always)]
-    fn as_f64<const AVX: bool>(row: &[Self], _: Option<Blocks>, _: &mut [f32], out: &mut [f64]) {
-        // SAFETY: as for f16.
-        unsafe { crate::cache::rows::bf16s_wide_in::<AVX>(row, out) }
+        unsafe { crate::cache::rows::halves_wide_in::<T, AVX>(row, out) }
     }
 }
 

@@ -4,8 +4,8 @@
 //! Why it exists: attention converts every cached key and value once per step, so at a few thousand
 //! tokens these conversions are a large share of a step. Every function here is inlined into its
 //! caller. The vector versions carry `target_feature` for callers compiled without it; attention's
-//! loops, compiled for AVX2 and AVX-512 (`model::attention`), take [`halves_in`] and
-//! [`halves_wide_in`] with `AVX2`, whose vector steps are always inlined: LLVM left the
+//! loops, compiled for AVX2 and AVX-512 (`model::attention`), take [`halves_in`] with `AVX2` and
+//! `halves_wide_avx2`, whose vector steps are always inlined: LLVM left the
 //! `target_feature` functions as a call per row there. f16 and bf16 values also go straight to f64,
 //! which attention sums them in. The conversions are exact, so every path gives the same bits (a bf16
 //! NaN may come out with another payload; it is a NaN either way).
@@ -115,20 +115,16 @@ pub unsafe fn halves_in<T: Half, const AVX2: bool>(x: &[T], out: &mut [f32]) {
 }
 
 /// `x` as f64 into `out` (`x.len()` values): what [`halves_in`] then a widening give (both exact),
-/// without the f32 row between them.
+/// without the f32 row between them; for attention's AVX2 and AVX-512 loops (elsewhere: a row to f32,
+/// then widened).
 ///
 /// # Safety
-/// As [`halves_in`].
+/// As [`halves_in`] with `AVX2`.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub unsafe fn halves_wide_in<T: Half, const AVX2: bool>(x: &[T], out: &mut [f64]) {
-    #[cfg(target_arch = "x86_64")]
-    if AVX2 {
-        // SAFETY: the caller's.
-        return unsafe { x86::halves_wide_body(x, out) };
-    }
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = v.value() as f64;
-    }
+pub unsafe fn halves_wide_avx2<T: Half>(x: &[T], out: &mut [f64]) {
+    // SAFETY: the caller's.
+    unsafe { x86::halves_wide_body(x, out) }
 }
 
 /// Two f16 values stored little-endian in `bytes` (KIVI's scale and minimum of a value group) as f32:
@@ -304,7 +300,7 @@ mod x86 {
         }
     }
 
-    /// [`super::halves_wide_in`]: [`Half::eight`] then `vcvtps2pd`, eight at a time, in registers.
+    /// [`super::halves_wide_avx2`]: [`Half::eight`] then `vcvtps2pd`, eight at a time, in registers.
     ///
     /// # Safety
     /// As [`halves_body`].
@@ -432,20 +428,19 @@ mod tests {
             let want_h: Vec<f64> = h.iter().map(|v| v.to_f32() as f64).collect();
             let want_b: Vec<f64> = b.iter().map(|v| v.to_f32() as f64).collect();
             let mut wide = vec![0f64; n];
+            #[cfg(target_arch = "x86_64")]
+            if crate::kernels::dispatch::has_avx2() {
+                // SAFETY: the CPU has AVX2 (this test is not compiled for it: each intrinsic is a
+                // call, slower, the same operations).
+                unsafe { halves_wide_avx2(&h, &mut wide) };
+                assert_eq!(bits(&wide), bits(&want_h), "f16 to f64, {n} values");
+                // SAFETY: as above.
+                unsafe { halves_wide_avx2(&b, &mut wide) };
+                assert_eq!(bits(&wide), bits(&want_b), "bf16 to f64, {n} values");
+            }
             for avx2 in [false, crate::kernels::dispatch::has_avx2()] {
-                // SAFETY: AVX2 only where the CPU has it (this test is not compiled for it: each
-                // intrinsic is a call, slower, the same operations).
+                // SAFETY: AVX2 only where the CPU has it (as above).
                 unsafe {
-                    match avx2 {
-                        true => halves_wide_in::<_, true>(&h, &mut wide),
-                        false => halves_wide_in::<_, false>(&h, &mut wide),
-                    }
-                    assert_eq!(bits(&wide), bits(&want_h), "f16 to f64, {n} values");
-                    match avx2 {
-                        true => halves_wide_in::<_, true>(&b, &mut wide),
-                        false => halves_wide_in::<_, false>(&b, &mut wide),
-                    }
-                    assert_eq!(bits(&wide), bits(&want_b), "bf16 to f64, {n} values");
                     out.fill(0.0);
                     match avx2 {
                         true => halves_in::<_, true>(&h, &mut out),

@@ -296,9 +296,18 @@ impl<T: crate::cache::rows::Half + candle_core::WithDType> Stored for T {
     }
 
     #[inline(always)]
-    fn as_f64<const AVX: bool>(row: &[Self], _: Option<Blocks>, _: &mut [f32], out: &mut [f64]) {
-        // SAFETY: as above.
-        unsafe { crate::cache::rows::halves_wide_in::<T, AVX>(row, out) }
+    fn as_f64<const AVX: bool>(
+        row: &[Self],
+        blocks: Option<Blocks>,
+        buf: &mut [f32],
+        out: &mut [f64],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if AVX {
+            // SAFETY: as above.
+            return unsafe { crate::cache::rows::halves_wide_avx2(row, out) };
+        }
+        widen(Self::as_f32::<AVX>(row, blocks, buf), out)
     }
 }
 

@@ -1,8 +1,9 @@
 //! The grader error classes a comparison with the peers' own equivalence suites found (issue 13),
 //! each with cases of its own beyond the examples named there: thousands separators, boxes joined by
 //! spaced words, ASCII relations, `array` matrices, units in `\textnormal`, `pct`, bare-brace sets,
-//! subscripted assignment lists, trigonometric and other functions in identity tests, `\pm` sets, and
-//! function arguments written without parentheses.
+//! subscripted assignment lists, trigonometric and other functions in identity tests, `\pm` sets,
+//! function arguments written without parentheses, and (grader 6) shorthand arguments inside braced
+//! ones, inequalities against zero and `\approx` values.
 
 use kvbench::eval::grade::{equivalent, grade_output};
 
@@ -186,6 +187,51 @@ fn trailing_spacing_macros_are_not_punctuation() {
     // Punctuation after a spacing macro still goes; a macro's own character is not punctuation.
     differ("5\\,", "6");
     same("10.", "10");
+}
+
+/// The spec's shorthand (§3.13: `\\sqrt2` is `\\sqrt{2}`, `\\frac12` is `\\frac{1}{2}`) inside another
+/// macro's braced argument: only the outermost level was braced, so `\\frac{1}{\\sqrt3}` did not parse
+/// and was graded wrong against `\\frac{\\sqrt3}{3}` (the spec's own example against Hendrycks'
+/// string matching).
+#[test]
+fn shorthand_inside_braced_arguments() {
+    same("\\frac{1}{\\sqrt3}", "\\frac{\\sqrt{3}}{3}");
+    same("\\frac{1}{\\sqrt3}", "\\frac{\\sqrt3}{3}");
+    same("\\dfrac1{\\sqrt 3}", "\\frac{\\sqrt3}3");
+    same("\\sqrt{\\frac12}", "\\frac{\\sqrt2}{2}");
+    same("\\frac{\\frac12}{3}", "\\frac16");
+    same("\\sqrt[3]{\\frac18}", "0.5");
+    same("(\\frac{\\sqrt3}2, \\frac12)", "(\\frac{\\sqrt{3}}{2},0.5)");
+    same("\\frac{\\pi}{\\sqrt2}", "\\frac{\\sqrt2\\pi}{2}");
+    // One token an argument, at any depth: `\\sqrt13` is √1·3 inside braces too.
+    same("\\frac{\\sqrt13}{2}", "\\frac32");
+    differ("\\frac{\\sqrt13}{2}", "\\frac{\\sqrt{13}}{2}");
+    differ("\\frac{1}{\\sqrt3}", "\\frac{1}{3}");
+    let (extracted, verdict) = grade_output(
+        "</think> So \\boxed{\\dfrac{1}{\\sqrt3}}.",
+        "\\frac{\\sqrt3}{3}",
+        true,
+    );
+    assert!(verdict.is_correct(), "{extracted:?}");
+}
+
+/// An inequality read as one side against zero, as Math-Verify reads it (the spec names equations
+/// only): `-x > -1` is `x < 1`, with the direction and strictness kept and no scaling. `x \\approx 11`
+/// states a value as `x = 11` does.
+#[test]
+fn inequalities_against_zero_and_approximate_values() {
+    same("-x > -1", "x < 1");
+    same("-x \\ge -1", "x \\le 1");
+    same("x - 1 < 0", "x < 1");
+    same("5 \\geq x", "x \\leq 5");
+    same("2 - y \\ne 0", "y \\neq 2");
+    differ("x > -1", "x < 1");
+    differ("-x < -1", "x < 1");
+    differ("-x \\ge -1", "x < 1");
+    differ("2x < 2", "x < 1");
+    same("x \\approx 11", "11");
+    differ("x \\approx 11", "12");
+    differ("x \\approx 3.14", "\\pi");
 }
 
 /// `kvbench grade --pred 5 --gold -5`: a value that starts with a hyphen (a negative number, `-\infty`)

@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use value::{Interval, Rel, Value};
 
 /// Bumped whenever a verdict can change; recorded with results.
-pub const GRADER_VERSION: &str = "kvbench-grader-5";
+pub const GRADER_VERSION: &str = "kvbench-grader-6";
 
 /// The verdict on one output.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -264,8 +264,27 @@ fn relations_equal(a: (&Value, Rel, &Value), b: (&Value, Rel, &Value)) -> bool {
         return exprs_equal(&d1, &d2, 1e-8)
             || exprs_equal(&d1, &expr::Expr::Neg(Box::new(d2)), 1e-8);
     }
-    (a.1 == b.1 && values_equal(a.0, b.0) && values_equal(a.2, b.2))
+    if (a.1 == b.1 && values_equal(a.0, b.0) && values_equal(a.2, b.2))
         || (a.1 == b.1.flipped() && values_equal(a.0, b.2) && values_equal(a.2, b.0))
+    {
+        return true;
+    }
+    // Inequalities as one side against 0: `L < R` is `L − R < 0` and `L > R` is `R − L < 0`, so that
+    // `-x > -1` equals `x < 1` (as in Math-Verify; the spec names equations only). The direction fixes
+    // the sign, so no sign flip and no scaling; `≠` is symmetric, so up to sign.
+    let oriented = |(l, op, r): (&Value, Rel, &Value)| -> Option<(expr::Expr, Rel)> {
+        match op {
+            Rel::Lt | Rel::Le | Rel::Ne => Some((diff(l, r)?, op)),
+            Rel::Gt | Rel::Ge => Some((diff(r, l)?, op.flipped())),
+            Rel::Eq => None,
+        }
+    };
+    let (Some((d1, o1)), Some((d2, o2))) = (oriented(a), oriented(b)) else {
+        return false;
+    };
+    o1 == o2
+        && (exprs_equal(&d1, &d2, 1e-8)
+            || (o1 == Rel::Ne && exprs_equal(&d1, &expr::Expr::Neg(Box::new(d2)), 1e-8)))
 }
 
 fn as_expr(v: &Value) -> Option<expr::Expr> {

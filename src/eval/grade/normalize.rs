@@ -201,58 +201,130 @@ fn strip_thousands(s: &str) -> String {
 }
 
 /// `\frac12` → `\frac{1}{2}`, `\sqrt2` → `\sqrt{2}`: each braceless argument is one token (one digit,
-/// one letter or one macro).
+/// one letter or one macro), at any depth: inside a braced argument too (`\frac{1}{\sqrt3}`,
+/// `\sqrt{\frac12}`).
+///
+/// One pass, left to right, without recursion: a braced argument is entered rather than copied, and
+/// the macro's arguments left to take wait on a stack until the scan reaches that argument's closing
+/// brace (found beforehand for every brace, so that deeply nested input stays linear).
 fn brace_shorthand(s: &str) -> String {
+    if !s.contains("\\frac") && !s.contains("\\sqrt") {
+        return s.to_string();
+    }
+    let close = closing_braces(s);
     let mut out = String::with_capacity(s.len() + 8);
-    let mut rest = s;
-    // Scan macro by macro (linear: each step moves past one backslash).
-    while let Some(i) = rest.find('\\') {
-        let args = if rest[i..].starts_with("\\frac") {
+    // Per entered argument: its closing brace's byte index, and its macro's arguments still to take.
+    let mut waiting: Vec<(usize, usize)> = Vec::new();
+    let mut i = 0;
+    // The next backslash at or after `i` (kept, not searched for again at every step).
+    let mut backslash = s.find('\\').unwrap_or(s.len());
+    while i < s.len() {
+        let waits_for = waiting.last().copied();
+        if let Some((end, left)) = waits_for {
+            if end == i {
+                waiting.pop();
+                out.push('}');
+                i = take_args(s, i + 1, left, &close, &mut out, &mut waiting);
+                continue;
+            }
+        }
+        if backslash < i {
+            backslash = s[i..].find('\\').map_or(s.len(), |j| i + j);
+        }
+        if backslash > i {
+            // Plain text up to the next macro or the awaited closing brace, copied whole.
+            let stop = match waits_for {
+                Some((end, _)) if end > i => backslash.min(end),
+                _ => backslash,
+            };
+            out.push_str(&s[i..stop]);
+            i = stop;
+            continue;
+        }
+        let rest = &s[i..];
+        let args = if rest.starts_with("\\frac") {
             2
-        } else if rest[i..].starts_with("\\sqrt") {
+        } else if rest.starts_with("\\sqrt") {
             1
         } else {
-            out.push_str(&rest[..i + 1]);
-            rest = &rest[i + 1..];
+            out.push('\\');
+            i += 1;
             continue;
         };
-        out.push_str(&rest[..i + 5]);
-        rest = &rest[i + 5..];
+        out.push_str(&rest[..5]);
+        i += 5;
         // A following letter means another macro (`\fracs`): leave it.
-        if rest.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        if s[i..].starts_with(|c: char| c.is_ascii_alphabetic()) {
             continue;
         }
-        if args == 1 && rest.trim_start().starts_with('[') {
-            let t = rest.trim_start();
-            let end = t.find(']').map_or(t.len(), |j| j + 1);
-            out.push_str(&t[..end]);
-            rest = &t[end..];
+        if args == 1 {
+            let t = s[i..].trim_start();
+            if t.starts_with('[') {
+                let len = t.find(']').map_or(t.len(), |j| j + 1);
+                out.push_str(&t[..len]);
+                i = s.len() - t.len() + len;
+            }
         }
-        for _ in 0..args {
-            let Some((arg, tail)) = take_arg(rest) else {
-                break;
-            };
-            out.push_str(&arg);
-            rest = tail;
-        }
+        i = take_args(s, i, args, &close, &mut out, &mut waiting);
     }
-    out.push_str(rest);
     out
 }
 
-/// One macro argument: a braced group as written, or one token wrapped in braces.
-pub(crate) fn take_arg(rest: &str) -> Option<(String, &str)> {
-    let t = rest.trim_start();
-    if t.starts_with('{') {
-        let end = matching(t, '{', '}')?;
-        return Some((t[..=end].to_string(), &t[end + 1..]));
+/// Takes up to `n` macro arguments from byte `i` of `s`: a one-token argument is written wrapped in
+/// braces; at a braced one the scan enters it (its brace written, the arguments after it left
+/// waiting for its close). Returns where the scan goes on. A brace never closed ends the arguments.
+fn take_args(
+    s: &str,
+    mut i: usize,
+    mut n: usize,
+    close: &std::collections::HashMap<usize, usize>,
+    out: &mut String,
+    waiting: &mut Vec<(usize, usize)>,
+) -> usize {
+    while n > 0 {
+        let t = s[i..].trim_start();
+        let at = s.len() - t.len();
+        // A closing brace of an enclosing argument ends this macro's arguments.
+        if t.is_empty() || t.starts_with('}') {
+            return i;
+        }
+        if t.starts_with('{') {
+            let Some(&end) = close.get(&at) else {
+                return i;
+            };
+            out.push('{');
+            waiting.push((end, n - 1));
+            return at + 1;
+        }
+        let len = match t.strip_prefix('\\') {
+            Some(m) => 1 + m.chars().take_while(|c| c.is_ascii_alphabetic()).count(),
+            None => t.chars().next().map_or(1, char::len_utf8),
+        };
+        out.push('{');
+        out.push_str(&t[..len]);
+        out.push('}');
+        i = at + len;
+        n -= 1;
     }
-    let len = if let Some(m) = t.strip_prefix('\\') {
-        1 + m.chars().take_while(|c| c.is_ascii_alphabetic()).count()
-    } else {
-        t.chars().next()?.len_utf8()
-    };
-    Some((format!("{{{}}}", &t[..len]), &t[len..]))
+    i
+}
+
+/// The byte index of the brace closing each `{` of `s` that is closed, by the opening brace's index.
+fn closing_braces(s: &str) -> std::collections::HashMap<usize, usize> {
+    let mut open = Vec::new();
+    let mut pairs = std::collections::HashMap::new();
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => open.push(i),
+            '}' => {
+                if let Some(o) = open.pop() {
+                    pairs.insert(o, i);
+                }
+            }
+            _ => {}
+        }
+    }
+    pairs
 }
 
 /// Byte index of the bracket closing the one `s` starts with.
@@ -306,5 +378,25 @@ mod tests {
         assert_eq!(normalize("137 1/2"), "137\\frac{1}{2}");
         assert_eq!(normalize("x \\leq 3"), "x\\le3");
         assert_eq!(normalize("+\\infty"), "\\infty");
+    }
+
+    #[test]
+    fn shorthand_arguments_are_braced_at_any_depth() {
+        assert_eq!(normalize("\\frac{1}{\\sqrt3}"), "\\frac{1}{\\sqrt{3}}");
+        assert_eq!(normalize("\\frac{\\sqrt3}{3}"), "\\frac{\\sqrt{3}}{3}");
+        assert_eq!(normalize("\\frac1{\\sqrt 3}"), "\\frac{1}{\\sqrt{3}}");
+        assert_eq!(normalize("\\sqrt{\\frac12}"), "\\sqrt{\\frac{1}{2}}");
+        assert_eq!(normalize("\\frac{\\frac12}3"), "\\frac{\\frac{1}{2}}{3}");
+        assert_eq!(normalize("\\sqrt[3]{\\frac18}"), "\\sqrt[3]{\\frac{1}{8}}");
+        assert_eq!(
+            normalize("(\\sqrt2,\\frac{\\pi}2)"),
+            "(\\sqrt{2},\\frac{\\pi}{2})"
+        );
+        // A brace closing an enclosing group ends a macro's arguments; one never closed is text.
+        assert_eq!(normalize("{\\frac1}2"), "{\\frac{1}}2");
+        assert_eq!(normalize("\\frac{1}{2"), "\\frac{1}{2");
+        // Deep nesting stays linear and does not recurse.
+        let deep = "\\sqrt{".repeat(20_000) + "2" + &"}".repeat(20_000);
+        assert_eq!(normalize(&deep), deep);
     }
 }

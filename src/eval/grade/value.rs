@@ -145,6 +145,8 @@ impl Value {
             ("\\le", Rel::Le),
             ("\\ge", Rel::Ge),
             ("\\ne", Rel::Ne),
+            // `x \approx 11` states a value as `x = 11` does (Math-Verify reads it so).
+            ("\\approx", Rel::Eq),
             ("<", Rel::Lt),
             (">", Rel::Gt),
             ("=", Rel::Eq),

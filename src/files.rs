@@ -110,6 +110,25 @@ pub fn without_bom(text: &str) -> &str {
     text.strip_prefix(BOM).unwrap_or(text)
 }
 
+/// Why a line of a JSON Lines file is not the object it should hold, for an error message: the
+/// parser's complaint, or what the line holds instead (an array, a string...), with the format
+/// expected, so that a pretty-printed JSON file or a JSON array of objects is recognised as such.
+pub fn not_a_json_object(
+    line: std::result::Result<&serde_json::Value, &serde_json::Error>,
+) -> String {
+    use serde_json::Value;
+    let what = match line {
+        Err(e) => format!(": {e}"),
+        Ok(Value::Array(_)) => " but an array".into(),
+        Ok(Value::String(_)) => " but a string".into(),
+        Ok(Value::Number(_)) => " but a number".into(),
+        Ok(Value::Bool(_)) => " but a boolean".into(),
+        Ok(Value::Null) => " but null".into(),
+        Ok(Value::Object(_)) => String::new(),
+    };
+    format!("not a JSON object{what} (JSON Lines: one object a line)")
+}
+
 /// The text of `path` (UTF-8, a leading byte order mark left out), with [`read_bytes`]'s bounds;
 /// invalid UTF-8 names the line.
 pub fn read_text(path: &Path, limit: u64) -> Result<String> {

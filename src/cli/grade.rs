@@ -140,10 +140,11 @@ impl Case {
         let bad = |what: String| -> anyhow::Error {
             kvbench::Error::Input(format!("{at}: {what}")).into()
         };
+        let not_object = kvbench::files::not_a_json_object;
         let row: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| bad(format!("not a JSON object: {e}")))?;
+            serde_json::from_str(line).map_err(|e| bad(not_object(Err(&e))))?;
         if !row.is_object() {
-            return Err(bad("not a JSON object".into()));
+            return Err(bad(not_object(Ok(&row))));
         }
         let field = |k: &str| -> anyhow::Result<String> {
             row.get(k)

@@ -189,8 +189,9 @@ fn jsonl_rows(path: &Path, fields: &Fields, want: &Want) -> Result<Read> {
         }
         let row: serde_json::Value = serde_json::from_str(text).map_err(|e| {
             Error::Input(format!(
-                "{}: not a JSON object: {e}",
-                place(path, "line", n)
+                "{}: {}",
+                place(path, "line", n),
+                crate::files::not_a_json_object(Err(&e))
             ))
         })?;
         let p = problem_of(&row, fields, path, "line", n)?;
@@ -284,7 +285,11 @@ fn problem_of(
 ) -> Result<Problem> {
     let at = || place(path, unit, n);
     if !row.is_object() {
-        return Err(Error::Input(format!("{}: not a JSON object", at())));
+        return Err(Error::Input(format!(
+            "{}: {}",
+            at(),
+            crate::files::not_a_json_object(Ok(row))
+        )));
     }
     let text_of = |key: &str| -> Option<String> {
         match row.get(key)? {
@@ -365,7 +370,18 @@ mod tests {
         );
         std::fs::write(&bad, "{\"problem\": \"y\", \"answer\": 2.5}\n[1]\n").unwrap();
         let err = load(&bad, &Fields::default()).unwrap_err().to_string();
-        assert!(err.contains("bad.jsonl:2: not a JSON object"), "{err}");
+        assert!(
+            err.contains("bad.jsonl:2: not a JSON object but an array (JSON Lines"),
+            "{err}"
+        );
+        // A pretty-printed JSON file: its first line is no object, and the format is named.
+        std::fs::write(&bad, "{\n  \"problem\": \"y\",\n  \"answer\": 2\n}\n").unwrap();
+        let err = load(&bad, &Fields::default()).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.jsonl:1: not a JSON object: EOF")
+                && err.contains("one object a line"),
+            "{err}"
+        );
         // A repeated id among the rows read names both lines (a read that stops early, at `--limit`
         // or the ids asked for, does not look further).
         std::fs::write(

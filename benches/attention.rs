@@ -94,7 +94,10 @@ fn time_all(lengths: &[usize], types: &[KvType], repeats: usize, layers: usize, 
             let values = random(hkv * n * d);
             let q = random(hkv * group * d);
             // Every (type, path) is timed in turn within each repeat, so that they share the
-            // machine's state (a VM's speed drifts by tens of percent from second to second).
+            // machine's state (a VM's speed drifts by tens of percent from second to second), in
+            // the opposite order every other repeat: a run finds the caches the run before it
+            // left in L3, and with one layer's caches the same code timed second read 0.84 of its
+            // time first (f32 against itself, 2,048 entries, Zen 3).
             let caches: Vec<(KvType, Vec<LayerCache>)> = types
                 .iter()
                 .map(|&kv| {
@@ -108,7 +111,10 @@ fn time_all(lengths: &[usize], types: &[KvType], repeats: usize, layers: usize, 
                 .collect();
             let mut times = vec![Vec::with_capacity(repeats); runs.len()];
             for i in 0..repeats + 3 {
-                for (t, &(c, path)) in times.iter_mut().zip(&runs) {
+                for j in 0..runs.len() {
+                    let k = if i % 2 == 0 { j } else { runs.len() - 1 - j };
+                    let (c, path) = runs[k];
+                    let t = &mut times[k];
                     let t0 = Instant::now();
                     for layer in &caches[c].1 {
                         let out = attend_one_on(path, layer, &q, group, scale, false, None)

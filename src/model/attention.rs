@@ -12,6 +12,8 @@ use crate::kernels::dispatch::Path;
 use crate::policy::score::dot_body;
 #[cfg(target_arch = "x86_64")]
 use crate::policy::score::dots_avx;
+#[cfg(target_arch = "x86_64")]
+use crate::policy::score::KeyChunks;
 use candle_core::{DType, Result, Storage, Tensor};
 
 /// Output of [`attend_one`]: the attention output `[heads·d]` and, when asked, the probabilities
@@ -160,6 +162,18 @@ trait CacheRows: Sync {
     fn value_wide<const AVX: bool>(&self, h: usize, j: usize, buf: &mut [f32], out: &mut [f64]);
     /// Asks for the bytes of entry `j`'s key (`keys`) or value to be brought into L1 (a hint).
     fn prefetch(&self, h: usize, j: usize, keys: bool);
+    /// Entry `j`'s key as [`dots_avx`] reads it in the AVX2 and AVX-512 loops: as [`Self::key`]
+    /// gives it (`AVX` as there), unless its stored rows convert as they are loaded.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn key_chunks<'a, const AVX: bool>(
+        &'a self,
+        h: usize,
+        j: usize,
+        buf: &'a mut [f32],
+    ) -> impl KeyChunks + 'a {
+        self.key::<AVX>(h, j, buf)
+    }
 }
 
 /// How many entries ahead of the one it converts [`attend_head`] asks for the next rows. At a few
@@ -220,6 +234,18 @@ impl<K: Stored, V: Stored> CacheRows for Buffers<'_, K, V> {
             false => prefetch_slice(self.v, (h * self.cap + j) * wv, wv),
         }
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn key_chunks<'a, const AVX: bool>(
+        &'a self,
+        h: usize,
+        j: usize,
+        buf: &'a mut [f32],
+    ) -> impl KeyChunks + 'a {
+        let w = self.widths.0;
+        K::chunks::<AVX>(&self.k[(h * self.cap + j) * w..][..w], self.blocks.0, buf)
+    }
 }
 
 impl CacheRows for crate::cache::kivi::KiviStore {
@@ -266,6 +292,16 @@ trait Stored: Copy + Send + Sync + candle_core::WithDType {
     ) {
         widen(Self::as_f32::<AVX>(row, blocks, buf), out)
     }
+    /// A stored key `row` as [`dots_avx`] reads it: as f32 ([`Self::as_f32`]).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn chunks<'a, const AVX: bool>(
+        row: &'a [Self],
+        blocks: Option<Blocks>,
+        buf: &'a mut [f32],
+    ) -> impl KeyChunks + 'a {
+        Self::as_f32::<AVX>(row, blocks, buf)
+    }
 }
 
 impl Stored for f32 {
@@ -308,6 +344,17 @@ impl<T: crate::cache::rows::Half + candle_core::WithDType> Stored for T {
             return unsafe { crate::cache::rows::halves_wide_avx2(row, out) };
         }
         widen(Self::as_f32::<AVX>(row, blocks, buf), out)
+    }
+
+    /// The key's 16-bit values, converted as [`dots_avx`] loads them, never written out as f32.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn chunks<'a, const AVX: bool>(
+        row: &'a [Self],
+        _: Option<Blocks>,
+        _: &'a mut [f32],
+    ) -> impl KeyChunks + 'a {
+        row
     }
 }
 
@@ -549,13 +596,14 @@ fn scores_into<R: CacheRows, const AVX: bool>(
         if k + AHEAD < count {
             rows.prefetch(h, entry(k + AHEAD), true);
         }
-        let key = rows.key::<AVX>(h, entry(k), row);
         #[cfg(target_arch = "x86_64")]
         if AVX {
-            // SAFETY: `AVX` says the CPU supports it.
+            let key = rows.key_chunks::<AVX>(h, entry(k), row);
+            // SAFETY: `AVX` says the CPU supports it and this loop is compiled for it.
             unsafe { key_scores_avx(queries, key, scale, |r, s| out[r * count + k] = s) };
             continue;
         }
+        let key = rows.key::<AVX>(h, entry(k), row);
         for (r, qr) in queries.chunks_exact(d).enumerate() {
             out[r * count + k] = dot_body(qr, key) * scale;
         }
@@ -563,15 +611,16 @@ fn scores_into<R: CacheRows, const AVX: bool>(
 }
 
 /// `emit(r, q_r · key · scale)` for every query row `r` of `queries` (`[rows][key.len()]`), eight
-/// rows at a time by [`dots_avx`]: [`dot_body`]'s bits, each chunk of the key loaded once per group.
+/// rows at a time by [`dots_avx`]: [`dot_body`]'s bits, each chunk of the key loaded (and, stored in
+/// 16 bits, converted) once per group.
 ///
 /// # Safety
-/// The CPU must support AVX.
+/// As [`dots_avx`]: the CPU must support AVX2, FMA and F16C, the caller be compiled for them.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn key_scores_avx(
+unsafe fn key_scores_avx<K: KeyChunks>(
     queries: &[f32],
-    key: &[f32],
+    key: K,
     scale: f32,
     mut emit: impl FnMut(usize, f32),
 ) {
@@ -586,7 +635,7 @@ unsafe fn key_scores_avx(
                 match g {
                     $($n => {
                         // SAFETY: the caller's promise.
-                        let got = unsafe { dots_avx::<$n>(qs, key) };
+                        let got = unsafe { dots_avx::<$n, K>(qs, key) };
                         for (i, s) in got.into_iter().enumerate() {
                             emit(r + i, s * scale);
                         }

@@ -78,22 +78,80 @@ fn lanes_and_tail(acc: &[f32; 8], ta: &[f32], tb: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// A key as [`dots_avx`] reads it, eight values a load: f32 rows as they are, 16-bit rows (`&[f16]`,
+/// `&[bf16]`) converted in registers as they are loaded, so that a cache's key is never written out
+/// as an f32 row first (the same values: both conversions are exact).
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait KeyChunks: Copy {
+    /// Values in the key.
+    fn len(self) -> usize;
+    /// Values `c..c + 8` as f32 lanes.
+    ///
+    /// # Safety
+    /// `c + 8 <= self.len()`; the CPU must support AVX2, FMA and F16C, and the caller be compiled for
+    /// them.
+    unsafe fn eight(self, c: usize) -> std::arch::x86_64::__m256;
+    /// Value `i` as f32.
+    fn at(self, i: usize) -> f32;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl KeyChunks for &[f32] {
+    #[inline(always)]
+    fn len(self) -> usize {
+        <[f32]>::len(self)
+    }
+
+    #[inline(always)]
+    unsafe fn eight(self, c: usize) -> std::arch::x86_64::__m256 {
+        debug_assert!(c + 8 <= self.len());
+        // SAFETY: the caller's.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(self.as_ptr().add(c)) }
+    }
+
+    #[inline(always)]
+    fn at(self, i: usize) -> f32 {
+        self[i]
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<T: crate::cache::rows::Half> KeyChunks for &[T] {
+    #[inline(always)]
+    fn len(self) -> usize {
+        <[T]>::len(self)
+    }
+
+    #[inline(always)]
+    unsafe fn eight(self, c: usize) -> std::arch::x86_64::__m256 {
+        debug_assert!(c + 8 <= self.len());
+        // SAFETY: the caller's.
+        unsafe { T::eight(self.as_ptr().add(c)) }
+    }
+
+    #[inline(always)]
+    fn at(self, i: usize) -> f32 {
+        self[i].value()
+    }
+}
+
 /// The dot products of `G` query rows (`queries`: `G` rows of `key.len()` values, one after the
 /// other) with one key, each by [`dot_body`]'s operations in its order (eight lane sums over the
 /// key's whole chunks of eight in turn, then added lane by lane, then the products past them): the
 /// same bits. The chunks are the outer loop, each loaded into a register once for all `G` rows:
 /// decoding attention scores a GQA group's query heads against each key, and loading the key again
-/// for every row made loads, not arithmetic, the bound (`benches/attention.rs`).
+/// for every row made loads, not arithmetic, the bound (`benches/attention.rs`). A 16-bit key is
+/// converted chunk by chunk as it is loaded ([`KeyChunks`]).
 ///
-/// Always inlined, and only into code compiled for AVX or more (decoding attention's AVX2 and AVX-512
-/// loops), so that its intrinsics compile to instructions in the caller's loop: a function of its
-/// own, called per key and group, cost a call and a return through memory each.
+/// Always inlined, and only into code compiled for AVX2 or more (decoding attention's AVX2 and
+/// AVX-512 loops), so that its intrinsics compile to instructions in the caller's loop: a function of
+/// its own, called per key and group, cost a call and a return through memory each.
 ///
 /// # Safety
-/// The CPU must support AVX, and the caller be compiled for it.
+/// The CPU must support AVX2, FMA and F16C, and the caller be compiled for them.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) unsafe fn dots_avx<const G: usize>(queries: &[f32], key: &[f32]) -> [f32; G] {
+pub(crate) unsafe fn dots_avx<const G: usize, K: KeyChunks>(queries: &[f32], key: K) -> [f32; G] {
     use std::arch::x86_64::{_mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps};
     use std::arch::x86_64::{_mm256_setzero_ps, _mm256_storeu_ps};
     let d = key.len();
@@ -102,19 +160,25 @@ pub(crate) unsafe fn dots_avx<const G: usize>(queries: &[f32], key: &[f32]) -> [
     let mut acc = [_mm256_setzero_ps(); G];
     for c in (0..whole).step_by(8) {
         // SAFETY: c + 8 <= d, and g·d + c + 8 <= G·d <= queries.len() (asserted above).
-        let kc = unsafe { _mm256_loadu_ps(key.as_ptr().add(c)) };
+        let kc = unsafe { key.eight(c) };
         for (g, a) in acc.iter_mut().enumerate() {
             // SAFETY: as above.
             let qc = unsafe { _mm256_loadu_ps(queries.as_ptr().add(g * d + c)) };
             *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, kc));
         }
     }
+    // The values past the last whole chunk (none when `d` is a multiple of eight), as f32.
+    let mut tail = [0f32; 8];
+    for (t, i) in tail.iter_mut().zip(whole..d) {
+        *t = key.at(i);
+    }
+    let tail = &tail[..d - whole];
     let mut out = [0f32; G];
     for (g, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
         let mut lanes = [0f32; 8];
         // SAFETY: eight lanes into eight f32.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *a) };
-        *o = lanes_and_tail(&lanes, &queries[g * d + whole..(g + 1) * d], &key[whole..]);
+        *o = lanes_and_tail(&lanes, &queries[g * d + whole..(g + 1) * d], tail);
     }
     out
 }
@@ -314,35 +378,45 @@ mod tests {
             0 => special[rng.random_range(0..special.len())],
             _ => rng.random_range(-4.0f32..4.0),
         };
-        #[target_feature(enable = "avx")]
-        fn grouped<const G: usize>(q: &[f32], k: &[f32]) -> [f32; G] {
-            // SAFETY: compiled for AVX, called only where the CPU has it.
-            unsafe { dots_avx::<G>(q, k) }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn grouped<const G: usize, K: KeyChunks>(q: &[f32], k: K) -> [f32; G] {
+            // SAFETY: compiled for AVX2, called only where the CPU has it.
+            unsafe { dots_avx::<G, K>(q, k) }
         }
-        fn check<const G: usize>(q: &[f32], k: &[f32]) {
+        fn check<const G: usize, K: KeyChunks>(q: &[f32], k: K, as_f32: &[f32]) {
             // SAFETY: the CPU has AVX2 (checked above).
-            let got = unsafe { grouped::<G>(q, k) };
+            let got = unsafe { grouped::<G, K>(q, k) };
+            let d = as_f32.len();
             for (g, x) in got.iter().enumerate() {
-                let want = dot_body(&q[g * k.len()..(g + 1) * k.len()], k);
+                let want = dot_body(&q[g * d..(g + 1) * d], as_f32);
                 assert!(
                     x.to_bits() == want.to_bits() || (x.is_nan() && want.is_nan()),
-                    "G {G}, row {g}, d {}: {x} against {want}",
-                    k.len()
+                    "G {G}, row {g}, d {d}: {x} against {want}"
                 );
             }
+        }
+        fn each_group<K: KeyChunks>(q: &[f32], k: K, as_f32: &[f32]) {
+            check::<1, K>(q, k, as_f32);
+            check::<2, K>(q, k, as_f32);
+            check::<3, K>(q, k, as_f32);
+            check::<4, K>(q, k, as_f32);
+            check::<5, K>(q, k, as_f32);
+            check::<6, K>(q, k, as_f32);
+            check::<7, K>(q, k, as_f32);
+            check::<8, K>(q, k, as_f32);
         }
         for round in 0..300 {
             let d = [1, 7, 8, 9, 20, 64, 67, 128][round % 8];
             let q: Vec<f32> = (0..8 * d).map(|_| value(&mut rng)).collect();
             let k: Vec<f32> = (0..d).map(|_| value(&mut rng)).collect();
-            check::<1>(&q, &k);
-            check::<2>(&q, &k);
-            check::<3>(&q, &k);
-            check::<4>(&q, &k);
-            check::<5>(&q, &k);
-            check::<6>(&q, &k);
-            check::<7>(&q, &k);
-            check::<8>(&q, &k);
+            each_group(&q, k.as_slice(), &k);
+            // A 16-bit key converted as it is loaded: the bits of its f32 row's products.
+            let h: Vec<half::f16> = k.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let hk: Vec<f32> = h.iter().map(|x| x.to_f32()).collect();
+            each_group(&q, h.as_slice(), &hk);
+            let b: Vec<half::bf16> = k.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let bk: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
+            each_group(&q, b.as_slice(), &bk);
         }
     }
 

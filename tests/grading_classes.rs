@@ -2,8 +2,9 @@
 //! each with cases of its own beyond the examples named there: thousands separators, boxes joined by
 //! spaced words, ASCII relations, `array` matrices, units in `\textnormal`, `pct`, bare-brace sets,
 //! subscripted assignment lists, trigonometric and other functions in identity tests, `\pm` sets,
-//! function arguments written without parentheses, and (grader 6) shorthand arguments inside braced
-//! ones, inequalities against zero and `\approx` values.
+//! function arguments written without parentheses, (grader 6) shorthand arguments inside braced
+//! ones, inequalities against zero and `\approx` values, and (grader 7) `and` and `or` inside one
+//! answer as a list's commas.
 
 use kvbench::eval::grade::{equivalent, grade_output};
 
@@ -232,6 +233,28 @@ fn inequalities_against_zero_and_approximate_values() {
     same("x \\approx 11", "11");
     differ("x \\approx 11", "12");
     differ("x \\approx 3.14", "\\pi");
+}
+
+/// A standalone `and` or `or` inside one answer separates a list, as Math-Verify reads it (grader 7):
+/// models box `1 \text{ and } -2` for the roots 1 and -2 (13 of the stored studies' answers did).
+/// Words that merely contain the letters, and LaTeX's `\land`, are left alone.
+#[test]
+fn and_or_inside_one_answer_make_a_list() {
+    same("1 \\text{ and } -2", "1, -2");
+    same("-2 \\text{ or } 1", "1,-2");
+    same("1, and -2", "1,-2");
+    same("x = 3 \\text{ or } x = 5", "3, 5");
+    same("(1,2) \\text{ and } (3,4)", "(1,2), (3,4)");
+    same(
+        "\\frac{\\pi}{6} \\text{ and } \\frac{5\\pi}{6}",
+        "\\frac{5\\pi}{6}, \\frac{\\pi}{6}",
+    );
+    differ("2 \\text{ and } 3", "2");
+    differ("1 \\text{ and } -2", "1, 2");
+    same("\\text{North}", "\\text{North}");
+    differ("\\text{North}", "\\text{N}, \\text{th}");
+    differ("1 \\land 2", "1, 2");
+    same("\\text{odd}", "\\text{odd}");
 }
 
 /// `kvbench grade --pred 5 --gold -5`: a value that starts with a hyphen (a negative number, `-\infty`)

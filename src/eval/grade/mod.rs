@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use value::{Interval, Rel, Value};
 
 /// Bumped whenever a verdict can change; recorded with results.
-pub const GRADER_VERSION: &str = "kvbench-grader-6";
+pub const GRADER_VERSION: &str = "kvbench-grader-7";
 
 /// The verdict on one output.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

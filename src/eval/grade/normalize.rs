@@ -142,6 +142,8 @@ pub fn normalize(s: &str) -> String {
         s = next;
     }
     s = UNIT_WORD.replace(&s, "$1").into_owned();
+    // Beyond the spec, as Math-Verify: `1 \text{ and } -2`, `3 or 4` are lists.
+    s = and_or_commas(&s);
     // 9. Percent (`pct` too); 10. currency.
     s = PCT.replace_all(&s, "$1").into_owned();
     for m in ["\\%", "%", " percentage", " percent", "¥", "€", "dollars"] {
@@ -181,6 +183,43 @@ pub fn normalize(s: &str) -> String {
     // 16. Whitespace.
     s.retain(|c| !c.is_whitespace());
     s
+}
+
+/// A standalone `and` or `or` (no letter or backslash before it, no letter after it) as a list's
+/// comma, an optional comma and the spaces before it with it: `x = 1 \text{ and } x = -2` lists two
+/// solutions as `x=1,x=-2` does (Math-Verify's reading; the spec joins boxes on such glue but says
+/// nothing of it inside one). One pass, left to right.
+fn and_or_commas(s: &str) -> String {
+    if !s.contains("and") && !s.contains("or") {
+        return s.to_string();
+    }
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    // `s[copied..i]` is still to be written.
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        let word = [&b"and"[..], b"or"]
+            .into_iter()
+            .find(|w| b[i..].starts_with(w))
+            .map_or(0, <[u8]>::len);
+        // Both words are ASCII, so `i` and `i + word` are character boundaries.
+        let alone = word > 0
+            && (i == 0 || !(b[i - 1].is_ascii_alphabetic() || b[i - 1] == b'\\'))
+            && !b.get(i + word).is_some_and(u8::is_ascii_alphabetic);
+        if !alone {
+            i += 1;
+            continue;
+        }
+        out.push_str(&s[copied..i]);
+        out.truncate(out.trim_end().len());
+        if !out.ends_with(',') {
+            out.push(',');
+        }
+        i += word;
+        copied = i;
+    }
+    out.push_str(&s[copied..]);
+    out
 }
 
 /// Removes the commas of every run of digit groups written as thousands: one to three digits, then
@@ -378,6 +417,20 @@ mod tests {
         assert_eq!(normalize("137 1/2"), "137\\frac{1}{2}");
         assert_eq!(normalize("x \\leq 3"), "x\\le3");
         assert_eq!(normalize("+\\infty"), "\\infty");
+    }
+
+    #[test]
+    fn standalone_and_or_are_commas() {
+        assert_eq!(normalize("1 \\text{ and } -2"), "1,-2");
+        assert_eq!(normalize("1, and 2 or 3"), "1,2,3");
+        assert_eq!(normalize("1and2and3"), "1,2,3");
+        assert_eq!(normalize("x = 1 \\text{or} x = 2"), "x=1,x=2");
+        // Inside words, after a backslash, or as a word's start: left.
+        assert_eq!(normalize("\\text{North}"), "North");
+        assert_eq!(normalize("\\text{Sandor}"), "Sandor");
+        assert_eq!(normalize("a \\land b"), "a\\landb");
+        assert_eq!(normalize("\\text{order}"), "order");
+        assert_eq!(normalize("é and ü"), "é,ü");
     }
 
     #[test]

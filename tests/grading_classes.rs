@@ -4,7 +4,7 @@
 //! subscripted assignment lists, trigonometric and other functions in identity tests, `\pm` sets,
 //! function arguments written without parentheses, (grader 6) shorthand arguments inside braced
 //! ones, inequalities against zero and `\approx` values, and (grader 7) `and` and `or` inside one
-//! answer as a list's commas.
+//! answer as a list's commas, binomial coefficients' values.
 
 use kvbench::eval::grade::{equivalent, grade_output};
 
@@ -255,6 +255,24 @@ fn and_or_inside_one_answer_make_a_list() {
     differ("\\text{North}", "\\text{N}, \\text{th}");
     differ("1 \\land 2", "1, 2");
     same("\\text{odd}", "\\text{odd}");
+}
+
+/// `\binom{n}{k}` (and `\dbinom`, `\tbinom`) has its value, as in Math-Verify (sympy's binomial): a
+/// counting answer boxed unevaluated equals its number (grader 7).
+#[test]
+fn binomial_coefficients_have_their_values() {
+    same("\\binom{5}{2}", "10");
+    same("\\dbinom{10}{3}", "120");
+    same("\\tbinom{6}{0}", "1");
+    same("\\binom{50}{25}", "126410606437752");
+    same("2\\binom{4}{2}", "12");
+    same("\\frac{\\binom{4}{2}}{\\binom{6}{3}}", "\\frac{3}{10}");
+    same("\\binom{3}{5}", "0");
+    differ("\\binom{5}{2}", "20");
+    differ("\\binom{5}{3}", "5");
+    // Huge arguments give up (beyond the cap) or overflow quickly, never equal to a small number.
+    differ("\\binom{10^{9}}{3}", "5");
+    differ("\\binom{10^{6}}{500000}", "5");
 }
 
 /// `kvbench grade --pred 5 --gold -5`: a value that starts with a hyphen (a negative number, `-\infty`)

@@ -99,6 +99,10 @@ pub fn normalize(s: &str) -> String {
     for m in ["\\dfrac", "\\tfrac", "\\cfrac"] {
         s = s.replace(m, "\\frac");
     }
+    // The same for binomial coefficients (beyond the spec's list).
+    for m in ["\\dbinom", "\\tbinom"] {
+        s = s.replace(m, "\\binom");
+    }
     s = REL_LE.replace_all(&s, "\\le").into_owned();
     s = REL_GE.replace_all(&s, "\\ge").into_owned();
     s = REL_NE.replace_all(&s, "\\ne").into_owned();

@@ -4,7 +4,7 @@
 //! subscripted assignment lists, trigonometric and other functions in identity tests, `\pm` sets,
 //! function arguments written without parentheses, (grader 6) shorthand arguments inside braced
 //! ones, inequalities against zero and `\approx` values, and (grader 7) `and` and `or` inside one
-//! answer as a list's commas, binomial coefficients' values.
+//! answer as a list's commas, binomial coefficients' values, `(a, b) =` before an ordered pair.
 
 use kvbench::eval::grade::{equivalent, grade_output};
 
@@ -255,6 +255,23 @@ fn and_or_inside_one_answer_make_a_list() {
     differ("\\text{North}", "\\text{N}, \\text{th}");
     differ("1 \\land 2", "1, 2");
     same("\\text{odd}", "\\text{odd}");
+}
+
+/// An ordered pair written with its variables, `(a, b) = (2, 3)`, is the pair, as `x = 5` is 5 (the
+/// spec drops one letter's `x =`; grader 7 the tuple's): MATH asks for ordered pairs and triples.
+#[test]
+fn tuples_of_variables_assigned_values_are_the_values() {
+    same("(a,b) = (2,3)", "(2,3)");
+    same(
+        "(x, y, z) = \\left(1, \\frac{1}{2}, -3\\right)",
+        "(1,\\frac12,-3)",
+    );
+    same(
+        "(r,\\theta) = (3, \\frac{\\pi}{2})",
+        "\\left( 3, \\frac{\\pi}{2} \\right)",
+    );
+    differ("(a,b) = (2,3)", "(3,2)");
+    differ("(a,b) = (2,3)", "2,3,4");
 }
 
 /// `\binom{n}{k}` (and `\dbinom`, `\tbinom`) has its value, as in Math-Verify (sympy's binomial): a

@@ -29,6 +29,15 @@ static BRACED_THOUSANDS: LazyLock<Regex> = LazyLock::new(|| re(r"(\d)\s*\{\s*,\s
 static PCT: LazyLock<Regex> = LazyLock::new(|| re(r"(\d)\s*pct\b"));
 static ASSIGN: LazyLock<Regex> =
     LazyLock::new(|| re(r"^\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*=\s*(.*)$"));
+/// `(a, b) =` before an ordered pair's values: the tuple form of `v =` (beyond the spec's one letter),
+/// its variables letters, subscripted or not, or Greek ones (`(r, \theta)`; π is a number).
+static TUPLE_ASSIGN: LazyLock<Regex> = LazyLock::new(|| {
+    let greek = r"\\(?:alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega)";
+    let var = format!(r"(?:[a-zA-Z]|{greek})(?:_\{{?[a-zA-Z0-9]+\}}?)?");
+    re(&format!(
+        r"^\s*\(\s*{var}(?:\s*,\s*{var})+\s*\)\s*=\s*(\(.*)$"
+    ))
+});
 static IN_PREFIX: LazyLock<Regex> = LazyLock::new(|| re(r"^\s*[a-zA-Z]\s*\\in\s*"));
 static INT_SLASH: LazyLock<Regex> = LazyLock::new(|| re(r"^(-?\d+)/(\d+)$"));
 static MIXED_SLASH: LazyLock<Regex> = LazyLock::new(|| re(r"^(-?\d+)\s+(\d+)/(\d+)$"));
@@ -160,9 +169,10 @@ pub fn normalize(s: &str) -> String {
     if !bracketed {
         s = strip_thousands(&s);
     }
-    // 12. Prefixes: `v =` when the right side is a value, `v \in`.
+    // 12. Prefixes: `v =` when the right side is a value (and, beyond the spec, `(a, b) =` before a
+    //     tuple of values), `v \in`.
     if s.matches('=').count() == 1 {
-        if let Some(c) = ASSIGN.captures(&s) {
+        if let Some(c) = ASSIGN.captures(&s).or_else(|| TUPLE_ASSIGN.captures(&s)) {
             let rhs = c[1].to_string();
             let bare = MACRO.replace_all(&rhs, "");
             if !bare.chars().any(|ch| ch.is_ascii_alphabetic()) {
@@ -421,6 +431,23 @@ mod tests {
         assert_eq!(normalize("137 1/2"), "137\\frac{1}{2}");
         assert_eq!(normalize("x \\leq 3"), "x\\le3");
         assert_eq!(normalize("+\\infty"), "\\infty");
+    }
+
+    #[test]
+    fn a_tuple_of_variables_assigned_values_is_the_values() {
+        assert_eq!(normalize("(a,b) = (2,3)"), "(2,3)");
+        assert_eq!(
+            normalize("\\left(x_1, y\\right) = \\left(\\frac12, -1\\right)"),
+            "(\\frac{1}{2},-1)"
+        );
+        assert_eq!(normalize("(a, b, c) = (1, 2, 3)"), "(1,2,3)");
+        assert_eq!(normalize("(r, \\theta) = (3, \\pi)"), "(3,\\pi)");
+        assert_eq!(normalize("(\\pi, a) = (3, 1)"), "(\\pi,a)=(3,1)");
+        // Kept: a right side with variables, a single letter in brackets, two `=`, no tuple.
+        assert_eq!(normalize("(a,b) = (2,c)"), "(a,b)=(2,c)");
+        assert_eq!(normalize("(a) = (2)"), "(a)=(2)");
+        assert_eq!(normalize("(a,b) = (2,3) = (2,3)"), "(a,b)=(2,3)=(2,3)");
+        assert_eq!(normalize("(a,b) = 5"), "(a,b)=5");
     }
 
     #[test]

@@ -109,8 +109,10 @@ pub fn normalize(s: &str) -> String {
         s = s.replace(m, "\\frac");
     }
     // The same for binomial coefficients (beyond the spec's list).
-    for m in ["\\dbinom", "\\tbinom"] {
-        s = s.replace(m, "\\binom");
+    if s.contains("binom") {
+        s = s
+            .replace("\\dbinom", "\\binom")
+            .replace("\\tbinom", "\\binom");
     }
     s = REL_LE.replace_all(&s, "\\le").into_owned();
     s = REL_GE.replace_all(&s, "\\ge").into_owned();

@@ -1,7 +1,7 @@
 //! A small LaTeX expression parser and evaluator (grading spec §3–§4): + − · / ^, `\frac`,
 //! `\sqrt[n]`, π, e, i, trigonometric and logarithmic functions, absolute values, factorials,
-//! binomial coefficients and single-letter variables, with implicit multiplication. Values are complex numbers, so that `a+bi`
-//! answers and identity tests at complex points both work.
+//! binomial coefficients and single-letter variables, with implicit multiplication. Values are
+//! complex numbers, so that `a+bi` answers and identity tests at complex points both work.
 
 use num_complex::Complex64;
 use std::collections::BTreeSet;
@@ -40,7 +40,7 @@ const FUNCS: &[&str] = &[
 ];
 
 /// Greek letters read as variables (`\theta`), longest first for prefix matching.
-const GREEK: &[&str] = &[
+pub(crate) const GREEK: &[&str] = &[
     "epsilon", "lambda", "alpha", "gamma", "delta", "theta", "kappa", "omega", "sigma", "beta",
     "zeta", "iota", "phi", "psi", "chi", "rho", "tau", "eta", "mu", "nu", "xi",
 ];

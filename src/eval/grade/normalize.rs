@@ -30,10 +30,11 @@ static PCT: LazyLock<Regex> = LazyLock::new(|| re(r"(\d)\s*pct\b"));
 static ASSIGN: LazyLock<Regex> =
     LazyLock::new(|| re(r"^\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*=\s*(.*)$"));
 /// `(a, b) =` before an ordered pair's values: the tuple form of `v =` (beyond the spec's one letter),
-/// its variables letters, subscripted or not, or Greek ones (`(r, \theta)`; π is a number).
+/// its variables letters, subscripted or not, or the Greek letters the expression parser reads as
+/// variables (`(r, \theta)`; π is a number).
 static TUPLE_ASSIGN: LazyLock<Regex> = LazyLock::new(|| {
-    let greek = r"\\(?:alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega)";
-    let var = format!(r"(?:[a-zA-Z]|{greek})(?:_\{{?[a-zA-Z0-9]+\}}?)?");
+    let greek = super::expr::GREEK.join("|");
+    let var = format!(r"(?:[a-zA-Z]|\\(?:{greek}))(?:_\{{?[a-zA-Z0-9]+\}}?)?");
     re(&format!(
         r"^\s*\(\s*{var}(?:\s*,\s*{var})+\s*\)\s*=\s*(\(.*)$"
     ))
@@ -214,10 +215,13 @@ fn and_or_commas(s: &str) -> String {
     // `s[copied..i]` is still to be written.
     let (mut i, mut copied) = (0, 0);
     while i < b.len() {
-        let word = [&b"and"[..], b"or"]
-            .into_iter()
-            .find(|w| b[i..].starts_with(w))
-            .map_or(0, <[u8]>::len);
+        let word = if b[i..].starts_with(b"and") {
+            3
+        } else if b[i..].starts_with(b"or") {
+            2
+        } else {
+            0
+        };
         // Both words are ASCII, so `i` and `i + word` are character boundaries.
         let alone = word > 0
             && (i == 0 || !(b[i - 1].is_ascii_alphabetic() || b[i - 1] == b'\\'))

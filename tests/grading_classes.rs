@@ -4,7 +4,9 @@
 //! subscripted assignment lists, trigonometric and other functions in identity tests, `\pm` sets,
 //! function arguments written without parentheses, (grader 6) shorthand arguments inside braced
 //! ones, inequalities against zero and `\approx` values, and (grader 7) `and` and `or` inside one
-//! answer as a list's commas, binomial coefficients' values, `(a, b) =` before an ordered pair.
+//! answer as a list's commas, binomial coefficients' values, `(a, b) =` before an ordered pair, and
+//! (grader 8) inequality golds met by their intervals, repeating decimals, the empty set's and the real
+//! line's spellings, ordinals, ellipses, a letter `U` for a union, `f(x) =` before a value.
 
 use kvbench::eval::grade::{equivalent, grade_output};
 
@@ -347,4 +349,91 @@ fn blank_answers_are_none_and_blank_gold_is_refused() {
     assert!(err.contains("cases.jsonl:2"), "{err}");
     assert!(out.stdout.is_empty(), "{out:?}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Grader 8, spec §4.4's "the reverse may be accepted": an inequality gold in one variable is met by
+/// the interval (or union) it describes, one- or two-sided, either way round, strict or not, `≠` and
+/// `or`; an interval gold is never met by an inequality, and the closedness, direction and variable
+/// must agree.
+#[test]
+fn an_inequality_gold_is_met_by_its_interval() {
+    let meets = |pred: &str, gold: &str| {
+        assert!(equivalent(pred, gold), "{pred:?} should meet {gold:?}");
+        assert!(
+            !equivalent(gold, pred),
+            "the inequality {gold:?} should not meet the interval gold {pred:?}"
+        );
+    };
+    let misses = |pred: &str, gold: &str| {
+        assert!(!equivalent(pred, gold), "{pred:?} should miss {gold:?}");
+    };
+    meets("(0, \\infty)", "x > 0");
+    meets("(-\\infty, 3]", "x \\le 3");
+    meets("(-\\infty, 3]", "3 \\geq x");
+    meets("[-1, \\frac{1}{2})", "-1 \\le t < \\frac12");
+    meets("(1, 5]", "5 \\ge x > 1");
+    meets(
+        "\\left(\\frac{3}{5},\\frac{8}{3}\\right]",
+        "\\frac35 < x \\le \\frac83",
+    );
+    meets(
+        "(-\\infty, 2) \\cup (3, \\infty)",
+        "x < 2 \\text{ or } x > 3",
+    );
+    meets("(3,\\infty)\\cup(-\\infty,2)", "x<2 \\text{ or } x>3");
+    meets("(-\\infty,0)\\cup(0,\\infty)", "x \\ne 0");
+    meets("(0.5, \\infty)", "x > \\frac12");
+    misses("(-\\infty, 3)", "x \\le 3");
+    misses("(2, 5]", "2 \\le x < 5");
+    misses("(5, 1)", "5 > x > 1");
+    misses("(1, 5)", "1 < x > 5");
+    misses(
+        "(-\\infty, 2) \\cup (3, \\infty)",
+        "x < 2 \\text{ or } y > 3",
+    );
+    misses("(0, \\infty)", "x > y");
+    misses("(0, \\infty)", "x + 1 > 1");
+    misses("(0, 1)", "x > 0");
+}
+
+/// Grader 8, beyond the spec: a repeating decimal is its exact value; the empty set's spellings are one;
+/// the real line is its interval; an ordinal is its number; the ellipsis macros are one; a capital `U`
+/// between intervals is a union; `f(x) =` before a value is dropped as `y =` is.
+#[test]
+fn other_spellings_of_the_same_answer() {
+    same("0.\\overline{3}", "\\frac13");
+    same("0.1\\overline{6}", "\\frac{1}{6}");
+    same("-1.\\overline{142857}", "-\\frac87");
+    same("0.\\overline9", "1");
+    same(".\\overline{27}", "\\frac{3}{11}");
+    same("0.\\bar{3}", "\\frac13");
+    same("0.\\overline{3}", "0.333333");
+    differ("0.\\overline{3}", "0.3");
+    differ("0.\\overline{3}", "0.333");
+    differ("0.1\\overline{6}", "\\frac16 + 1");
+    same("\\emptyset", "\\{\\}");
+    same("\\varnothing", "\\{ \\}");
+    differ("\\emptyset", "\\{0\\}");
+    same("\\mathbb{R}", "(-\\infty, \\infty)");
+    same("\\mathbb R", "(-\\infty,\\infty)");
+    same("\\text{all real numbers}", "(-\\infty,\\infty)");
+    differ("\\mathbb{R}^2", "(-\\infty,\\infty)");
+    differ("\\mathbb{R}", "(0,\\infty)");
+    same("5^{\\text{th}}", "5");
+    same("21^{st}", "21");
+    same("2nd", "2");
+    differ("2^{nd}", "3");
+    differ("5\\theta", "5");
+    same("1, 2, \\ldots, 10", "1,2,...,10");
+    same("1,2,\\cdots,10", "1, 2, \\dots, 10");
+    same(
+        "(-\\infty,2) U (3,\\infty)",
+        "(-\\infty, 2) \\cup (3, \\infty)",
+    );
+    same("f(x) = 2x + 1", "2x+1");
+    same("p(x)=x^2-1", "(x-1)(x+1)");
+    same("f(x) = 2x + 1", "f(x) = 1 + 2x");
+    differ("f(x) = 2x + 1", "2x + 2");
+    differ("f(x) = 2x + 1", "y = 2x + 1");
+    differ("g(t) = t^2", "x^2");
 }

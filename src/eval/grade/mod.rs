@@ -7,6 +7,7 @@
 
 pub mod expr;
 pub mod extract;
+pub mod inequality;
 pub mod normalize;
 pub mod value;
 
@@ -19,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use value::{Interval, Rel, Value};
 
 /// Bumped whenever a verdict can change; recorded with results.
-pub const GRADER_VERSION: &str = "kvbench-grader-7";
+pub const GRADER_VERSION: &str = "kvbench-grader-8";
 
 /// The verdict on one output.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -95,7 +96,25 @@ pub fn equivalent(pred: &str, gold: &str) -> bool {
     }
     // 3–4. Typed comparison.
     let (pv, gv) = (Value::parse(&p), Value::parse(&g));
-    values_equal(&pv, &gv)
+    values_equal(&pv, &gv) || interval_meets_inequality(&pv, &g)
+}
+
+/// An interval (or union) prediction against an inequality gold, `(2,\infty)` for `x > 2`: the
+/// spec's "the reverse may be accepted" (§4.4), as in Math-Verify. Never the other way round.
+fn interval_meets_inequality(p: &Value, gold: &str) -> bool {
+    if !matches!(p, Value::Interval(_) | Value::Tuple(_) | Value::Union(_)) {
+        return false;
+    }
+    let Some(ivs) = inequality::intervals(gold) else {
+        return false;
+    };
+    match (p, ivs.as_slice()) {
+        (Value::Union(u), _) => {
+            u.len() == ivs.len() && matches(u, &ivs, &|x: &Interval, y| intervals_equal(x, y))
+        }
+        (_, [iv]) => values_equal(p, &Value::Interval(iv.clone())),
+        _ => false,
+    }
 }
 
 /// The letter of a multiple-choice answer: `C`, `(C)`, or (for predictions) `(C)` followed by text.

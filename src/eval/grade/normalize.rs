@@ -53,6 +53,11 @@ static BACKSLASH_SPACE: LazyLock<Regex> = LazyLock::new(|| re(r"(^|[^\\])\\ "));
 /// `\hspace{…}` and `\hspace*{…}`: a space of a given width.
 static HSPACE: LazyLock<Regex> = LazyLock::new(|| re(r"\\hspace\*?\{[^{}]*\}"));
 static DOUBLE_BACKSLASH: LazyLock<Regex> = LazyLock::new(|| re(r"\\\\([a-zA-Z])"));
+/// An ordinal, `5^{th}` or `2nd`, as the whole answer (after whitespace is gone).
+static ORDINAL: LazyLock<Regex> =
+    LazyLock::new(|| re(r"^(-?\d+)(?:\^\{(?:st|nd|rd|th)\}|\^?(?:st|nd|rd|th))$"));
+/// A union written with the letter U between two intervals' brackets (after whitespace is gone).
+static LETTER_UNION: LazyLock<Regex> = LazyLock::new(|| re(r"([)\]])U([(\[])"));
 
 /// Normalises an answer string (spec §3). The result is compared as a string first, then parsed.
 pub fn normalize(s: &str) -> String {
@@ -199,6 +204,36 @@ pub fn normalize(s: &str) -> String {
     s = s.replace('∞', "\\infty").replace("+\\infty", "\\infty");
     // 16. Whitespace.
     s.retain(|c| !c.is_whitespace());
+    whole_answer_forms(s)
+}
+
+/// Beyond the spec, the other spellings of a few whole answers, once whitespace is gone: the empty
+/// set `\{\}` is `\emptyset`; the real line `\mathbb{R}` (or "all real numbers") is `(-\infty,\infty)`;
+/// an ordinal `5^{th}` (`5^{\text{th}}`, `5th`) is its number; and, inside an answer, the ellipsis
+/// macros are `...` and a capital `U` between intervals is `\cup`.
+fn whole_answer_forms(mut s: String) -> String {
+    if s.contains("dots") || s.contains('…') {
+        for m in ["\\ldots", "\\cdots", "\\dotsc", "\\dotsb", "\\dots", "…"] {
+            s = s.replace(m, "...");
+        }
+    }
+    if s.contains('U') {
+        s = LETTER_UNION.replace_all(&s, "$1\\cup$2").into_owned();
+    }
+    match s.as_str() {
+        "\\{\\}" | "{}" => return "\\emptyset".to_string(),
+        "\\mathbb{R}" | "\\mathbbR" => return "(-\\infty,\\infty)".to_string(),
+        _ => {}
+    }
+    if ["allrealnumbers", "allreals", "allrealvalues"]
+        .iter()
+        .any(|w| s.eq_ignore_ascii_case(w))
+    {
+        return "(-\\infty,\\infty)".to_string();
+    }
+    if let Some(c) = ORDINAL.captures(&s) {
+        return c[1].to_string();
+    }
     s
 }
 

@@ -68,6 +68,17 @@ static PLAIN_NUMBER: LazyLock<Regex> =
 static FRACTION: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(-?)(?:(\d+))?\\frac\{(-?\d+)\}\{(\d+)\}$").expect("static pattern")
 });
+/// A repeating decimal, `0.\overline{3}` or `1.2\bar{45}`: sign, whole part, the digits before the
+/// bar and the repeating ones (braced or one digit).
+static REPEATING: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(-?)(\d*)\.(\d*)\\(?:overline|bar)(?:\{(\d+)\}|(\d))$").expect("static pattern")
+});
+/// A one-letter function of one-letter variables, `f(x)` or `g_1(s,t)`.
+static FUNCTION_OF: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^[a-zA-Z](?:_[a-zA-Z0-9])?\([a-zA-Z](?:,[a-zA-Z])*\)$").expect("static pattern")
+});
+/// The most digits a repeating decimal may have (beyond them it stays unparsed: spec §4.5's cap).
+const MAX_REPEATING_DIGITS: usize = 200;
 static BASED: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^([0-9A-Za-z]+)_(\d+)$").expect("static pattern"));
 static WORD: LazyLock<Regex> =
@@ -153,8 +164,15 @@ impl Value {
         ] {
             let parts = split_top(s, token);
             if parts.len() == 2 && !parts[0].is_empty() && !parts[1].is_empty() {
+                // `f(x) =` names a function's value as `y =` names a variable's (beyond the spec's one
+                // letter): the left side is one unknown, so that the right side is the answer.
+                let lhs = if FUNCTION_OF.is_match(&parts[0]) {
+                    Box::new(Value::Expr(Expr::Var(parts[0].clone())))
+                } else {
+                    sub(&parts[0])
+                };
                 return Value::Relation {
-                    lhs: sub(&parts[0]),
+                    lhs,
                     op: rel,
                     rhs: sub(&parts[1]),
                 };
@@ -265,8 +283,12 @@ impl Value {
     }
 }
 
-/// Plain integers and decimals, `\frac{a}{b}` and mixed numbers `n\frac{a}{b}`, exactly.
+/// Plain integers and decimals, `\frac{a}{b}`, mixed numbers `n\frac{a}{b}` and (beyond the spec)
+/// repeating decimals `0.1\overline{6}`, exactly.
 fn exact_number(s: &str) -> Option<Value> {
+    if s.contains("\\overline") || s.contains("\\bar") {
+        return repeating_decimal(s);
+    }
     if let Some(c) = PLAIN_NUMBER.captures(s) {
         let int: BigInt = c[2].parse().ok()?;
         let (value, decimal) = match c.get(3) {
@@ -296,6 +318,36 @@ fn exact_number(s: &str) -> Option<Value> {
         }
         value += BigRational::from_integer(whole);
     }
+    if &c[1] == "-" {
+        value = -value;
+    }
+    Some(Value::Num {
+        value,
+        decimal: false,
+    })
+}
+
+/// `w.a\overline{r}` is w + (a·(10^|r| − 1) + r) / (10^|a|·(10^|r| − 1)): a number, not a decimal
+/// literal, so it compares exactly (`0.\overline{3}` is 1/3, `0.\overline{9}` is 1).
+fn repeating_decimal(s: &str) -> Option<Value> {
+    let c = REPEATING.captures(s)?;
+    let (whole, fixed) = (&c[2], &c[3]);
+    let repeat = c.get(4).or(c.get(5))?.as_str();
+    if whole.len() + fixed.len() + repeat.len() > MAX_REPEATING_DIGITS {
+        return None;
+    }
+    let digits = |d: &str| -> Option<BigInt> {
+        if d.is_empty() {
+            Some(BigInt::zero())
+        } else {
+            d.parse().ok()
+        }
+    };
+    let ten = BigInt::from(10u32);
+    let nines = ten.pow(repeat.len() as u32) - 1;
+    let num = digits(fixed)? * &nines + digits(repeat)?;
+    let den = ten.pow(fixed.len() as u32) * nines;
+    let mut value = BigRational::from_integer(digits(whole)?) + BigRational::new(num, den);
     if &c[1] == "-" {
         value = -value;
     }

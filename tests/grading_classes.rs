@@ -6,7 +6,8 @@
 //! ones, inequalities against zero and `\approx` values, and (grader 7) `and` and `or` inside one
 //! answer as a list's commas, binomial coefficients' values, `(a, b) =` before an ordered pair, and
 //! (grader 8) inequality golds met by their intervals, repeating decimals, the empty set's and the real
-//! line's spellings, ordinals, ellipses, a letter `U` for a union, `f(x) =` before a value.
+//! line's spellings, ordinals, ellipses, a letter `U` for a union, `f(x) =` before a value, Unicode
+//! mathematics, degrees inside trigonometric functions.
 
 use kvbench::eval::grade::{equivalent, grade_output};
 
@@ -436,4 +437,31 @@ fn other_spellings_of_the_same_answer() {
     differ("f(x) = 2x + 1", "2x + 2");
     differ("f(x) = 2x + 1", "y = 2x + 1");
     differ("g(t) = t^2", "x^2");
+}
+
+/// Grader 8, beyond the spec: the Unicode a model writes for LaTeX (`−`, `×`, `·`, `π`, `√`, `∈`, `∪`,
+/// `²`…) reads as the macros, and an angle in degrees inside a trigonometric function is its value in
+/// radians, while a bare angle in degrees still never equals radians (spec §3.8).
+#[test]
+fn unicode_math_and_degrees_inside_trigonometry() {
+    same("−5", "-5");
+    same("2π", "2\\pi");
+    same("πr²", "\\pi r^2");
+    same("√2", "\\sqrt{2}");
+    same("3√{5}", "3\\sqrt5");
+    same("\\frac{1}{2}π", "\\frac{\\pi}{2}");
+    same("1.5 × 10^3", "1500");
+    same("2·3", "6");
+    same("x ∈ [0,1]", "[0,1]");
+    same("(-∞, 2) ∪ (3, ∞)", "(-\\infty,2)\\cup(3,\\infty)");
+    same("θ", "\\theta");
+    differ("−5", "5");
+    differ("2π", "2");
+    same("\\tan 45^\\circ", "1");
+    same("\\cos 60^{\\circ}", "\\frac12");
+    same("\\sin(30°)", "0.5");
+    same("2\\sin 22.5^\\circ\\cos 22.5^\\circ", "\\frac{\\sqrt2}{2}");
+    differ("\\sin 30^\\circ", "\\sin 30");
+    differ("30^\\circ", "\\frac{\\pi}{6}");
+    same("30^\\circ", "30");
 }

@@ -53,6 +53,11 @@ static BACKSLASH_SPACE: LazyLock<Regex> = LazyLock::new(|| re(r"(^|[^\\])\\ "));
 /// `\hspace{…}` and `\hspace*{…}`: a space of a given width.
 static HSPACE: LazyLock<Regex> = LazyLock::new(|| re(r"\\hspace\*?\{[^{}]*\}"));
 static DOUBLE_BACKSLASH: LazyLock<Regex> = LazyLock::new(|| re(r"\\\\([a-zA-Z])"));
+/// A trigonometric function's macro.
+static TRIG: LazyLock<Regex> = LazyLock::new(|| re(r"\\(?:sin|cos|tan|sec|csc|cot)"));
+/// A number of degrees.
+static DEGREES: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(\d+(?:\.\d+)?)\s*(?:\^\{\\circ\}|\^\\circ|°|\\degree)"));
 /// An ordinal, `5^{th}` or `2nd`, as the whole answer (after whitespace is gone).
 static ORDINAL: LazyLock<Regex> =
     LazyLock::new(|| re(r"^(-?\d+)(?:\^\{(?:st|nd|rd|th)\}|\^?(?:st|nd|rd|th))$"));
@@ -63,6 +68,10 @@ static LETTER_UNION: LazyLock<Regex> = LazyLock::new(|| re(r"([)\]])U([(\[])"));
 pub fn normalize(s: &str) -> String {
     let mut s = s.to_string();
     let in_matrix = s.contains("\\begin{");
+    // Beyond the spec: mathematical Unicode characters written for their LaTeX (`−5`, `2π`, `√3`).
+    if !s.is_ascii() {
+        s = unicode_math(&s);
+    }
     // 1. Delimiters: the currency sign first, then math delimiters, newlines and tabs.
     s = s.replace("\\$", "");
     for d in ["$", "\\(", "\\)", "\\[", "\\]", "\n", "\t", "\r"] {
@@ -150,7 +159,13 @@ pub fn normalize(s: &str) -> String {
     }
     // 7. Units on the right (before the text wrappers are unwrapped).
     s = UNIT_TEXT.replace(&s, "").into_owned();
-    // 8. Degrees.
+    // 8. Degrees. Beyond the spec, an angle in degrees inside a trigonometric function is first its
+    //    value in radians (`\sin 30^\circ` is 1/2, not sin 30).
+    if s.contains(['^', '°']) && TRIG.is_match(&s) {
+        s = DEGREES
+            .replace_all(&s, "(\\frac{${1}\\pi}{180})")
+            .into_owned();
+    }
     for m in ["^{\\circ}", "^\\circ", "\\circ", "°", "\\degree"] {
         s = s.replace(m, "");
     }
@@ -205,6 +220,40 @@ pub fn normalize(s: &str) -> String {
     // 16. Whitespace.
     s.retain(|c| !c.is_whitespace());
     whole_answer_forms(s)
+}
+
+/// Unicode characters a model writes for LaTeX, each as its macro (a space after a macro's name so that
+/// a letter after it stays a letter: `πr` is `\pi r`). `≤`, `≥`, `≠` and `∞` have their own steps.
+const UNICODE_MATH: [(char, &str); 18] = [
+    ('−', "-"),
+    ('×', "\\times "),
+    ('·', "\\cdot "),
+    ('⋅', "\\cdot "),
+    ('÷', "\\div "),
+    ('√', "\\sqrt"),
+    ('π', "\\pi "),
+    ('θ', "\\theta "),
+    ('α', "\\alpha "),
+    ('β', "\\beta "),
+    ('∈', "\\in "),
+    ('∪', "\\cup "),
+    ('∩', "\\cap "),
+    ('∅', "\\emptyset "),
+    ('≈', "\\approx "),
+    ('²', "^2"),
+    ('³', "^3"),
+    ('±', "\\pm "),
+];
+
+fn unicode_math(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match UNICODE_MATH.iter().find(|(u, _)| *u == c) {
+            Some((_, latex)) => out.push_str(latex),
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 /// Beyond the spec, the other spellings of a few whole answers, once whitespace is gone: the empty

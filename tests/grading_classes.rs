@@ -398,7 +398,8 @@ fn an_inequality_gold_is_met_by_its_interval() {
 }
 
 /// Grader 8, beyond the spec: a repeating decimal is its exact value; the empty set's spellings are one;
-/// the real line is its interval; an ordinal is its number; the ellipsis macros are one; a capital `U`
+/// the real line is its interval; an ordinal is its number; E notation is a power of ten (not e); the
+/// ellipsis macros are one; a capital `U`
 /// between intervals is a union; `f(x) =` before a value is dropped as `y =` is.
 #[test]
 fn other_spellings_of_the_same_answer() {
@@ -425,6 +426,11 @@ fn other_spellings_of_the_same_answer() {
     same("2nd", "2");
     differ("2^{nd}", "3");
     differ("5\\theta", "5");
+    same("1e3", "1000");
+    same("1.5e-3", "0.0015");
+    same("-2E+2", "-200");
+    differ("1e3", "3e");
+    differ("1e3", "100");
     same("1, 2, \\ldots, 10", "1,2,...,10");
     same("1,2,\\cdots,10", "1, 2, \\dots, 10");
     same(

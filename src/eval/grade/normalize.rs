@@ -61,6 +61,8 @@ static DEGREES: LazyLock<Regex> =
 /// An ordinal, `5^{th}` or `2nd`, as the whole answer (after whitespace is gone).
 static ORDINAL: LazyLock<Regex> =
     LazyLock::new(|| re(r"^(-?\d+)(?:\^\{(?:st|nd|rd|th)\}|\^?(?:st|nd|rd|th))$"));
+/// A number in E notation, `1.5e-3`, as the whole answer (after whitespace is gone).
+static E_NOTATION: LazyLock<Regex> = LazyLock::new(|| re(r"^(-?\d+(?:\.\d+)?)[eE]([+-]?\d{1,3})$"));
 /// A union written with the letter U between two intervals' brackets (after whitespace is gone).
 static LETTER_UNION: LazyLock<Regex> = LazyLock::new(|| re(r"([)\]])U([(\[])"));
 
@@ -258,7 +260,8 @@ fn unicode_math(s: &str) -> String {
 
 /// Beyond the spec, the other spellings of a few whole answers, once whitespace is gone: the empty
 /// set `\{\}` is `\emptyset`; the real line `\mathbb{R}` (or "all real numbers") is `(-\infty,\infty)`;
-/// an ordinal `5^{th}` (`5^{\text{th}}`, `5th`) is its number; and, inside an answer, the ellipsis
+/// an ordinal `5^{th}` (`5^{\text{th}}`, `5th`) is its number, E notation `1.5e3` is `1.5\times10^{3}`
+/// (not 1.5·e·3); and, inside an answer, the ellipsis
 /// macros are `...` and a capital `U` between intervals is `\cup`.
 fn whole_answer_forms(mut s: String) -> String {
     if s.contains("dots") || s.contains('…') {
@@ -280,8 +283,19 @@ fn whole_answer_forms(mut s: String) -> String {
     {
         return "(-\\infty,\\infty)".to_string();
     }
-    if let Some(c) = ORDINAL.captures(&s) {
-        return c[1].to_string();
+    // Both forms start with a digit or a sign (most answers do not reach their patterns).
+    if !s.starts_with(|c: char| c.is_ascii_digit() || c == '-') {
+        return s;
+    }
+    if s.ends_with(['t', 'h', 'd', '}']) {
+        if let Some(c) = ORDINAL.captures(&s) {
+            return c[1].to_string();
+        }
+    }
+    if s.contains(['e', 'E']) {
+        if let Some(c) = E_NOTATION.captures(&s) {
+            return format!("{}\\times10^{{{}}}", &c[1], c[2].trim_start_matches('+'));
+        }
     }
     s
 }

@@ -4,9 +4,10 @@
 use super::expr::Expr;
 use super::value::{split_top, Interval, Rel, Value};
 
-/// The intervals an inequality in one variable describes: `x > 2` is `(2, ∞)`, `-1 \le x < 3` is `[-1, 3)`, `x \ne 0` is `(-∞, 0) ∪ (0, ∞)`,
-/// and a list of them in the same variable (`x < 2, x > 3`, as `or` becomes) is their union.
-/// `None` for anything else: two variables, a bound with a variable in it, mixed directions.
+/// The intervals an inequality in one variable describes: `x > 2` is `(2, ∞)`, `-1 \le x < 3` is
+/// `[-1, 3)`, `x \ne 0` is `(-∞, 0) ∪ (0, ∞)`, and a list of them in the same variable (`x < 2, x > 3`,
+/// as `or` becomes) is their union. `None` for anything else: two variables, a bound with a variable
+/// in it, mixed directions.
 pub fn intervals(s: &str) -> Option<Vec<Interval>> {
     let mut variable: Option<String> = None;
     let mut out = Vec::new();

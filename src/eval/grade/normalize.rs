@@ -260,9 +260,9 @@ fn unicode_math(s: &str) -> String {
 
 /// Beyond the spec, the other spellings of a few whole answers, once whitespace is gone: the empty
 /// set `\{\}` is `\emptyset`; the real line `\mathbb{R}` (or "all real numbers") is `(-\infty,\infty)`;
-/// an ordinal `5^{th}` (`5^{\text{th}}`, `5th`) is its number, E notation `1.5e3` is `1.5\times10^{3}`
-/// (not 1.5·e·3); and, inside an answer, the ellipsis
-/// macros are `...` and a capital `U` between intervals is `\cup`.
+/// an ordinal `5^{th}` (`5^{\text{th}}`, `5th`) is its number; E notation `1.5e3` is `1.5\times10^{3}`
+/// (not 1.5·e·3); and, inside an answer, the ellipsis macros are `...` and a capital `U` between
+/// intervals is `\cup`.
 fn whole_answer_forms(mut s: String) -> String {
     if s.contains("dots") || s.contains('…') {
         for m in ["\\ldots", "\\cdots", "\\dotsc", "\\dotsb", "\\dots", "…"] {

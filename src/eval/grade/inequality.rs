@@ -2,7 +2,7 @@
 //! met by an interval prediction (grading spec §4.4: "the reverse may be accepted", as in Math-Verify).
 
 use super::expr::Expr;
-use super::value::{split_top, Interval, Rel, Value};
+use super::value::{split_top, split_top_at, Interval, Rel, Value, RELATIONS};
 
 /// The intervals an inequality in one variable describes: `x > 2` is `(2, ∞)`, `-1 \le x < 3` is
 /// `[-1, 3)`, `x \ne 0` is `(-∞, 0) ∪ (0, ∞)`, and a list of them in the same variable (`x < 2, x > 3`,
@@ -89,43 +89,14 @@ pub fn intervals(s: &str) -> Option<Vec<Interval>> {
     Some(out)
 }
 
-/// A chain of order relations at the top level, `a < x \le b`: its operands and relations.
+/// A chain of relations at the top level, `a < x \le b`: its operands and relations.
 fn relation_chain(s: &str) -> Option<(Vec<String>, Vec<Rel>)> {
-    let (mut operands, mut ops) = (Vec::new(), Vec::new());
-    let b = s.as_bytes();
-    let (mut depth, mut start, mut i) = (0i32, 0, 0);
-    while i < b.len() {
-        match b[i] {
-            b'(' | b'[' | b'{' => depth += 1,
-            b')' | b']' | b'}' => depth -= 1,
-            _ => {}
-        }
-        let rel = if depth != 0 {
-            None
-        } else if b[i..].starts_with(b"\\le") {
-            Some((Rel::Le, 3))
-        } else if b[i..].starts_with(b"\\ge") {
-            Some((Rel::Ge, 3))
-        } else if b[i..].starts_with(b"\\ne") {
-            Some((Rel::Ne, 3))
-        } else if b[i] == b'<' {
-            Some((Rel::Lt, 1))
-        } else if b[i] == b'>' {
-            Some((Rel::Gt, 1))
-        } else {
-            None
-        };
-        match rel {
-            Some((rel, len)) => {
-                operands.push(s[start..i].to_string());
-                ops.push(rel);
-                i += len;
-                start = i;
-            }
-            None => i += 1,
-        }
-    }
-    operands.push(s[start..].to_string());
+    let (operands, ops) = split_top_at(s, |rest| {
+        RELATIONS
+            .iter()
+            .find(|(token, _)| rest.starts_with(token.as_bytes()))
+            .map(|&(token, rel)| (rel, token.len()))
+    });
     let empty = operands.iter().any(|o| o.is_empty());
     (!ops.is_empty() && ops.len() <= 2 && !empty).then_some((operands, ops))
 }

@@ -88,7 +88,18 @@ static MACRO: LazyLock<Regex> =
 
 /// Splits `s` at top-level occurrences of `sep` (outside (), [], {}).
 pub fn split_top(s: &str, sep: &str) -> Vec<String> {
-    let mut parts = Vec::new();
+    let sep = sep.as_bytes();
+    split_top_at(s, |rest| rest.starts_with(sep).then_some(((), sep.len()))).0
+}
+
+/// Splits `s` wherever `separator` recognises one at the top level (outside (), [], {}), given the
+/// rest of the string from that byte: the pieces between, and what each separator was. The one
+/// bracket scan behind [`split_top`] and a chain of relations.
+pub fn split_top_at<T>(
+    s: &str,
+    separator: impl Fn(&[u8]) -> Option<(T, usize)>,
+) -> (Vec<String>, Vec<T>) {
+    let (mut pieces, mut found) = (Vec::new(), Vec::new());
     let (mut depth, mut start, mut i) = (0i32, 0, 0);
     let b = s.as_bytes();
     while i < b.len() {
@@ -98,18 +109,31 @@ pub fn split_top(s: &str, sep: &str) -> Vec<String> {
             _ => {}
         }
         // Byte comparison: `i` may sit inside a multi-byte character; an ASCII separator never does.
-        if depth == 0 && b[i..].starts_with(sep.as_bytes()) {
-            // `\\{` and `\\}` are set braces, not separators' concern; keep scanning.
-            parts.push(s[start..i].to_string());
-            i += sep.len();
+        if let Some((what, len)) = (depth == 0).then(|| separator(&b[i..])).flatten() {
+            pieces.push(s[start..i].to_string());
+            found.push(what);
+            i += len;
             start = i;
             continue;
         }
         i += 1;
     }
-    parts.push(s[start..].to_string());
-    parts
+    pieces.push(s[start..].to_string());
+    (pieces, found)
 }
+
+/// The relations an answer may state, as the normaliser leaves them; a longer token before any
+/// it starts with.
+pub const RELATIONS: [(&str, Rel); 7] = [
+    ("\\le", Rel::Le),
+    ("\\ge", Rel::Ge),
+    ("\\ne", Rel::Ne),
+    // `x \approx 11` states a value as `x = 11` does (Math-Verify reads it so).
+    ("\\approx", Rel::Eq),
+    ("<", Rel::Lt),
+    (">", Rel::Gt),
+    ("=", Rel::Eq),
+];
 
 impl Value {
     /// The elements of a comma list; an element written with `±` stands for its two values.
@@ -152,16 +176,7 @@ impl Value {
             return Value::Matrix(rows);
         }
         // Relations (at top level).
-        for (token, rel) in [
-            ("\\le", Rel::Le),
-            ("\\ge", Rel::Ge),
-            ("\\ne", Rel::Ne),
-            // `x \approx 11` states a value as `x = 11` does (Math-Verify reads it so).
-            ("\\approx", Rel::Eq),
-            ("<", Rel::Lt),
-            (">", Rel::Gt),
-            ("=", Rel::Eq),
-        ] {
+        for (token, rel) in RELATIONS {
             let parts = split_top(s, token);
             if parts.len() == 2 && !parts[0].is_empty() && !parts[1].is_empty() {
                 // `f(x) =` names a function's value as `y =` names a variable's (beyond the spec's one

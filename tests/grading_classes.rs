@@ -7,7 +7,8 @@
 //! answer as a list's commas, binomial coefficients' values, `(a, b) =` before an ordered pair, and
 //! (grader 8) inequality golds met by their intervals, repeating decimals, the empty set's and the real
 //! line's spellings, ordinals, ellipses, a letter `U` for a union, `f(x) =` before a value, Unicode
-//! mathematics, degrees inside trigonometric functions.
+//! mathematics, degrees inside trigonometric functions, and (grader 9) quantities named on an
+//! equation's left side, chains of equalities, floors and ceilings.
 
 use kvbench::eval::grade::{equivalent, grade_output};
 
@@ -470,4 +471,70 @@ fn unicode_math_and_degrees_inside_trigonometry() {
     differ("\\sin 30^\\circ", "\\sin 30");
     differ("30^\\circ", "\\frac{\\pi}{6}");
     same("30^\\circ", "30");
+}
+
+/// Grader 9, beyond the spec's one-letter `v =`, as Math-Verify reads an equation against a value:
+/// a prediction may name its quantity as any expression of variables with no number in it (a
+/// segment `AB` or an angle `\angle ABC`, a sum `m+n`, a function's value `f(2)`), and a chain of
+/// equalities states its first name's value (the last operand, or the exact one before an
+/// `\approx`); a true computation states its result (`3 + 4 = 7`). A gold equation keeps its left
+/// side unless that is one variable, so `x+y = 6` is not met by 6; `2x = 6` names no quantity.
+#[test]
+fn named_quantities_and_chains_of_equalities() {
+    let accepted = |pred: &str, gold: &str| {
+        assert!(equivalent(pred, gold), "{pred:?} should equal {gold:?}");
+    };
+    for (pred, gold) in [
+        ("AB = 6", "6"),
+        ("AB=2\\sqrt{3}", "2\\sqrt3"),
+        ("\\angle ABC = 30^\\circ", "30"),
+        ("m\\angle A = 45^\\circ", "45"),
+        ("\\overline{AB} = 5", "5"),
+        ("m+n = 7", "7"),
+        ("a+b+c=\\frac{1}{2}", "0.5"),
+        ("f(2) = 6", "6"),
+        ("g(-1)=\\frac{3}{4}", "\\frac34"),
+        ("x = y = 2", "2"),
+        ("AB = BC = 6", "6"),
+        ("x = 3 + 4 = 7", "7"),
+        ("x = 2\\sqrt{2} \\approx 2.83", "2\\sqrt2"),
+        ("x = y = 2", "x = 2"),
+        ("\\lfloor \\frac{100}{5} \\rfloor = 20", "20"),
+        ("3 + 4 = 7", "7"),
+    ] {
+        accepted(pred, gold);
+    }
+    for (pred, gold) in [
+        ("6", "x + y = 6"),
+        ("6", "AB = 6"),
+        ("2x = 6", "6"),
+        ("x^2 = 4", "2"),
+        ("x = y = 2", "3"),
+        ("x = 2\\sqrt{2} \\approx 2.83", "2.83"),
+        ("3 + 3 = 7", "7"),
+        ("x=1, x=-2", "-2"),
+    ] {
+        assert!(
+            !equivalent(pred, gold),
+            "{pred:?} should differ from {gold:?}"
+        );
+    }
+    same("x=1, x=-2", "1, -2");
+    same("f(2) = 6", "f(2)=6");
+}
+
+/// Grader 9: `\lfloor x \rfloor` and `\lceil x \rceil` have their values (spec §4's expressions name
+/// neither; Math-Verify's parser reads both), an integer computed in floating point staying itself.
+#[test]
+fn floors_and_ceilings_have_their_values() {
+    same("\\lfloor 3.7 \\rfloor", "3");
+    same("\\left\\lceil \\frac{7}{2} \\right\\rceil", "4");
+    same("\\lfloor -\\frac{1}{2} \\rfloor", "-1");
+    same(
+        "\\lfloor \\sqrt{9} \\rfloor + \\lceil 0.1 \\cdot 30 \\rceil",
+        "6",
+    );
+    differ("\\lfloor 3.7 \\rfloor", "4");
+    differ("\\lceil 3.2 \\rceil", "3");
+    differ("\\lfloor x \\rfloor", "x");
 }

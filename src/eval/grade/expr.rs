@@ -1,7 +1,8 @@
 //! A small LaTeX expression parser and evaluator (grading spec §3–§4): + − · / ^, `\frac`,
-//! `\sqrt[n]`, π, e, i, trigonometric and logarithmic functions, absolute values, factorials,
-//! binomial coefficients and single-letter variables, with implicit multiplication. Values are
-//! complex numbers, so that `a+bi` answers and identity tests at complex points both work.
+//! `\sqrt[n]`, π, e, i, trigonometric and logarithmic functions, absolute values, floors and
+//! ceilings, factorials, binomial coefficients and single-letter variables, with implicit
+//! multiplication. Values are complex numbers, so that `a+bi` answers and identity tests at complex
+//! points both work.
 
 use num_complex::Complex64;
 use std::collections::BTreeSet;
@@ -49,9 +50,10 @@ pub(crate) const GREEK: &[&str] = &[
 /// as `\cosx` and is read as the longest known macro (`\cos`) followed by the rest (`x`).
 const KNOWN: &[&str] = &[
     "arcsin", "arccos", "arctan", "epsilon", "lambda", "alpha", "gamma", "delta", "theta", "kappa",
-    "omega", "sigma", "binom", "cdot", "times", "sinh", "cosh", "tanh", "frac", "sqrt", "beta",
-    "zeta", "iota", "sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "div", "phi", "psi",
-    "chi", "rho", "tau", "eta", "ln", "pi", "mu", "nu", "xi",
+    "lfloor", "rfloor", "omega", "sigma", "binom", "lceil", "rceil", "cdot", "times", "sinh",
+    "cosh", "tanh", "frac", "sqrt", "beta", "zeta", "iota", "sin", "cos", "tan", "cot", "sec",
+    "csc", "log", "exp", "div", "phi", "psi", "chi", "rho", "tau", "eta", "ln", "pi", "mu", "nu",
+    "xi",
 ];
 
 impl Expr {
@@ -69,17 +71,27 @@ impl Expr {
     /// Free variables.
     pub fn vars(&self) -> BTreeSet<String> {
         let mut out = BTreeSet::new();
-        self.collect_vars(&mut out);
+        self.visit(&mut |e| {
+            if let Expr::Var(v) = e {
+                out.insert(v.clone());
+            }
+        });
         out
     }
 
-    fn collect_vars(&self, out: &mut BTreeSet<String>) {
+    /// Whether a number is written anywhere in it (`2x`, `x^2`, `\sqrt{x}`'s implied index).
+    pub fn has_number(&self) -> bool {
+        let mut found = false;
+        self.visit(&mut |e| found |= matches!(e, Expr::Num(_)));
+        found
+    }
+
+    /// Calls `f` on this node and every node below it.
+    fn visit(&self, f: &mut dyn FnMut(&Expr)) {
         use Expr::*;
+        f(self);
         match self {
-            Var(v) => {
-                out.insert(v.clone());
-            }
-            Neg(a) | Fact(a) | Func(_, a) => a.collect_vars(out),
+            Neg(a) | Fact(a) | Func(_, a) => a.visit(f),
             Add(a, b)
             | Sub(a, b)
             | Mul(a, b)
@@ -87,10 +99,10 @@ impl Expr {
             | Pow(a, b)
             | Root(a, b)
             | Binom(a, b) => {
-                a.collect_vars(out);
-                b.collect_vars(out);
+                a.visit(f);
+                b.visit(f);
             }
-            Num(_) | Pi | E | I => {}
+            Var(_) | Num(_) | Pi | E | I => {}
         }
     }
 
@@ -179,11 +191,26 @@ impl Expr {
                     "log" => x.ln() / 10f64.ln(),
                     "exp" => x.exp(),
                     "abs" => c(x.norm()),
+                    // Defined on the reals only: at a complex test point, no value (try another).
+                    "floor" | "ceil" if x.im.abs() > 1e-12 => return None,
+                    "floor" => c(snapped(x.re).floor()),
+                    "ceil" => c(snapped(x.re).ceil()),
                     _ => return None,
                 }
             }
         };
         (v.re.is_finite() && v.im.is_finite()).then_some(v)
+    }
+}
+
+/// `x`, or the integer it is within rounding error of (relative 1e-9), so that a floor or ceiling of
+/// an integer computed in floating point (`\lfloor 0.1 \cdot 30 \rfloor`) is that integer.
+fn snapped(x: f64) -> f64 {
+    let r = x.round();
+    if (x - r).abs() <= 1e-9 * r.abs().max(1.0) {
+        r
+    } else {
+        x
     }
 }
 
@@ -320,7 +347,7 @@ impl Parser<'_> {
             Some(c) if c.is_ascii_alphanumeric() || c == b'(' || c == b'{' => true,
             Some(b'\\') => self
                 .macro_name()
-                .is_some_and(|m| !matches!(m, "cdot" | "times" | "div")),
+                .is_some_and(|m| !matches!(m, "cdot" | "times" | "div" | "rfloor" | "rceil")),
             _ => false,
         }
     }
@@ -431,6 +458,16 @@ impl Parser<'_> {
                 Some(Expr::Binom(Box::new(n), Box::new(k)))
             }
             "pi" => Some(Expr::Pi),
+            // `\lfloor x \rfloor` and `\lceil x \rceil`, read as brackets around their argument.
+            "lfloor" | "lceil" => {
+                let x = self.expr()?;
+                let (close, f) = if name == "lfloor" {
+                    ("\\rfloor", "floor")
+                } else {
+                    ("\\rceil", "ceil")
+                };
+                self.eat(close).then_some(Expr::Func(f, Box::new(x)))
+            }
             g if GREEK.contains(&g) => Some(Expr::Var(g.to_string())),
             "exp" => {
                 let arg = self.func_arg()?;

@@ -2,7 +2,7 @@
 //! met by an interval prediction (grading spec §4.4: "the reverse may be accepted", as in Math-Verify).
 
 use super::expr::Expr;
-use super::value::{split_top, split_top_at, Interval, Rel, Value, RELATIONS};
+use super::value::{self, split_top, Interval, Rel, Value};
 
 /// The intervals an inequality in one variable describes: `x > 2` is `(2, ∞)`, `-1 \le x < 3` is
 /// `[-1, 3)`, `x \ne 0` is `(-∞, 0) ∪ (0, ∞)`, and a list of them in the same variable (`x < 2, x > 3`,
@@ -89,14 +89,10 @@ pub fn intervals(s: &str) -> Option<Vec<Interval>> {
     Some(out)
 }
 
-/// A chain of relations at the top level, `a < x \le b`: its operands and relations.
+/// A chain of one or two relations at the top level, `a < x \le b`: its operands and relations.
 fn relation_chain(s: &str) -> Option<(Vec<String>, Vec<Rel>)> {
-    let (operands, ops) = split_top_at(s, |rest| {
-        RELATIONS
-            .iter()
-            .find(|(token, _)| rest.starts_with(token.as_bytes()))
-            .map(|&(token, rel)| (rel, token.len()))
-    });
+    let (operands, ops) = value::relation_chain(s);
     let empty = operands.iter().any(|o| o.is_empty());
+    let ops: Vec<Rel> = ops.into_iter().map(|(_, rel)| rel).collect();
     (!ops.is_empty() && ops.len() <= 2 && !empty).then_some((operands, ops))
 }

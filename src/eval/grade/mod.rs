@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use value::{Interval, Rel, Value};
 
 /// Bumped whenever a verdict can change; recorded with results.
-pub const GRADER_VERSION: &str = "kvbench-grader-8";
+pub const GRADER_VERSION: &str = "kvbench-grader-9";
 
 /// The verdict on one output.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -180,7 +180,11 @@ fn values_equal(p: &Value, g: &Value) -> bool {
                 rhs: r2,
             },
         ) => relations_equal((lhs, *op, rhs), (l2, *o2, r2)),
-        // Exactly one side an assignment `v = value`: compare the value.
+        // Exactly one side an assignment `v = value`: compare the value. A prediction may name its
+        // quantity as any expression of variables (`AB = 6`, `m+n = 7`: Math-Verify takes the right
+        // side of such an equation) or show a true computation of it (`\frac{100}{5} = 20`); a gold's
+        // left side must be one variable, so that a gold equation (`x+y = 6`, a line) is not met by
+        // its right side alone.
         (
             Relation {
                 lhs,
@@ -188,15 +192,15 @@ fn values_equal(p: &Value, g: &Value) -> bool {
                 rhs,
             },
             other,
-        )
-        | (
+        ) if lhs.names_quantity() || computes(lhs, rhs) => values_equal(rhs, other),
+        (
             other,
             Relation {
                 lhs,
                 op: Rel::Eq,
                 rhs,
             },
-        ) if is_variable(lhs) => values_equal(rhs, other),
+        ) if is_variable(lhs) => values_equal(other, rhs),
         (Based(d, b), Based(d2, b2)) => d == d2 && b == b2,
         // Dropping the base is accepted; the base-10 value is not.
         (
@@ -235,6 +239,16 @@ fn assignment_value(v: &Value) -> Value {
         } if is_variable(lhs) => (**rhs).clone(),
         other => other.clone(),
     }
+}
+
+/// Whether `lhs = rhs` is a computation: a constant left side whose value is the right side's.
+fn computes(lhs: &Value, rhs: &Value) -> bool {
+    let constant = match lhs {
+        Value::Num { .. } => true,
+        Value::Expr(e) => e.vars().is_empty(),
+        _ => false,
+    };
+    constant && scalars_equal(lhs, rhs)
 }
 
 fn is_variable(v: &Value) -> bool {

@@ -73,9 +73,16 @@ static FRACTION: LazyLock<Regex> = LazyLock::new(|| {
 static REPEATING: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(-?)(\d*)\.(\d*)\\(?:overline|bar)(?:\{(\d+)\}|(\d))$").expect("static pattern")
 });
-/// A one-letter function of one-letter variables, `f(x)` or `g_1(s,t)`.
+/// A one-letter function of one-letter variables or of numbers, `f(x)`, `g_1(s,t)` or `f(-2)`.
 static FUNCTION_OF: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[a-zA-Z](?:_[a-zA-Z0-9])?\([a-zA-Z](?:,[a-zA-Z])*\)$").expect("static pattern")
+    Regex::new(r"^[a-zA-Z](?:_[a-zA-Z0-9])?\((?:[a-zA-Z]|-?\d+)(?:,(?:[a-zA-Z]|-?\d+))*\)$")
+        .expect("static pattern")
+});
+/// A segment, angle or polygon named by its points (`AB`, `\angle ABC`, `m\angle A`, `\overline{AB}`),
+/// as normalised: letters alone are text, so these are recognised here.
+static FIGURE_NAME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?:[A-Z]{2,3}|m?\\angle[A-Z]{1,3}|\\overline\{[A-Z]{2}\})$")
+        .expect("static pattern")
 });
 /// The most digits a repeating decimal may have (beyond them it stays unparsed: spec §4.5's cap).
 const MAX_REPEATING_DIGITS: usize = 200;
@@ -135,7 +142,70 @@ pub const RELATIONS: [(&str, Rel); 7] = [
     ("=", Rel::Eq),
 ];
 
+/// A chain of relations at the top level, `a < x \le b` or `x = y = 2`: its operands, and the
+/// relations between them with the tokens they were written as.
+pub fn relation_chain(s: &str) -> (Vec<String>, Vec<(&'static str, Rel)>) {
+    split_top_at(s, |rest| {
+        RELATIONS
+            .iter()
+            .find(|(token, _)| rest.starts_with(token.as_bytes()))
+            .map(|&(token, rel)| ((token, rel), token.len()))
+    })
+}
+
 impl Value {
+    /// Whether this, on the left of `= value`, names the quantity the value is for: a variable (`x`,
+    /// `a_3`, `f(x)`, `f(2)`), an expression of variables with no number in it (`m+n`, `a+b+c`), as
+    /// Math-Verify reads an assignment's left side, or a figure named by its points (`AB`, `\angle ABC`).
+    pub fn names_quantity(&self) -> bool {
+        match self {
+            Value::Expr(e) => !e.vars().is_empty() && !e.has_number(),
+            Value::Text(t) => FIGURE_NAME.is_match(t),
+            _ => false,
+        }
+    }
+
+    /// The left side of a relation: a function's value (`f(x)`, `f(2)`) is one unknown, as `y` is
+    /// (beyond the spec's one letter), so that the right side is the answer.
+    fn left_side(s: &str, depth: usize) -> Box<Value> {
+        Box::new(if FUNCTION_OF.is_match(s) {
+            Value::Expr(Expr::Var(s.to_string()))
+        } else {
+            Self::parse_depth(s, depth + 1)
+        })
+    }
+
+    /// A chain of two or more equalities whose first operand names a quantity, `x = y = 2`,
+    /// `AB = BC = 6` or `x = 2\sqrt{2} \approx 2.83`, as the one equation it states: that name equals
+    /// the value the chain ends in, or the last one before an `\approx` (an exact value before its
+    /// rounding). Math-Verify truncates a chain so; the spec names one `=` only. A list is no chain:
+    /// `x=1, x=-2` is two assignments.
+    fn equality_chain(s: &str, depth: usize) -> Option<Value> {
+        let (operands, relations) = relation_chain(s);
+        if relations.len() < 2
+            || relations.iter().any(|&(_, rel)| rel != Rel::Eq)
+            || operands
+                .iter()
+                .any(|o| o.trim().is_empty() || split_top(o, ",").len() > 1)
+        {
+            return None;
+        }
+        let lhs = Self::left_side(&operands[0], depth);
+        if !lhs.names_quantity() {
+            return None;
+        }
+        let value = relations
+            .iter()
+            .position(|&(token, _)| token == "\\approx")
+            .filter(|&k| k >= 1)
+            .unwrap_or(operands.len() - 1);
+        Some(Value::Relation {
+            lhs,
+            op: Rel::Eq,
+            rhs: Box::new(Self::parse_depth(&operands[value], depth + 1)),
+        })
+    }
+
     /// The elements of a comma list; an element written with `±` stands for its two values.
     fn elements(list: &str, depth: usize) -> Vec<Value> {
         let mut out = Vec::new();
@@ -176,18 +246,14 @@ impl Value {
             return Value::Matrix(rows);
         }
         // Relations (at top level).
+        if let Some(chain) = Self::equality_chain(s, depth) {
+            return chain;
+        }
         for (token, rel) in RELATIONS {
             let parts = split_top(s, token);
             if parts.len() == 2 && !parts[0].is_empty() && !parts[1].is_empty() {
-                // `f(x) =` names a function's value as `y =` names a variable's (beyond the spec's one
-                // letter): the left side is one unknown, so that the right side is the answer.
-                let lhs = if FUNCTION_OF.is_match(&parts[0]) {
-                    Box::new(Value::Expr(Expr::Var(parts[0].clone())))
-                } else {
-                    sub(&parts[0])
-                };
                 return Value::Relation {
-                    lhs,
+                    lhs: Self::left_side(&parts[0], depth),
                     op: rel,
                     rhs: sub(&parts[1]),
                 };

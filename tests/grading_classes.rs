@@ -476,9 +476,10 @@ fn unicode_math_and_degrees_inside_trigonometry() {
 /// Grader 9, beyond the spec's one-letter `v =`, as Math-Verify reads an equation against a value:
 /// a prediction may name its quantity as any expression of variables with no number in it (a
 /// segment `AB` or an angle `\angle ABC`, a sum `m+n`, a function's value `f(2)`), and a chain of
-/// equalities states its first name's value (the last operand, or the exact one before an
-/// `\approx`); a true computation states its result (`3 + 4 = 7`). A gold equation keeps its left
-/// side unless that is one variable, so `x+y = 6` is not met by 6; `2x = 6` names no quantity.
+/// equalities states its first name's value (the last operand, or an exact value with its rounding
+/// before an `\approx`); a true computation states its result (`3 + 4 = 7`), a true rounding to
+/// decimal places either value (`2\sqrt{2} \approx 2.83`). A gold equation keeps its left side
+/// unless that is one variable, so `x+y = 6` is not met by 6; `2x = 6` names no quantity.
 #[test]
 fn named_quantities_and_chains_of_equalities() {
     let accepted = |pred: &str, gold: &str| {
@@ -501,6 +502,11 @@ fn named_quantities_and_chains_of_equalities() {
         ("x = y = 2", "x = 2"),
         ("\\lfloor \\frac{100}{5} \\rfloor = 20", "20"),
         ("3 + 4 = 7", "7"),
+        ("2\\sqrt{2} \\approx 2.83", "2\\sqrt2"),
+        ("x = 2\\sqrt{2} \\approx 2.83", "2.83"),
+        ("x = \\frac{\\pi}{4} \\approx 0.785", "x=\\frac{\\pi}{4}"),
+        ("2\\sqrt{2} \\approx 2.83", "2.83"),
+        ("\\frac{\\pi}{4} \\approx 0.785", "\\frac{\\pi}{4}"),
     ] {
         accepted(pred, gold);
     }
@@ -510,7 +516,9 @@ fn named_quantities_and_chains_of_equalities() {
         ("2x = 6", "6"),
         ("x^2 = 4", "2"),
         ("x = y = 2", "3"),
-        ("x = 2\\sqrt{2} \\approx 2.83", "2.83"),
+        ("2\\sqrt{2} \\approx 2.5", "2.5"),
+        ("2\\sqrt{2} \\approx 2.5", "2\\sqrt2"),
+        ("2\\sqrt{2} \\approx 3", "3"),
         ("3 + 3 = 7", "7"),
         ("x=1, x=-2", "-2"),
     ] {

@@ -193,6 +193,16 @@ fn values_equal(p: &Value, g: &Value) -> bool {
             },
             other,
         ) if lhs.names_quantity() || computes(lhs, rhs) => values_equal(rhs, other),
+        // `2\sqrt{2} \approx 2.83`: an exact value with its true rounding; either is the answer (a
+        // gold may ask for the rounding).
+        (
+            Relation {
+                lhs,
+                op: Rel::Eq,
+                rhs,
+            },
+            other,
+        ) if approximates(lhs, rhs) => values_equal(lhs, other) || values_equal(rhs, other),
         (
             other,
             Relation {
@@ -249,6 +259,33 @@ fn computes(lhs: &Value, rhs: &Value) -> bool {
         _ => false,
     };
     constant && scalars_equal(lhs, rhs)
+}
+
+/// Whether `rhs` is `lhs` rounded: a constant left side and a decimal right side with one to twelve
+/// places, which the left side rounds to (`2\sqrt{2} \approx 2.83`, `\frac{\pi}{4} = 0.785`).
+fn approximates(lhs: &Value, rhs: &Value) -> bool {
+    let Value::Num {
+        value,
+        decimal: true,
+    } = rhs
+    else {
+        return false;
+    };
+    let Some(exact) = as_expr(lhs).filter(|e| e.vars().is_empty()) else {
+        return false;
+    };
+    // The places a decimal literal shows, as far as its exact value tells (`2.80` is 2.8).
+    let Some(places) = (1..=12).find(|&k| {
+        let scaled = value * BigRational::from_integer(num_bigint::BigInt::from(10).pow(k));
+        scaled.is_integer()
+    }) else {
+        return false;
+    };
+    let (Some(x), Some(shown)) = (exact.eval(&|_| None), value.to_f64()) else {
+        return false;
+    };
+    let scale = 10f64.powi(places as i32);
+    x.im.abs() < 1e-12 && (x.re * scale).round() == (shown * scale).round()
 }
 
 fn is_variable(v: &Value) -> bool {

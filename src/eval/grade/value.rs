@@ -177,8 +177,8 @@ impl Value {
 
     /// A chain of two or more equalities whose first operand names a quantity, `x = y = 2`,
     /// `AB = BC = 6` or `x = 2\sqrt{2} \approx 2.83`, as the one equation it states: that name equals
-    /// the value the chain ends in, or the last one before an `\approx` (an exact value before its
-    /// rounding). Math-Verify truncates a chain so; the spec names one `=` only. A list is no chain:
+    /// the value the chain ends in, or, from the last `=` before an `\approx`, an exact value with its
+    /// rounding. Math-Verify truncates a chain so; the spec names one `=` only. A list is no chain:
     /// `x=1, x=-2` is two assignments.
     fn equality_chain(s: &str, depth: usize) -> Option<Value> {
         let (operands, relations) = relation_chain(s);
@@ -194,15 +194,26 @@ impl Value {
         if !lhs.names_quantity() {
             return None;
         }
-        let value = relations
+        // From the last `=` before the first `\approx` on: one value, or a value with its rounding.
+        let first_approx = relations
             .iter()
             .position(|&(token, _)| token == "\\approx")
-            .filter(|&k| k >= 1)
-            .unwrap_or(operands.len() - 1);
+            .filter(|&k| k >= 1);
+        let rhs = match first_approx {
+            Some(k) => {
+                let mut rest = operands[k].clone();
+                for (operand, (token, _)) in operands[k + 1..].iter().zip(&relations[k..]) {
+                    rest.push_str(token);
+                    rest.push_str(operand);
+                }
+                rest
+            }
+            None => operands[operands.len() - 1].clone(),
+        };
         Some(Value::Relation {
             lhs,
             op: Rel::Eq,
-            rhs: Box::new(Self::parse_depth(&operands[value], depth + 1)),
+            rhs: Box::new(Self::parse_depth(&rhs, depth + 1)),
         })
     }
 

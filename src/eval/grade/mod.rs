@@ -251,32 +251,34 @@ fn assignment_value(v: &Value) -> Value {
     }
 }
 
+/// The expression of a constant: a number, or an expression without variables.
+fn constant(v: &Value) -> Option<expr::Expr> {
+    as_expr(v).filter(|e| e.vars().is_empty())
+}
+
 /// Whether `lhs = rhs` is a computation: a constant left side whose value is the right side's.
 fn computes(lhs: &Value, rhs: &Value) -> bool {
-    let constant = match lhs {
-        Value::Num { .. } => true,
-        Value::Expr(e) => e.vars().is_empty(),
-        _ => false,
-    };
-    constant && scalars_equal(lhs, rhs)
+    constant(lhs).is_some() && scalars_equal(lhs, rhs)
 }
 
 /// Whether `rhs` is `lhs` rounded: a constant left side and a decimal right side with one to twelve
 /// places, which the left side rounds to (`2\sqrt{2} \approx 2.83`, `\frac{\pi}{4} = 0.785`).
 fn approximates(lhs: &Value, rhs: &Value) -> bool {
-    let Value::Num {
-        value,
-        decimal: true,
-    } = rhs
+    let (
+        Some(exact),
+        Value::Num {
+            value,
+            decimal: true,
+        },
+    ) = (constant(lhs), rhs)
     else {
         return false;
     };
-    let Some(exact) = as_expr(lhs).filter(|e| e.vars().is_empty()) else {
-        return false;
-    };
     // The places a decimal literal shows, as far as its exact value tells (`2.80` is 2.8).
-    let Some(places) = (1..=12).find(|&k| {
-        let scaled = value * BigRational::from_integer(num_bigint::BigInt::from(10).pow(k));
+    let ten = BigRational::from_integer(10.into());
+    let mut scaled = value.clone();
+    let Some(places) = (1..=12).find(|_| {
+        scaled *= &ten;
         scaled.is_integer()
     }) else {
         return false;
@@ -284,7 +286,7 @@ fn approximates(lhs: &Value, rhs: &Value) -> bool {
     let (Some(x), Some(shown)) = (exact.eval(&|_| None), value.to_f64()) else {
         return false;
     };
-    let scale = 10f64.powi(places as i32);
+    let scale = 10f64.powi(places);
     x.im.abs() < 1e-12 && (x.re * scale).round() == (shown * scale).round()
 }
 

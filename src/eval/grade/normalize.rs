@@ -201,8 +201,8 @@ pub fn normalize(s: &str) -> String {
         if let Some(c) = ASSIGN.captures(&s).or_else(|| TUPLE_ASSIGN.captures(&s)) {
             let rhs = c[1].to_string();
             let bare = MACRO.replace_all(&rhs, "");
-            // A value followed by another relation (`x = 2\sqrt{2} \approx 2.83`) stays a chain, so
-            // that its exact value is found ([`super::value::Value`] reads chains).
+            // A value followed by another relation (`x = 2\sqrt{2} \approx 2.83`) stays a chain, read
+            // whole by the typed parser (`Value::parse`).
             let chained = RELATIONS.iter().any(|(token, _)| rhs.contains(token));
             if !bare.chars().any(|ch| ch.is_ascii_alphabetic()) && !chained {
                 s = rhs;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kvbench's GPU checks in one prepared run (issue 39), for a machine with an H100, no network and
+"""kvbench's GPU checks in one prepared run (issue 39), for a machine with an H100 or H200, no network and
 no Rust: a `cuda` build of kvbench (scripts/build_cuda.sh, carried there), PyTorch and transformers.
 
 Writes OUT/gpu_check.json after every step, so a run cut short keeps what it measured:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kvbench's GPU checks on a lent H100 (issue 39), in one run of at most 8 minutes: see
+# kvbench's GPU checks on a lent H100 or H200 (issue 39), in one run of at most 8 minutes: see
 # scripts/gpu_check.py for the steps. Run from the repository root with the `cuda` binary carried:
 #
 #   scripts/build_cuda.sh                      # here: builds target/cuda/kvbench(.xz)

@@ -56,6 +56,42 @@ fn line_of_named_key(text: &str, message: &str) -> Option<usize> {
     Some(text.get(..value.span().start)?.matches('\n').count() + 1)
 }
 
+/// The keys a config has besides the model's ([`ModelFlags::KEYS`]) and the study options'
+/// ([`StudyOptions::KEYS`]): [`Head`]'s.
+const HEAD_KEYS: [&str; 5] = ["name", "budgets", "budget_rule", "kv_types", "policy"];
+
+/// The error for a top-level key that no part of a config takes: its line where the file gives
+/// one, the nearest key a config does take (a misspelling, as clap suggests a flag: Jaro
+/// similarity above 0.7), and every key. Each part refusing it by itself listed its own keys only,
+/// as if they were all.
+fn unknown_key(text: &str, key: &str) -> String {
+    let all: Vec<&str> = HEAD_KEYS
+        .iter()
+        .chain(&ModelFlags::KEYS)
+        .chain(&StudyOptions::KEYS)
+        .copied()
+        .collect();
+    let nearest = all
+        .iter()
+        .map(|k| (strsim::jaro(key, k), *k))
+        .filter(|&(score, _)| score > 0.7)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, k)| format!(" (did you mean `{k}`?)"))
+        .unwrap_or_default();
+    let line = line_of_named_key(text, &format!("unknown field `{key}`"))
+        .map(|l| format!("line {l}: "))
+        .unwrap_or_default();
+    let names = all
+        .iter()
+        .map(|k| match *k {
+            "policy" => "[[policy]]".to_string(),
+            k => k.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{line}unknown key `{key}`{nearest}; a sweep config's top-level keys are {names}")
+}
+
 /// The keys a config has besides the model's and the study options.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -280,8 +316,16 @@ impl SweepConfig {
             }
             part
         };
-        let head = take(&["name", "budgets", "budget_rule", "kv_types", "policy"]);
+        let head = take(&HEAD_KEYS);
         let model = take(&ModelFlags::KEYS);
+        // A key no part takes, named before any part is read (a misspelt `name` would be missed
+        // as absent first).
+        if let Some(key) = table
+            .keys()
+            .find(|k| !StudyOptions::KEYS.contains(&k.as_str()))
+        {
+            return Err(bad(unknown_key(&text, key)));
+        }
         let head: Head = head.try_into().map_err(bad_part)?;
         let model: ModelFlags = model.try_into().map_err(bad_part)?;
         let mut options: StudyOptions = table.try_into().map_err(bad_part)?;
@@ -570,6 +614,68 @@ mod tests {
             std::fs::write(&path, text).unwrap();
             let e = SweepConfig::load(&path).unwrap_err().to_string();
             assert!(e.contains(says) && !e.contains("line"), "{e}");
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// An unknown top-level key is refused as no part's, with its line, the key it was likely meant
+    /// as, and every part's keys: read by one part alone, it was said to expect only that part's.
+    /// Checked before the parts are read, so a misspelt required key is not reported missing.
+    #[test]
+    fn an_unknown_key_names_the_nearest_and_every_key() {
+        let path =
+            std::env::temp_dir().join(format!("kvbench-unknown-{}.toml", std::process::id()));
+        for (text, line, meant) in [
+            (format!("{HEAD}budgetz = [64]\n"), Some(4), Some("budgets")),
+            (
+                format!("{HEAD}kv_tipe = \"f32\"\n"),
+                Some(4),
+                Some("kv_type"),
+            ),
+            (
+                format!("{HEAD}max_tokens = 5\n"),
+                Some(4),
+                Some("max_new_tokens"),
+            ),
+            (
+                format!("{HEAD}[polcy]\nname = \"rkv\"\n"),
+                None,
+                Some("policy"),
+            ),
+            (
+                "nmae = \"s\"\nbudgets = [64]\n".to_string(),
+                Some(1),
+                Some("name"),
+            ),
+            (format!("{HEAD}zzzz = 1\n"), Some(4), None),
+        ] {
+            let text = format!("{text}[[policy]]\nname = \"full\"\n");
+            std::fs::write(&path, &text).unwrap();
+            let e = SweepConfig::load(&path).unwrap_err().to_string();
+            let key = text.lines().find(|l| !HEAD.contains(*l)).unwrap();
+            let key = key.trim_matches(['[', ']']).split(' ').next().unwrap();
+            assert!(e.contains(&format!("unknown key `{key}`")), "{e}");
+            if let Some(line) = line {
+                assert!(e.contains(&format!("line {line}: ")), "{e}");
+            }
+            match meant {
+                Some(k) => assert!(e.contains(&format!("(did you mean `{k}`?)")), "{e}"),
+                None => assert!(!e.contains("did you mean"), "{e}"),
+            }
+            for k in [
+                "name",
+                "budgets",
+                "[[policy]]",
+                "model",
+                "kv_type",
+                "dataset",
+                "out",
+            ] {
+                assert!(
+                    e.contains(&format!(" {k},")) || e.ends_with(&format!(" {k}")),
+                    "{k}: {e}"
+                );
+            }
         }
         let _ = std::fs::remove_file(&path);
     }

@@ -114,6 +114,30 @@ pub struct StudyOptions {
 }
 
 impl StudyOptions {
+    /// The keys these options take in a sweep config (their fields' names).
+    pub const KEYS: [&'static str; 20] = [
+        "dataset",
+        "data",
+        "id_field",
+        "problem_field",
+        "answer_field",
+        "problem_seed",
+        "ids",
+        "shuffle_seed",
+        "limit",
+        "prompt",
+        "preset",
+        "temperature",
+        "top_p",
+        "max_new_tokens",
+        "samples",
+        "seed",
+        "batch_size",
+        "fidelity",
+        "ignore_eos",
+        "out",
+    ];
+
     /// These options with every field `over` sets replaced by its value.
     pub fn overridden_by(mut self, over: &StudyOptions) -> Self {
         macro_rules! take {
@@ -279,6 +303,38 @@ mod tests {
         assert_eq!(merged.ids, vec!["a".to_string()]);
         assert_eq!(merged.batch_size(), 8);
         assert_eq!(merged.sampling(), (0.0, 1.0));
+    }
+
+    #[test]
+    fn keys_are_the_struct_fields() {
+        let all = StudyOptions {
+            dataset: Some("math500".into()),
+            data: Some("p.jsonl".into()),
+            id_field: Some("i".into()),
+            problem_field: Some("p".into()),
+            answer_field: Some("a".into()),
+            problem_seed: Some(1),
+            ids: vec!["a".into()],
+            shuffle_seed: Some(2),
+            limit: Some(3),
+            prompt: Some(PromptVariant::Plain),
+            preset: Some(DecodingPreset::Greedy),
+            temperature: Some(0.5),
+            top_p: Some(0.9),
+            max_new_tokens: Some(4),
+            samples: Some(5),
+            seed: Some(6),
+            batch_size: Some(7),
+            fidelity: Some(true),
+            ignore_eos: Some(true),
+            out: Some("o".into()),
+        };
+        let v = serde_json::to_value(&all).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        keys.sort();
+        let mut want = StudyOptions::KEYS.to_vec();
+        want.sort();
+        assert_eq!(keys, want);
     }
 
     #[test]

@@ -337,6 +337,18 @@ impl PolicyFlags {
     }
 }
 
+/// Asserts that `keys` (a struct's list of its config keys) are the keys `all` serializes to, with
+/// every field set: the list and the struct cannot drift apart.
+#[cfg(test)]
+pub(crate) fn assert_keys_are_fields<T: Serialize>(all: &T, keys: &[&str]) {
+    let v = serde_json::to_value(all).unwrap();
+    let mut got: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    got.sort();
+    let mut want = keys.to_vec();
+    want.sort();
+    assert_eq!(got, want);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,11 +443,6 @@ mod tests {
             kv_type: Some(KvType::F16),
             activations: Some(Activations::Weights),
         };
-        let v = serde_json::to_value(&all).unwrap();
-        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
-        keys.sort();
-        let mut want = ModelFlags::KEYS.to_vec();
-        want.sort();
-        assert_eq!(keys, want);
+        assert_keys_are_fields(&all, &ModelFlags::KEYS);
     }
 }

@@ -329,12 +329,7 @@ mod tests {
             ignore_eos: Some(true),
             out: Some("o".into()),
         };
-        let v = serde_json::to_value(&all).unwrap();
-        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
-        keys.sort();
-        let mut want = StudyOptions::KEYS.to_vec();
-        want.sort();
-        assert_eq!(keys, want);
+        crate::flags::assert_keys_are_fields(&all, &StudyOptions::KEYS);
     }
 
     #[test]

@@ -37,15 +37,17 @@ pub struct SweepConfig {
 }
 
 /// The line (from 1) of the top-level key of `text` that `message` is about, as toml and serde name
-/// it (a bad value's key path at the end, ``… in `device` ``; or ``unknown field `KEY`, …`` at the
-/// top): what an error of a part of the file loses when the file is cut into parts. `None` for a key
-/// inside a table (`policy.budgets`, a field of a `[[policy]]`), whose line the top-level table does
-/// not give.
+/// it (a bad value's key path at the end, ``… in `device` ``): what an error of a part of the file
+/// loses when the file is cut into parts. `None` for a key inside a table (`policy.budgets`, a field
+/// of a `[[policy]]`), whose line the top-level table does not give. An unknown top-level key never
+/// reaches a part: [`unknown_key`] names it, with its line.
 fn line_of_named_key(text: &str, message: &str) -> Option<usize> {
-    let key = match message.rsplit_once(" in `") {
-        Some((_, path)) => path.strip_suffix('`')?,
-        None => message.strip_prefix("unknown field `")?.split('`').next()?,
-    };
+    let (_, path) = message.rsplit_once(" in `")?;
+    line_of_key(text, path.strip_suffix('`')?)
+}
+
+/// The line (from 1) of the top-level key `key` of `text`; `None` for an array of tables.
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
     let keys: BTreeMap<String, toml::Spanned<toml::Value>> = toml::from_str(text).ok()?;
     let value = keys.get(key)?;
     if let toml::Value::Array(items) = value.get_ref() {
@@ -78,7 +80,7 @@ fn unknown_key(text: &str, key: &str) -> String {
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, k)| format!(" (did you mean `{k}`?)"))
         .unwrap_or_default();
-    let line = line_of_named_key(text, &format!("unknown field `{key}`"))
+    let line = line_of_key(text, key)
         .map(|l| format!("line {l}: "))
         .unwrap_or_default();
     let names = all
@@ -609,6 +611,10 @@ mod tests {
             (
                 format!("{HEAD}[[policy]]\nname = \"full\"\n[[policy]]\nnam = \"rkv\"\n"),
                 "unknown field `nam`",
+            ),
+            (
+                format!("{HEAD}limit = 3\nbudgets = [64]\n[[policy]]\nname = \"rkv\"\nlimit = 4\n"),
+                "unknown field `limit`",
             ),
         ] {
             std::fs::write(&path, text).unwrap();
